@@ -1,0 +1,1 @@
+"""Spark adapters: session, sources and the streaming pipeline glue."""
