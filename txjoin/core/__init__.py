@@ -1,0 +1,1 @@
+"""The transactional core: plain Python/pandas, no Spark import."""

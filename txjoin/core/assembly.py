@@ -1,0 +1,228 @@
+"""Assembly: buffer change events per transaction until the transaction is complete.
+
+A streaming transaction (xid) is **complete** when its END marker has been read
+and, for every table the job reads, the number of distinct events buffered for
+it is at least END's count for that table. Events are deduplicated by content
+identity (:attr:`ChangeEvent.identity`), so a redelivered event is never counted
+or applied twice. Counts are a lower bound ("at least") because before Debezium
+3.7 a connector restart inside a transaction sends an END whose counts cover
+only the events after the restart, while the events before it were already
+written (and, being older, are read no later than that END by a source that
+reads every topic up to its end offset).
+
+The **snapshot** (Debezium ``op=r`` rows) is transaction 0. Rows of one table
+arrive in that table's topic order, so a table's snapshot part is complete
+("settled") as soon as any of these holds:
+
+1. its closing row (``source.snapshot`` = ``last_in_data_collection`` or
+   ``last``) has been read: every earlier row of that topic was read before it;
+2. a streaming event of that table has been read: Debezium writes streaming
+   events after the snapshot, and the topic is read in order;
+3. the source reports the table's topic read to its end ("caught up") in a
+   batch in which the snapshot had visibly finished (its ``last`` row or any
+   BEGIN/END marker had been read): this is how an empty table, which has no
+   snapshot row at all, settles without waiting for a change.
+
+The snapshot is complete when every table of the job is settled; no streaming
+transaction is released before that. This holds when rows of different tables
+arrive in any order relative to each other and to the ``last`` row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from txjoin.debezium import SNAPSHOT_CLOSING, ChangeEvent, TxMarker
+from txjoin.errors import IncompleteTransactionError, OrderingError
+
+SNAPSHOT_XID = 0
+
+
+@dataclass
+class Transaction:
+    """A complete source transaction, ready to be applied in commit order."""
+
+    xid: int
+    commit_seq: int
+    commit_ts_ms: int | None
+    events: list[ChangeEvent]
+
+
+@dataclass
+class PendingTransaction:
+    """Events of one xid buffered until its END's counts are met."""
+
+    xid: int
+    events: list[ChangeEvent] = field(default_factory=list)
+    identities: set[tuple[object, ...]] = field(default_factory=set)
+    per_table: dict[str, int] = field(default_factory=dict)
+    end: TxMarker | None = None
+    first_ts_ms: int | None = None
+
+    def add(self, event: ChangeEvent) -> bool:
+        ident = event.identity
+        if ident in self.identities:
+            return False
+        self.identities.add(ident)
+        self.events.append(event)
+        self.per_table[event.table] = self.per_table.get(event.table, 0) + 1
+        self.touch(event.commit_ts_ms)
+        return True
+
+    def touch(self, ts_ms: int | None) -> None:
+        if ts_ms is not None and (self.first_ts_ms is None or ts_ms < self.first_ts_ms):
+            self.first_ts_ms = ts_ms
+
+    def missing(self, tables: frozenset[str]) -> dict[str, tuple[int, int]]:
+        """Tables still short of END's count: table -> (have, need)."""
+        if self.end is None or self.end.counts is None:
+            return {}
+        return {t: (self.per_table.get(t, 0), n) for t, n in self.end.counts.items()
+                if t in tables and self.per_table.get(t, 0) < n}
+
+    def is_complete(self, tables: frozenset[str]) -> bool:
+        return self.end is not None and not self.missing(tables)
+
+    def describe(self, tables: frozenset[str]) -> str:
+        if self.end is None:
+            have = ", ".join(f"{t}: {n}" for t, n in sorted(self.per_table.items())) or "none"
+            return f"its END marker was never read (events buffered: {have})"
+        return "missing events: " + ", ".join(
+            f"{t} has {h} of {n}" for t, (h, n) in sorted(self.missing(tables).items()))
+
+
+@dataclass
+class IncompletePolicy:
+    """What to do with a transaction that does not complete.
+
+    The clock is the source's commit time (``ts_ms``), not the wall clock, so a
+    replay of the same input decides the same way. A transaction is overdue
+    when events committed more than ``timeout_s`` seconds after it have been
+    read while it is still incomplete.
+
+    - ``fail`` (default): stop with an error naming the xid and what is missing.
+    - ``skip``: drop it (loudly, counted in the stats) and let later ones pass.
+    - ``wait``: wait forever.
+    """
+
+    action: Literal["fail", "skip", "wait"] = "fail"
+    timeout_s: float = 300.0
+
+
+class SnapshotBuffer:
+    """Transaction 0: the ``op=r`` rows, with the settledness of every job table."""
+
+    def __init__(self, tables: frozenset[str]) -> None:
+        self.tables = tables
+        self.rows: list[ChangeEvent] = []
+        self.identities: set[tuple[object, ...]] = set()
+        self.tables_with_rows: set[str] = set()
+        self.settled: set[str] = set()
+        self.finished_evidence = False  # `last` row or a transaction marker read
+        self.done = False  # released (or nothing to release)
+
+    def add(self, event: ChangeEvent) -> None:
+        if self.done:
+            if event.identity in self.identities:
+                return  # a redelivered snapshot row: already applied
+            raise OrderingError(
+                f"snapshot row of {event.table} at {event.position} arrived after the snapshot "
+                f"was complete (every table had settled). Debezium writes a table's snapshot "
+                f"rows before its `last` row; check that the source reads every topic to its end "
+                f"offset, or re-snapshot into a fresh checkpoint.")
+        if event.identity in self.identities:
+            return
+        self.identities.add(event.identity)
+        self.rows.append(event)
+        self.tables_with_rows.add(event.table)
+        if event.snapshot in SNAPSHOT_CLOSING:
+            self.settled.add(event.table)
+        if event.snapshot == "last":
+            self.finished_evidence = True
+
+    def streaming_seen(self, table: str) -> None:
+        self.settled.add(table)
+        self.finished_evidence = True
+
+    def caught_up(self, tables: set[str]) -> None:
+        if self.finished_evidence:
+            self.settled |= tables & self.tables
+
+    def is_complete(self) -> bool:
+        return self.tables <= self.settled
+
+
+class Assembler:
+    """Buffers events per xid; hands out complete transactions on request."""
+
+    def __init__(self, tables: frozenset[str]) -> None:
+        self.tables = tables
+        self.pending: dict[int, PendingTransaction] = {}
+        self.snapshot = SnapshotBuffer(tables)
+        self.duplicates = 0
+
+    def add_event(self, event: ChangeEvent, released: set[int]) -> None:
+        if event.table not in self.tables:
+            return
+        if event.is_snapshot:
+            self.snapshot.add(event)
+            return
+        self.snapshot.streaming_seen(event.table)
+        assert event.xid is not None
+        if event.xid in released:
+            self.duplicates += 1
+            return
+        tx = self.pending.setdefault(event.xid, PendingTransaction(event.xid))
+        if not tx.add(event):
+            self.duplicates += 1
+
+    def add_marker(self, marker: TxMarker, released: set[int]) -> bool:
+        """Record a BEGIN/END; True when it is a new END (the frontier queues it)."""
+        self.snapshot.finished_evidence = True
+        if marker.xid in released:
+            self.duplicates += 1
+            return False
+        tx = self.pending.setdefault(marker.xid, PendingTransaction(marker.xid))
+        tx.touch(marker.ts_ms)
+        if marker.status == "BEGIN":
+            return False
+        if tx.end is not None:
+            self.duplicates += 1
+            return False
+        tx.end = marker
+        return True
+
+    def is_complete(self, xid: int) -> bool:
+        tx = self.pending.get(xid)
+        return tx is not None and tx.is_complete(self.tables)
+
+    def take(self, xid: int, commit_seq: int) -> Transaction:
+        tx = self.pending.pop(xid)
+        assert tx.end is not None
+        order = {t: i for i, t in enumerate(sorted(self.tables))}
+        # Same-table events keep their topic order; tables are independent within a tx.
+        events = sorted(tx.events, key=lambda e: order[e.table])
+        return Transaction(xid, commit_seq, tx.end.ts_ms or tx.first_ts_ms, events)
+
+    def take_snapshot(self) -> Transaction:
+        snap = self.snapshot
+        snap.done = True
+        events, snap.rows = snap.rows, []
+        ts = max((e.commit_ts_ms or 0 for e in events), default=None)
+        return Transaction(SNAPSHOT_XID, 0, ts, events)
+
+    def overdue(self, now_ms: int, policy: IncompletePolicy) -> list[PendingTransaction]:
+        limit = policy.timeout_s * 1000
+        return [tx for tx in self.pending.values()
+                if not tx.is_complete(self.tables) and tx.first_ts_ms is not None
+                and now_ms - tx.first_ts_ms > limit]
+
+    def fail_overdue(self, txs: list[PendingTransaction], policy: IncompletePolicy) -> None:
+        tx = txs[0]
+        raise IncompleteTransactionError(
+            f"transaction xid {tx.xid} is still incomplete more than {policy.timeout_s:g}s "
+            f"(source commit time) after it began: {tx.describe(self.tables)}. Check the "
+            f"connector (provide.transaction.metadata=true, one-partition transaction topic) "
+            f"and that every table topic is subscribed; to drop such transactions instead, "
+            f"run with --on-incomplete skip.")

@@ -1,0 +1,75 @@
+"""Frontier: release complete transactions strictly in commit order.
+
+Commit order is the order of END markers in the one-partition transaction
+topic. The frontier queues every new END as it is read and releases from the
+head while the head is complete; a complete transaction behind an incomplete
+one waits. An END with ``event_count`` 0 (a transaction that touched no
+captured table) is complete at once and advances the frontier.
+
+Released xids are remembered (the most recent ``memory`` of them) so that a
+redelivered BEGIN, END or data event of an already applied transaction is
+recognised and dropped instead of opening a new buffer.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from txjoin.core.assembly import Assembler, IncompletePolicy, Transaction
+from txjoin.debezium import TxMarker
+
+
+class Frontier:
+    """The commit-order queue and the memory of what was released."""
+
+    def __init__(self, memory: int = 100_000) -> None:
+        self.queue: deque[int] = deque()  # xids in END order, not yet released
+        self.released: set[int] = set()
+        self._released_order: deque[int] = deque()
+        self.memory = memory
+        self.commit_seq = 0  # commit sequence of the last released transaction
+        self.last_xid: int | None = None
+        self.skipped: list[int] = []
+
+    def on_end(self, marker: TxMarker) -> None:
+        self.queue.append(marker.xid)
+
+    def _remember(self, xid: int) -> None:
+        self.released.add(xid)
+        self._released_order.append(xid)
+        while len(self._released_order) > self.memory:
+            self.released.discard(self._released_order.popleft())
+
+    def release(self, assembler: Assembler) -> list[Transaction]:
+        """Every transaction that can be released now, in commit order."""
+        out: list[Transaction] = []
+        snap = assembler.snapshot
+        if not snap.done:
+            if not snap.is_complete():
+                return out
+            if snap.rows:
+                out.append(assembler.take_snapshot())
+            snap.done = True
+        while self.queue and assembler.is_complete(self.queue[0]):
+            xid = self.queue.popleft()
+            self.commit_seq += 1
+            out.append(assembler.take(xid, self.commit_seq))
+            self.last_xid = xid
+            self._remember(xid)
+        return out
+
+    def enforce(self, assembler: Assembler, now_ms: int | None, policy: IncompletePolicy) -> None:
+        """Apply the incomplete-transaction policy to overdue transactions."""
+        if policy.action == "wait" or now_ms is None:
+            return
+        overdue = assembler.overdue(now_ms, policy)
+        if not overdue:
+            return
+        if policy.action == "fail":
+            assembler.fail_overdue(overdue, policy)
+        for tx in overdue:  # skip
+            assembler.pending.pop(tx.xid, None)
+            if tx.xid in self.queue:
+                self.queue.remove(tx.xid)
+            self.skipped.append(tx.xid)
+            self._remember(tx.xid)

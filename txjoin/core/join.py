@@ -1,0 +1,288 @@
+"""Temporal join: apply released transactions to the current rows, evaluate the job.
+
+State is the current row of every key of every table the job reads, plus the
+last output row per output key, plus indexes over the join columns. No history
+is kept: transactions arrive in commit order, so "as of the commit that last
+changed the fact" is simply "now, right after applying that transaction".
+
+- ``as_of_fact``: only facts changed by a transaction are (re)evaluated; a
+  later change of a looked-up row does not rewrite earlier facts.
+- ``current``: facts changed by the transaction and every fact whose lookup
+  tree reaches a changed row (found through the indexes) are re-evaluated.
+
+A change is emitted only when the output row differs from the last emitted
+one, so the changelog holds one entry per real version of an output row.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from txjoin.core.assembly import Transaction
+from txjoin.debezium import ChangeEvent
+from txjoin.errors import DecodeError, JobError
+from txjoin.job import UNAVAILABLE, Collect, Job, Lookup
+
+Key = tuple[Any, ...]
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OutputChange:
+    """One emitted version of an output row (``row`` is None for a delete)."""
+
+    key: Key
+    op: str  # "c" insert, "u" update, "d" delete
+    row: Row | None
+    commit_seq: int
+    xid: int
+    commit_ts_ms: int | None
+
+
+class ColumnIndex:
+    """value tuple -> primary keys of the rows holding it (array columns: per element)."""
+
+    def __init__(self, columns: tuple[str, ...], array: bool) -> None:
+        self.columns = columns
+        self.array = array
+        self.entries: dict[Key, set[Key]] = defaultdict(set)
+
+    def values(self, row: Row) -> list[Key]:
+        if self.array:
+            arr = row.get(self.columns[0])
+            return [(v,) for v in arr] if isinstance(arr, list) else []
+        return [tuple(row.get(c) for c in self.columns)]
+
+    def add(self, pk: Key, row: Row) -> None:
+        for v in self.values(row):
+            self.entries[v].add(pk)
+
+    def remove(self, pk: Key, row: Row) -> None:
+        for v in self.values(row):
+            found = self.entries.get(v)
+            if found is not None:
+                found.discard(pk)
+                if not found:
+                    del self.entries[v]
+
+    def get(self, value: Key) -> set[Key]:
+        return self.entries.get(value, set())
+
+
+def _merge_unavailable(new: Row, old: Row | None, event: ChangeEvent) -> Row:
+    """Replace Debezium's unchanged-TOAST placeholder with the previous value."""
+    missing = [c for c, v in new.items() if v == UNAVAILABLE]
+    if not missing:
+        return new
+    if old is None:
+        raise DecodeError(f"{event.table}: columns {missing} arrived as "
+                          f"{UNAVAILABLE} but no previous version of the row is known; set "
+                          f"REPLICA IDENTITY FULL on the table",
+                          topic=event.position.topic, partition=event.position.partition,
+                          offset=event.position.offset)
+    return {**new, **{c: old.get(c) for c in missing}}
+
+
+class TemporalJoin:
+    """Current rows + indexes + last outputs; turns transactions into output changes."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.rows: dict[str, dict[Key, Row]] = {t: {} for t in job.table_names}
+        self.outputs: dict[Key, Row] = {}
+        # Lookup side: rows of a lookup's table by its match columns (unless it is the PK).
+        self.match_index: dict[str, ColumnIndex] = {}
+        # Parent side: parent rows by the columns a lookup reads (for `current` fan-out).
+        self.parent_index: dict[str, ColumnIndex] = {}
+        self._indexes_by_table: dict[str, list[ColumnIndex]] = defaultdict(list)
+        for lk in job.lookups:
+            if not self._on_primary_key(lk):
+                ix = ColumnIndex(tuple(lk.on.keys()), array=False)
+                self.match_index[lk.alias] = ix
+                self._indexes_by_table[lk.table].append(ix)
+            if job.semantics == "current":
+                px = ColumnIndex(tuple(lk.on.values()), array=lk.array)
+                self.parent_index[lk.alias] = px
+                self._indexes_by_table[job.alias_table(lk.parent).name].append(px)
+
+    def _on_primary_key(self, lk: Lookup) -> bool:
+        return list(lk.on.keys()) == list(self.job.table(lk.table).key)
+
+    # -- applying changes ---------------------------------------------------
+
+    def apply(self, tx: Transaction) -> list[OutputChange]:
+        """Apply one complete transaction; return the output changes it causes."""
+        changed: dict[str, list[Row]] = defaultdict(list)  # table -> old/new row versions
+        facts: set[Key] = set()
+        for event in tx.events:
+            for table, row in self._apply_event(event):
+                changed[table].append(row)
+        fact_table = self.job.table(self.job.fact)
+        for row in changed.pop(self.job.fact, []):
+            facts.add(fact_table.key_of(row))
+        if self.job.semantics == "current":
+            facts |= self._affected_facts(changed)
+        out: list[OutputChange] = []
+        for key in sorted(facts, key=repr):
+            row = self.rows[self.job.fact].get(key)
+            new = self.evaluate(row) if row is not None else None
+            old = self.outputs.get(key)
+            if new == old:
+                continue
+            if new is None:
+                del self.outputs[key]
+                out.append(OutputChange(key, "d", None, tx.commit_seq, tx.xid, tx.commit_ts_ms))
+            else:
+                self.outputs[key] = new
+                out.append(OutputChange(key, "c" if old is None else "u", new, tx.commit_seq,
+                                        tx.xid, tx.commit_ts_ms))
+        return out
+
+    def _apply_event(self, event: ChangeEvent) -> Iterable[tuple[str, Row]]:
+        """Apply one row change; yield (table, row version) for every version touched."""
+        table = self.job.table(event.table)
+        rows = self.rows[event.table]
+        where = f"{event.position}:"
+        try:
+            if event.op == "t":
+                for pk, old in list(rows.items()):
+                    self._remove(event.table, pk, old)
+                    yield event.table, old
+                return
+            before = table.convert_row(event.before, where=where) if event.before else None
+            after = table.convert_row(event.after, where=where) if event.after else None
+        except JobError as exc:
+            raise DecodeError(str(exc).removeprefix(where).strip(),
+                              topic=event.position.topic, partition=event.position.partition,
+                              offset=event.position.offset) from None
+        if before is not None:
+            pk = table.key_of(before)
+            old = rows.get(pk)
+            if old is not None and event.op == "d":
+                self._remove(event.table, pk, old)
+                yield event.table, old
+                return
+        if event.op == "d":
+            return  # deleting a row we never saw: nothing to do
+        assert after is not None
+        pk = table.key_of(after)
+        if before is not None and table.key_of(before) != pk:
+            # Primary-key change inside one event (not what pgoutput sends, but harmless).
+            old_key = table.key_of(before)
+            if old_key in rows:
+                prev = rows[old_key]
+                self._remove(event.table, old_key, prev)
+                yield event.table, prev
+        old = rows.get(pk)
+        new = _merge_unavailable(after, old, event)
+        if old is not None:
+            self._remove(event.table, pk, old)
+            yield event.table, old
+        rows[pk] = new
+        for ix in self._indexes_by_table[event.table]:
+            ix.add(pk, new)
+        yield event.table, new
+
+    def _remove(self, table: str, pk: Key, row: Row) -> None:
+        del self.rows[table][pk]
+        for ix in self._indexes_by_table[table]:
+            ix.remove(pk, row)
+
+    def _affected_facts(self, changed: dict[str, list[Row]]) -> set[Key]:
+        """Facts whose lookup tree reaches a changed row (``current`` semantics)."""
+        facts: set[Key] = set()
+        # frontier of (alias, row versions) to propagate towards the fact
+        work: list[tuple[str, list[Row]]] = [
+            (lk.alias, changed[lk.table]) for lk in self.job.lookups if changed.get(lk.table)]
+        seen: set[tuple[str, Key]] = set()
+        while work:
+            alias, versions = work.pop()
+            lk = self.job.lookup(alias)
+            parent_table = self.job.alias_table(lk.parent)
+            parents: list[Row] = []
+            for row in versions:
+                value = tuple(row.get(c) for c in lk.on)
+                for pk in self.parent_index[alias].get(value):
+                    if (lk.parent, pk) in seen:
+                        continue
+                    seen.add((lk.parent, pk))
+                    if lk.parent == self.job.fact_alias:
+                        facts.add(pk)
+                    else:
+                        parents.append(self.rows[parent_table.name][pk])
+            if parents:
+                work.append((lk.parent, parents))
+        return facts
+
+    # -- evaluation ------------------------------------------------------------
+
+    def _match(self, lk: Lookup, values: Key) -> Row | None:
+        if any(v is None for v in values):
+            return None
+        rows = self.rows[lk.table]
+        ix = self.match_index.get(lk.alias)
+        if ix is None:
+            return rows.get(values)
+        candidates = [rows[pk] for pk in ix.get(values)]
+        if not candidates:
+            return None
+        assert lk.pick is not None
+        col, key = lk.pick.column, self.job.table(lk.table).key
+        chooser = max if lk.pick.order == "max" else min
+        return chooser(candidates, key=lambda r: (r.get(col) is not None, r.get(col),
+                                                  [r.get(k) for k in key]))
+
+    def _bind(self, alias: str, row: Row | None, bound: dict[str, Any]) -> bool:
+        """Bind the non-array lookups below ``alias``; False if an inner one fails."""
+        bound[alias] = row
+        for lk in self.job.children(alias):
+            if lk.array:
+                bound[lk.alias] = self._expand(lk, row)
+                if lk.how == "inner" and not bound[lk.alias]:
+                    return False
+                continue
+            child = None if row is None else self._match(
+                lk, tuple(row.get(c) for c in lk.on.values()))
+            if child is None and lk.how == "inner":
+                return False
+            if not self._bind(lk.alias, child, bound):
+                return False
+        return True
+
+    def _expand(self, lk: Lookup, parent: Row | None) -> list[dict[str, Any]]:
+        """One binding per array element, in array order (duplicates kept)."""
+        array = None if parent is None else parent.get(next(iter(lk.on.values())))
+        elements: list[dict[str, Any]] = []
+        for value in array if isinstance(array, list) else []:
+            match = self._match(lk, (value,))
+            if match is None and lk.how == "inner":
+                continue
+            bound: dict[str, Any] = {}
+            if self._bind(lk.alias, match, bound):
+                elements.append(bound)
+        return elements
+
+    def evaluate(self, fact_row: Row) -> Row | None:
+        """The output row for one fact, or None when an inner lookup finds nothing."""
+        bound: dict[str, Any] = {}
+        if not self._bind(self.job.fact_alias, fact_row, bound):
+            return None
+        out: Row = {}
+        for name, proj in [*self.job.output.key.items(), *self.job.output.columns.items()]:
+            if isinstance(proj, Collect):
+                out[name] = [
+                    {f: _ref(element, ref) for f, ref in proj.fields.items()}
+                    for element in bound[proj.alias]
+                ]
+            else:
+                out[name] = _ref(bound, proj)
+        return out
+
+
+def _ref(bound: dict[str, Any], ref: str) -> Any:
+    alias, col = ref.split(".", 1)
+    row = bound.get(alias)
+    return None if row is None else row.get(col)

@@ -1,0 +1,174 @@
+"""The oracle: the executable specification of a job's output.
+
+It applies source transactions serially to an in-memory model of the tables and
+evaluates the job by scanning them, the way the SQL in the seeds reads. It
+shares no code path with the engine (no Debezium events, no assembly, no
+indexes, no incremental fan-out), so the property tests compare two independent
+answers. Keep it short and obviously right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from txjoin.job import Collect, Job, Lookup
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RowChange:
+    """One statement's effect on one row: insert/update carry the full new row, delete the key."""
+
+    op: Literal["insert", "update", "delete"]
+    table: str
+    row: Mapping[str, Any]
+
+
+@dataclass
+class SourceTransaction:
+    """A source transaction as the database committed it."""
+
+    name: str
+    changes: list[RowChange] = field(default_factory=list)
+
+
+class Oracle:
+    """Serial application + evaluation by scanning."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.tables: dict[str, list[Row]] = {t: [] for t in job.table_names}
+        self.output: dict[tuple[Any, ...], Row] = {}
+
+    def _typed(self, table: str, row: Mapping[str, Any]) -> Row:
+        return self.job.table(table).convert_row(dict(row), where="oracle")
+
+    def _same_key(self, table: str, a: Row, b: Mapping[str, Any]) -> bool:
+        return all(a.get(k) == b.get(k) for k in self.job.table(table).key)
+
+    def load_snapshot(self, rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+        for table, table_rows in rows.items():
+            self.tables[table] = [self._typed(table, r) for r in table_rows]
+        self.output = {}
+        for fact in self.tables[self.job.fact]:
+            self._refresh(fact)
+
+    def apply(self, tx: SourceTransaction) -> None:
+        touched: list[Row] = []
+        for change in tx.changes:
+            if change.table not in self.tables:
+                continue
+            typed = self._typed(change.table, change.row)
+            rows = self.tables[change.table]
+            old = [r for r in rows if self._same_key(change.table, r, typed)]
+            rows[:] = [r for r in rows if not self._same_key(change.table, r, typed)]
+            if change.op != "delete":
+                rows.append(typed)
+            if change.table == self.job.fact:
+                touched.extend(old or [typed])
+        if self.job.semantics == "current":
+            self.output = {}
+            for fact in self.tables[self.job.fact]:
+                self._refresh(fact)
+            return
+        for fact in touched:
+            key = self._out_key(fact)
+            self.output.pop(key, None)
+            current = [r for r in self.tables[self.job.fact] if self._same_key(self.job.fact,
+                                                                               r, fact)]
+            for row in current:
+                self._refresh(row)
+
+    def _out_key(self, fact: Row) -> tuple[Any, ...]:
+        return tuple(fact.get(ref.split(".", 1)[1]) for ref in self.job.output.key.values())
+
+    def _refresh(self, fact: Row) -> None:
+        out = self.evaluate(fact)
+        key = self._out_key(fact)
+        if out is None:
+            self.output.pop(key, None)
+        else:
+            self.output[key] = out
+
+    # -- evaluation by scanning ---------------------------------------------------
+
+    def _find(self, lk: Lookup, parent: Row | None, value: Any = None) -> Row | None:
+        if parent is None:
+            return None
+        wanted = {mine: (value if lk.array else parent.get(theirs))
+                  for mine, theirs in lk.on.items()}
+        if any(v is None for v in wanted.values()):
+            return None
+        hits = [r for r in self.tables[lk.table]
+                if all(r.get(c) == v for c, v in wanted.items())]
+        if not hits:
+            return None
+        if lk.pick is None:
+            return hits[0]
+        col, key = lk.pick.column, self.job.table(lk.table).key
+        # Nulls sort lowest; ties go to the primary key, so the choice is deterministic.
+        hits.sort(key=lambda r: (r.get(col) is not None, r.get(col), [r.get(k) for k in key]))
+        return hits[-1] if lk.pick.order == "max" else hits[0]
+
+    def _join(self, alias: str, row: Row | None) -> dict[str, Any] | None:
+        """All bindings reachable from ``alias``; None when an inner lookup fails."""
+        env: dict[str, Any] = {alias: row}
+        for lk in self.job.lookups:
+            if lk.parent != alias:
+                continue
+            if lk.array:
+                array = row.get(next(iter(lk.on.values()))) if row is not None else None
+                elements = []
+                for value in array or []:
+                    match = self._find(lk, row, value)
+                    if match is None and lk.how == "inner":
+                        continue
+                    sub = self._join(lk.alias, match)
+                    if sub is not None:
+                        elements.append(sub)
+                if not elements and lk.how == "inner":
+                    return None
+                env[lk.alias] = elements
+                continue
+            match = self._find(lk, row)
+            if match is None and lk.how == "inner":
+                return None
+            sub = self._join(lk.alias, match)
+            if sub is None:
+                return None
+            env.update(sub)
+        return env
+
+    def evaluate(self, fact: Row) -> Row | None:
+        env = self._join(self.job.fact_alias, fact)
+        if env is None:
+            return None
+
+        def get(scope: dict[str, Any], ref: str) -> Any:
+            alias, col = ref.split(".", 1)
+            r = scope.get(alias)
+            return None if r is None else r.get(col)
+
+        out: Row = {}
+        for name, proj in [*self.job.output.key.items(), *self.job.output.columns.items()]:
+            if isinstance(proj, Collect):
+                out[name] = [{f: get(e, ref) for f, ref in proj.fields.items()}
+                             for e in env[proj.alias]]
+            else:
+                out[name] = get(env, proj)
+        return out
+
+
+def outputs_after_each(job: Job, snapshot: Mapping[str, Sequence[Mapping[str, Any]]],
+                       transactions: Iterable[SourceTransaction]) -> list[dict[Any, Row]]:
+    """[output after the snapshot, after T1, after T2, ...]."""
+    oracle = Oracle(job)
+    oracle.load_snapshot(snapshot)
+    result = [dict(oracle.output)]
+    for tx in transactions:
+        oracle.apply(tx)
+        result.append(dict(oracle.output))
+    return result

@@ -1,0 +1,202 @@
+"""Decoding Debezium's JSON envelope into uniform change events and transaction markers.
+
+Accepts the JSON converter with ``schemas.enable`` false (the documented
+setting) or true (``{"schema": ..., "payload": ...}``). Tombstones (null values
+after a delete) decode to ``None``. A malformed record raises
+:class:`~txjoin.errors.DecodeError` naming topic, partition and offset.
+
+Facts this relies on (DESIGN §3): the xid is the part of ``transaction.id``
+before the colon (the LSN part differs between BEGIN, data events and END);
+snapshot rows have ``op: "r"`` and ``transaction: null``; ``source.ts_ms`` is
+the commit time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from txjoin.errors import DecodeError
+
+DATA_OPS = frozenset({"c", "u", "d", "r", "t"})
+SNAPSHOT_CLOSING = frozenset({"last", "last_in_data_collection"})
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a record was read: topic, partition, offset."""
+
+    topic: str
+    partition: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}]@{self.offset}"
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    """One row change of a captured table (rows are still raw JSON values)."""
+
+    table: str
+    op: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    xid: int | None  # None for snapshot rows
+    lsn: int | None
+    commit_ts_ms: int | None
+    snapshot: str | None  # source.snapshot: first/.../last, "false" when streaming
+    data_collection_order: int | None
+    position: Position
+
+    @property
+    def is_snapshot(self) -> bool:
+        return self.op == "r"
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        """Content identity used for deduplication.
+
+        Not ``total_order``: before Debezium 3.7 a restart inside a transaction
+        renumbers the events it sends again. Nor the envelope ``ts_ms``, which is
+        the connector's processing time and changes on a resend.
+        """
+        return (self.table, self.op, self.lsn, _canonical(self.before), _canonical(self.after))
+
+
+@dataclass(frozen=True, slots=True)
+class TxMarker:
+    """A BEGIN or END event from ``<prefix>.transaction``."""
+
+    status: str  # "BEGIN" | "END"
+    xid: int
+    id: str
+    commit_lsn: int | None
+    event_count: int | None
+    counts: dict[str, int] | None  # per data collection, END only
+    ts_ms: int | None
+    position: Position
+
+
+Decoded = ChangeEvent | TxMarker | None
+
+
+def _canonical(row: dict[str, Any] | None) -> str | None:
+    return None if row is None else json.dumps(row, sort_keys=True, separators=(",", ":"))
+
+
+def split_transaction_id(tx_id: Any, pos: Position) -> tuple[int, int | None]:
+    """Split Debezium's ``"<xid>:<lsn>"`` transaction id into (xid, lsn)."""
+    if not isinstance(tx_id, str | int) or tx_id == "":
+        raise DecodeError(f"transaction id {tx_id!r} is not a string",
+                          topic=pos.topic, partition=pos.partition, offset=pos.offset)
+    head, _, tail = str(tx_id).partition(":")
+    try:
+        return int(head), (int(tail) if tail else None)
+    except ValueError:
+        raise DecodeError(f"transaction id {tx_id!r} is not '<xid>:<lsn>'",
+                          topic=pos.topic, partition=pos.partition, offset=pos.offset) from None
+
+
+def decode(value: str | bytes | None, pos: Position) -> Decoded:
+    """Decode one record value. ``None`` for tombstones."""
+    if value is None:
+        return None
+
+    def bad(what: str) -> DecodeError:
+        return DecodeError(what, topic=pos.topic, partition=pos.partition, offset=pos.offset)
+
+    try:
+        doc = json.loads(value)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad(f"value is not JSON ({exc}); is the JSON converter configured?") from None
+    if not isinstance(doc, dict):
+        raise bad(f"value is a JSON {type(doc).__name__}, expected an object")
+    if "payload" in doc and "schema" in doc:  # schemas.enable=true
+        doc = doc["payload"]
+        if doc is None:
+            return None
+        if not isinstance(doc, dict):
+            raise bad("`payload` is not an object")
+
+    if "status" in doc:
+        return _decode_marker(doc, pos, bad)
+    if "op" in doc:
+        return _decode_change(doc, pos, bad)
+    raise bad(f"neither a change event (`op`) nor a transaction marker (`status`); "
+              f"keys: {sorted(doc)[:8]}")
+
+
+def _decode_marker(doc: dict[str, Any], pos: Position, bad: Any) -> TxMarker:
+    status = doc.get("status")
+    if status not in ("BEGIN", "END"):
+        raise bad(f"transaction marker status {status!r} is not BEGIN or END")
+    xid, lsn = split_transaction_id(doc.get("id"), pos)
+    counts: dict[str, int] | None = None
+    event_count = doc.get("event_count")
+    if status == "END":
+        if not isinstance(event_count, int):
+            raise bad(f"END of {doc.get('id')} has event_count {event_count!r}, expected an int")
+        collections = doc.get("data_collections") or []
+        if not isinstance(collections, list):
+            raise bad("END `data_collections` is not a list")
+        counts = {}
+        for item in collections:
+            if (not isinstance(item, dict) or not isinstance(item.get("data_collection"), str)
+                    or not isinstance(item.get("event_count"), int)):
+                raise bad(f"END data_collections entry {item!r} lacks data_collection/event_count")
+            counts[item["data_collection"]] = counts.get(item["data_collection"], 0) + int(
+                item["event_count"])
+        if sum(counts.values()) != event_count:
+            raise bad(f"END of {doc.get('id')}: event_count {event_count} differs from the sum "
+                      f"of data_collections {sum(counts.values())}")
+    return TxMarker(status=status, xid=xid, id=str(doc["id"]), commit_lsn=lsn,
+                    event_count=event_count, counts=counts, ts_ms=doc.get("ts_ms"), position=pos)
+
+
+def _decode_change(doc: dict[str, Any], pos: Position, bad: Any) -> ChangeEvent:
+    op = doc.get("op")
+    if op not in DATA_OPS:
+        raise bad(f"unknown op {op!r} (expected one of c, u, d, r, t; 'm' messages "
+                  f"are not supported)")
+    source = doc.get("source")
+    if not isinstance(source, dict):
+        raise bad("`source` block missing")
+    schema, table = source.get("schema"), source.get("table")
+    if not isinstance(schema, str) or not isinstance(table, str):
+        raise bad("`source` lacks schema/table")
+    before, after = doc.get("before"), doc.get("after")
+    for name, row in (("before", before), ("after", after)):
+        if row is not None and not isinstance(row, dict):
+            raise bad(f"`{name}` is not an object")
+    if op in ("c", "r", "u") and after is None:
+        raise bad(f"op {op!r} without `after`")
+    if op == "d" and before is None:
+        raise bad("delete without `before` (set REPLICA IDENTITY on the table)")
+    tx = doc.get("transaction")
+    snapshot = source.get("snapshot")
+    snapshot = None if snapshot is None else str(snapshot).lower()
+    xid: int | None = None
+    dco: int | None = None
+    if op == "r":
+        if tx is not None:
+            raise bad("snapshot row (op=r) carries a transaction block")
+    elif tx is None:
+        raise bad(f"op {op!r} without a `transaction` block; set "
+                  f"provide.transaction.metadata=true on the connector")
+    else:
+        if not isinstance(tx, dict):
+            raise bad("`transaction` is not an object")
+        xid, _ = split_transaction_id(tx.get("id"), pos)
+        if source.get("txId") is not None and int(source["txId"]) != xid:
+            raise bad(f"transaction.id {tx.get('id')} disagrees with source.txId "
+                      f"{source['txId']}")
+        dco = tx.get("data_collection_order")
+    lsn = source.get("lsn")
+    return ChangeEvent(
+        table=f"{schema}.{table}", op=op, before=before, after=after, xid=xid,
+        lsn=int(lsn) if isinstance(lsn, int | str) and str(lsn).isdigit() else None,
+        commit_ts_ms=source.get("ts_ms"), snapshot=snapshot,
+        data_collection_order=dco if isinstance(dco, int) else None, position=pos,
+    )

@@ -1,0 +1,1 @@
+"""Scenario replay: synthesized Debezium input, the replay harness and its checks."""

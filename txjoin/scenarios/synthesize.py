@@ -1,0 +1,256 @@
+"""Synthesize the records Debezium's PostgreSQL connector would write for given transactions.
+
+The records match the connector with the settings txjoin documents
+(``plugin.name=pgoutput``, ``provide.transaction.metadata=true``,
+``decimal.handling.mode=string``, adaptive time precision, JSON converter with
+``schemas.enable=false``, ``REPLICA IDENTITY FULL``): the envelope with
+``before``/``after``/``source``/``op``/``ts_ms``/``transaction``, a tombstone
+after each delete, BEGIN/END on ``<prefix>.transaction`` whose ids carry
+different LSNs, snapshot rows with ``op=r`` and the ``source.snapshot``
+markers. Used by the replay harness and the property tests.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from typing import Any
+
+from txjoin.core.oracle import SourceTransaction
+from txjoin.job import _DECIMAL, Job
+
+CONNECTOR_VERSION = "3.6.3.Final"
+
+
+@dataclass(frozen=True)
+class Produced:
+    """One record written to a topic, with what it stands for (for selectors)."""
+
+    topic: str
+    key: str | None
+    value: str | None
+    tx: str  # transaction name, or "snapshot"
+    kind: str  # begin | end | data | tombstone | snapshot
+    table: str | None = None
+    index: int | None = None  # i-th event of `tx` on `table`
+    offset: int = -1
+
+
+def _json(doc: Any) -> str:
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def _micros(value: Any) -> Any:
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        delta = value - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+        return delta.days * 86_400_000_000 + delta.seconds * 1_000_000 + delta.microseconds
+    return value
+
+
+def encode_value(value: Any, sql_type: str) -> Any:
+    """A Python/scenario value as Debezium's JSON converter writes it."""
+    if value is None:
+        return None
+    if sql_type.endswith("[]"):
+        return [encode_value(v, sql_type[:-2]) for v in value]
+    if sql_type in ("timestamp", "timestamptz"):
+        return _micros(value)
+    m = _DECIMAL.match(sql_type)
+    if m:
+        return str(Decimal(str(value)).quantize(Decimal(1).scaleb(-int(m.group(2)))))
+    return value
+
+
+class Synthesizer:
+    """Keeps a model of the source tables and the topics; appends records as transactions commit."""
+
+    def __init__(self, job: Job, prefix: str = "shop", schemas_enable: bool = False,
+                 first_xid: int = 1000, start_ms: int = 1_695_510_000_000) -> None:
+        self.job = job
+        self.prefix = prefix
+        self.schemas_enable = schemas_enable
+        self.xid = first_xid
+        self.lsn = 30_000_000
+        self.now_ms = start_ms
+        self.topics: dict[str, list[Produced]] = {self.tx_topic: []}
+        for t in job.table_names:
+            self.topics[self.topic(t)] = []
+        self.db: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {t: {} for t in
+                                                                    job.table_names}
+        self.last_commit_lsn = self.lsn
+
+    @property
+    def tx_topic(self) -> str:
+        return f"{self.prefix}.transaction"
+
+    def topic(self, table: str) -> str:
+        return f"{self.prefix}.{table}"
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _wrap(self, payload: dict[str, Any] | None) -> str | None:
+        if payload is None:
+            return None
+        if self.schemas_enable:
+            # Debezium's schema block is long; its presence is what the decoder must cope with.
+            return _json({"schema": {"type": "struct", "optional": False,
+                                     "name": "txjoin.synthesized.Envelope"},
+                          "payload": payload})
+        return _json(payload)
+
+    def _encode_row(self, table: str, row: Mapping[str, Any]) -> dict[str, Any]:
+        cols = self.job.table(table).columns
+        return {c: encode_value(row.get(c), cols[c]) for c in cols if c in row}
+
+    def _key(self, table: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(row.get(k) for k in self.job.table(table).key)
+
+    def _append(self, rec: Produced) -> Produced:
+        records = self.topics.setdefault(rec.topic, [])
+        rec = replace(rec, offset=len(records))
+        records.append(rec)
+        return rec
+
+    def _source(self, table: str, ts_ms: int, snapshot: str, xid: int | None,
+                lsn: int) -> dict[str, Any]:
+        schema, name = table.split(".", 1)
+        return {"version": CONNECTOR_VERSION, "connector": "postgresql", "name": self.prefix,
+                "ts_ms": ts_ms, "snapshot": snapshot, "db": "shop",
+                "sequence": _json([str(self.last_commit_lsn), str(lsn)]),
+                "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000,
+                "schema": schema, "table": name, "txId": xid, "lsn": lsn, "xmin": None}
+
+    # -- snapshot -------------------------------------------------------------------
+
+    def snapshot(self, rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Produced]:
+        """The initial snapshot (op=r), tables in the given order, with Debezium's markers."""
+        out: list[Produced] = []
+        tables = [t for t, r in rows.items() if r]
+        total = sum(len(rows[t]) for t in tables)
+        n = 0
+        snap_lsn = self.lsn
+        for table in tables:
+            for i, row in enumerate(rows[table]):
+                n += 1
+                last_of_table = i == len(rows[table]) - 1
+                if n == total:
+                    marker = "last"
+                elif last_of_table:
+                    marker = "last_in_data_collection"
+                elif n == 1:
+                    marker = "first"
+                elif i == 0:
+                    marker = "first_in_data_collection"
+                else:
+                    marker = "true"
+                encoded = self._encode_row(table, row)
+                self.db[table][self._key(table, row)] = encoded
+                payload = {"before": None, "after": encoded,
+                           "source": self._source(table, self.now_ms, marker, None, snap_lsn),
+                           "transaction": None, "op": "r", "ts_ms": self.now_ms}
+                key = _json({k: encoded.get(k) for k in self.job.table(table).key})
+                out.append(self._append(Produced(self.topic(table), key, self._wrap(payload),
+                                                 "snapshot", "snapshot", table, i)))
+        self.now_ms += 1000
+        return out
+
+    # -- streaming ----------------------------------------------------------------
+
+    def transaction(self, tx: SourceTransaction,
+                    restart: tuple[int, int] | None = None) -> list[Produced]:
+        """Commit ``tx``; append its BEGIN, events (+ tombstones) and END.
+
+        ``restart=(i, j)`` reproduces a connector restart inside the transaction
+        as Debezium < 3.7 does it: events ``[0, i)`` are written, then BEGIN again,
+        events ``[j, n)`` renumbered from 1, and an END counting only those.
+        """
+        self.xid += 1
+        xid = self.xid
+        self.now_ms += 1000
+        ts = self.now_ms
+        self.lsn += 8
+        begin_lsn = self.lsn
+        events: list[tuple[str, str, dict[str, Any] | None, dict[str, Any] | None]] = []
+        for change in tx.changes:
+            table = change.table
+            encoded = self._encode_row(table, change.row)
+            key = self._key(table, encoded)
+            old = self.db[table].get(key)
+            if change.op == "insert":
+                events.append((table, "c", None, encoded))
+                self.db[table][key] = encoded
+            elif change.op == "update":
+                full = {**(old or {}), **encoded}
+                events.append((table, "u", old, full))
+                self.db[table][key] = full
+            else:
+                events.append((table, "d", old if old is not None else encoded, None))
+                self.db[table].pop(key, None)
+        lsns = []
+        for _ in events:
+            self.lsn += 8
+            lsns.append(self.lsn)
+        self.lsn += 8
+        commit_lsn = self.lsn
+
+        out: list[Produced] = []
+
+        def begin() -> None:
+            doc = {"status": "BEGIN", "id": f"{xid}:{begin_lsn}", "event_count": None,
+                   "data_collections": None, "ts_ms": ts}
+            out.append(self._append(Produced(self.tx_topic, _json({"id": f"{xid}:{begin_lsn}"}),
+                                             self._wrap(doc), tx.name, "begin")))
+
+        def emit(segment: range) -> dict[str, int]:
+            counts: dict[str, int] = {}
+            per_table_index: dict[str, int] = {}
+            for i, (table, op, before, after) in enumerate(events):
+                per_table_index[table] = per_table_index.get(table, -1) + 1
+                if i not in segment:
+                    continue
+                counts[table] = counts.get(table, 0) + 1
+                total = sum(counts.values())
+                payload = {"before": before, "after": after,
+                           "source": self._source(table, ts, "false", xid, lsns[i]),
+                           "transaction": {"id": f"{xid}:{lsns[i]}", "total_order": total,
+                                           "data_collection_order": counts[table]},
+                           "op": op, "ts_ms": ts + 5, "ts_us": (ts + 5) * 1000,
+                           "ts_ns": (ts + 5) * 1_000_000}
+                row = after if after is not None else before
+                assert row is not None
+                key = _json({k: row.get(k) for k in self.job.table(table).key})
+                topic = self.topic(table)
+                idx = per_table_index[table]
+                out.append(self._append(Produced(topic, key, self._wrap(payload), tx.name,
+                                                 "data", table, idx)))
+                if op == "d":
+                    out.append(self._append(Produced(topic, key, None, tx.name, "tombstone",
+                                                     table, idx)))
+            return counts
+
+        begin()
+        if restart is not None:
+            i, j = restart
+            emit(range(0, i))
+            begin()
+            counts = emit(range(j, len(events)))
+        else:
+            counts = emit(range(len(events)))
+        end = {"status": "END", "id": f"{xid}:{commit_lsn}", "event_count": sum(counts.values()),
+               "data_collections": [{"data_collection": t, "event_count": n}
+                                    for t, n in counts.items()], "ts_ms": ts}
+        out.append(self._append(Produced(self.tx_topic, _json({"id": f"{xid}:{commit_lsn}"}),
+                                         self._wrap(end), tx.name, "end")))
+        self.last_commit_lsn = commit_lsn
+        return out
+
+    def resend(self, records: Sequence[Produced]) -> list[Produced]:
+        """Write records again, unchanged (the connector's at-least-once redelivery)."""
+        return [self._append(replace(r, offset=-1)) for r in records]
