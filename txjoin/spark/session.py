@@ -10,6 +10,7 @@ Python data sources and pandas UDFs fast, and a 16 MB thread stack stops
 from __future__ import annotations
 
 import os
+import sys
 
 from pyspark.sql import SparkSession
 
@@ -52,6 +53,10 @@ def get_session(
         # A local session needs no external interface; binding to loopback also
         # silences the "hostname resolves to a loopback address" warning.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Python workers otherwise run the first `python3` on PATH, which is not our
+    # venv (no confluent-kafka, deltalake...). PySpark 4.2 takes the workers'
+    # interpreter from this variable, not from spark.pyspark.python.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     conf = default_conf()
     conf.update(extra_conf or {})
     builder = SparkSession.builder.master(master).appName(app_name)

@@ -1,0 +1,171 @@
+"""The ``txjoin_kafka`` streaming source against a real (tansu) broker."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from pyspark.sql import DataFrame, SparkSession
+
+from tests.fixtures.broker import create_topics, running_broker
+from txjoin.errors import ConfigError, ServiceError
+from txjoin.spark.sources.kafka import (
+    KafkaSourceConfig,
+    KafkaStreamReader,
+    read_stream,
+    split_budget,
+)
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def bootstrap() -> Iterator[str]:
+    with running_broker() as servers:
+        yield servers
+
+
+def _topics(bootstrap: str, count: int = 2, partitions: int = 1) -> list[str]:
+    names = [f"t{uuid.uuid4().hex[:8]}" for _ in range(count)]
+    create_topics(bootstrap, names, partitions)
+    return names
+
+
+def _produce(bootstrap: str, topic: str, values: list[str | None]) -> None:
+    # One record per produce + flush: tansu's high watermark hides the tail of
+    # multi-record batches.
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for i, value in enumerate(values):
+        producer.produce(topic, key=f"k{i}", value=value)
+        producer.flush(10)
+
+
+def _run(df: DataFrame, checkpoint: Path) -> list[list[tuple]]:
+    """Run ``df`` to the end of what is available now; rows of each non-empty micro-batch."""
+    batches: list[list[tuple]] = []
+
+    def collect(batch: DataFrame, batch_id: int) -> None:
+        rows = [tuple(r) for r in batch.collect()]
+        if rows:
+            batches.append(rows)
+
+    query = (df.writeStream.foreachBatch(collect)
+             .option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(300)
+    assert not query.isActive, "availableNow query did not finish"
+    if query.exception() is not None:
+        raise AssertionError(str(query.exception()))
+    return batches
+
+
+def _values(n: int, tag: str) -> list[str | None]:
+    return [json.dumps({"tag": tag, "i": i}) for i in range(n)]
+
+
+def test_every_record_arrives_exactly_once_with_its_position(
+        spark: SparkSession, bootstrap: str, tmp_path: Path) -> None:
+    orders, customers = _topics(bootstrap)
+    _produce(bootstrap, orders, [*_values(5, "o"), None])  # a tombstone at offset 5
+    _produce(bootstrap, customers, _values(3, "c"))
+
+    batches = _run(read_stream(spark, bootstrap, [orders, customers]), tmp_path / "cp")
+
+    rows = sorted(r for batch in batches for r in batch)
+    assert [(r[0], r[1], r[2], r[4]) for r in rows] == sorted(
+        [(orders, 0, i, v) for i, v in enumerate([*_values(5, "o"), None])]
+        + [(customers, 0, i, v) for i, v in enumerate(_values(3, "c"))])
+    assert all(r[3] == f"k{r[2]}" for r in rows)
+    assert all(r[5] is not None for r in rows)
+
+
+def test_max_events_per_trigger_splits_into_several_batches_and_restart_resumes(
+        spark: SparkSession, bootstrap: str, tmp_path: Path) -> None:
+    orders, customers = _topics(bootstrap)
+    _produce(bootstrap, orders, _values(7, "o"))
+    _produce(bootstrap, customers, _values(3, "c"))
+    checkpoint = tmp_path / "cp"
+
+    first = _run(read_stream(spark, bootstrap, [orders, customers], max_events=4), checkpoint)
+
+    assert len(first) >= 3
+    assert all(len(batch) <= 4 for batch in first)
+    # Both topics have data from the first batch on: neither waits for the other.
+    assert {r[0] for r in first[0]} == {orders, customers}
+    seen = [(r[0], r[2]) for batch in first for r in batch]
+    assert sorted(seen) == sorted([(orders, i) for i in range(7)]
+                                  + [(customers, i) for i in range(3)])
+
+    _produce(bootstrap, orders, _values(2, "later"))
+    second = _run(read_stream(spark, bootstrap, [orders, customers], max_events=4), checkpoint)
+
+    assert [(r[0], r[2]) for batch in second for r in batch] == [(orders, 7), (orders, 8)]
+
+
+def test_latest_starts_after_what_is_already_there(
+        spark: SparkSession, bootstrap: str, tmp_path: Path) -> None:
+    (topic,) = _topics(bootstrap, count=1)
+    _produce(bootstrap, topic, _values(3, "old"))
+
+    batches = _run(read_stream(spark, bootstrap, [topic], starting_offsets="latest"),
+                   tmp_path / "cp")
+
+    assert batches == []
+
+
+def test_transaction_topic_with_two_partitions_is_refused_with_a_clear_error(
+        bootstrap: str) -> None:
+    (data,) = _topics(bootstrap, count=1)
+    (tx,) = _topics(bootstrap, count=1, partitions=2)
+    reader = KafkaStreamReader(KafkaSourceConfig(bootstrap, (data, tx), transaction_topic=tx))
+
+    with pytest.raises(ConfigError, match=rf"transaction topic '{tx}'.*has 2 partitions"
+                                          r".*exactly 1"):
+        reader.initialOffset()
+
+
+def test_transaction_topic_error_reaches_the_streaming_query(
+        spark: SparkSession, bootstrap: str, tmp_path: Path) -> None:
+    (data,) = _topics(bootstrap, count=1)
+    (tx,) = _topics(bootstrap, count=1, partitions=2)
+
+    with pytest.raises(Exception, match="exactly 1"):
+        _run(read_stream(spark, bootstrap, [data], transaction_topic=tx), tmp_path / "cp")
+
+
+def test_missing_topic_and_unreachable_broker_name_the_bootstrap_servers(bootstrap: str) -> None:
+    missing = KafkaStreamReader(KafkaSourceConfig(bootstrap, ("no_such_topic",)))
+    with pytest.raises(ConfigError, match=rf"'no_such_topic' does not exist on '{bootstrap}'"):
+        missing.initialOffset()
+
+    nobody = KafkaStreamReader(KafkaSourceConfig("127.0.0.1:1", ("x",)))
+    with pytest.raises(ServiceError, match="cannot reach the Kafka brokers at '127.0.0.1:1'"):
+        nobody.initialOffset()
+
+
+def test_budget_is_shared_fairly_and_no_partition_with_data_gets_nothing() -> None:
+    a, b, c = ("a", 0), ("b", 0), ("c", 0)
+    assert split_budget({a: 100, b: 100, c: 0}, 10) == {a: 5, b: 5, c: 0}
+    assert split_budget({a: 100, b: 2}, 10) == {a: 8, b: 2}
+    assert split_budget({a: 1, b: 1, c: 1}, 2) == {a: 1, b: 1, c: 0}
+    assert split_budget({a: 3, b: 50, c: 1}, 5) == {a: 2, b: 2, c: 1}
+    assert sum(split_budget({a: 7, b: 3}, 4).values()) == 4
+
+
+def test_options_are_validated() -> None:
+    from pyspark.sql.datasource import CaseInsensitiveDict
+
+    options = CaseInsensitiveDict({"bootstrap.servers": "h:1", "topics": "a, b",
+                                   "startingOffsets": "Latest", "maxEventsPerTrigger": "10",
+                                   "transactionTopic": "tx"})
+    config = KafkaSourceConfig.from_options(options)
+    assert config.topics == ("a", "b", "tx")
+    assert config.starting_offsets == "latest"
+    assert config.max_events_per_trigger == 10
+    options["maxEventsPerTrigger"] = "0"
+    with pytest.raises(ConfigError, match="maxEventsPerTrigger"):
+        KafkaSourceConfig.from_options(options)
