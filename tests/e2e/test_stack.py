@@ -1,0 +1,238 @@
+"""The local stack for real: PostgreSQL -> Debezium (Kafka Connect) -> tansu, plus its configs.
+
+One stack serves the module (starting it costs ~10 s). Timings are printed (run with -s),
+never asserted: the machine is shared with Spark jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+import yaml
+from confluent_kafka import Consumer, TopicPartition
+
+from txjoin.errors import ServiceError
+from txjoin.stack import debezium, down, load_stack, status, up
+from txjoin.stack.generate import generate
+from txjoin.stack.stack import STATE_FILE, StackInfo
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    directory = tmp_path_factory.mktemp("stack")
+    started = time.monotonic()
+    result = up(directory)
+    print(f"\n[stack] up in {time.monotonic() - started:.1f}s")
+    yield directory, result.info
+    down(directory, wipe=True)
+
+
+def consume_all(info: StackInfo, until: Any, timeout: float = 180.0) -> dict[str, list[Any]]:
+    """Read every topic from the start (no group join: tansu's are slow) until ``until(seen)``."""
+    consumer = Consumer({"bootstrap.servers": info.bootstrap_servers, "group.id": "txjoin-test",
+                         "enable.auto.commit": False, "enable.partition.eof": False})
+    consumer.assign([TopicPartition(t, 0, 0) for t in info.topics])
+    seen: dict[str, list[Any]] = defaultdict(list)
+    deadline = time.monotonic() + timeout
+    try:
+        while not until(seen):
+            counts = {topic: len(events) for topic, events in seen.items()}
+            assert time.monotonic() < deadline, f"timed out; got {counts}"
+            for msg in consumer.consume(500, 0.5):
+                assert msg.error() is None, msg.error()
+                value = msg.value()
+                seen[msg.topic()].append(None if value is None else json.loads(value))
+    finally:
+        consumer.close()
+    return seen
+
+
+def ends(seen: dict[str, list[Any]], info: StackInfo) -> list[dict[str, Any]]:
+    return [e for e in seen.get(info.transaction_topic, []) if e["status"] == "END"]
+
+
+def test_up_reports_every_component_healthy(stack: Any) -> None:
+    directory, info = stack
+    components = {c.name: c for c in status(directory)}
+    assert set(components) == {"postgres", "broker", "debezium"}
+    assert all(c.running for c in components.values())
+    assert components["debezium"].health == "task RUNNING, streaming"
+    assert load_stack(directory) == info
+    assert info.topic_prefix == "shop"
+    assert info.pg_dsn_source.endswith("/shop") and info.pg_dsn_sink.endswith("/sink")
+
+
+def test_up_twice_is_harmless(stack: Any) -> None:
+    directory, info = stack
+    pids = [c.pid for c in status(directory)]
+    again = up(directory)
+    assert again.already_running and again.info == info
+    assert [c.pid for c in status(directory)] == pids
+
+
+def test_every_topic_has_one_partition_and_orders_expected_is_not_captured(stack: Any) -> None:
+    _, info = stack
+    consumer = Consumer({"bootstrap.servers": info.bootstrap_servers, "group.id": "meta"})
+    try:
+        topics = consumer.list_topics(timeout=10).topics
+    finally:
+        consumer.close()
+    for topic in info.topics:
+        assert len(topics[topic].partitions) == 1, topic
+    assert "shop.public.orders_expected" not in topics
+    assert "public.orders_expected" not in info.tables
+
+
+def test_workload_arrives_as_whole_debezium_transactions(stack: Any) -> None:
+    _, info = stack
+    result = generate(info.pg_dsn_source, rate_tx_per_s=150, duration_s=3, seed=7, writers=2)
+    assert result.transactions > 0 and result.orders_recorded > 0
+    started = time.monotonic()
+    seen = consume_all(info, lambda s: len(ends(s, info)) >= result.transactions)
+    print(f"\n[stack] {result.transactions} tx / {result.events} events generated in "
+          f"{result.seconds:.1f}s, all delivered {time.monotonic() - started:.1f}s later")
+
+    # Snapshot rows (the seed menu) come first, without transaction metadata.
+    pizzas = [e for e in seen["shop.public.pizzas"] if e is not None]
+    snapshot = [e for e in pizzas if e["op"] == "r"]
+    assert len(snapshot) == 4 and all(e["transaction"] is None for e in snapshot)
+    # decimal.handling.mode=string: exact decimals as strings.
+    assert all(isinstance(e["after"]["price"], str) for e in pizzas if e["after"])
+    assert {e["after"]["price"] for e in snapshot} >= {"8.50", "7.00"}
+
+    data_by_xid: dict[str, Counter[str]] = defaultdict(Counter)
+    for topic, events in seen.items():
+        if topic == info.transaction_topic:
+            continue
+        for event in events:
+            if event is None or event["op"] == "r":
+                continue  # tombstone after a delete, or snapshot
+            tx = event["transaction"]
+            assert tx is not None, event
+            xid = tx["id"].split(":")[0]
+            assert xid == str(event["source"]["txId"])
+            assert event["source"]["table"] != "orders_expected"
+            data_by_xid[xid][f"{event['source']['schema']}.{event['source']['table']}"] += 1
+
+    statuses: dict[str, list[str]] = defaultdict(list)
+    for marker in seen[info.transaction_topic]:
+        statuses[marker["id"].split(":")[0]].append(marker["status"])
+    assert all(s == ["BEGIN", "END"] for s in statuses.values())
+    for end in ends(seen, info):
+        xid = end["id"].split(":")[0]
+        per_table = {d["data_collection"]: d["event_count"] for d in end["data_collections"]}
+        assert per_table == dict(data_by_xid[xid]), xid
+        assert end["event_count"] == sum(per_table.values())
+    assert set(data_by_xid) == {xid for xid in statuses}
+    assert len(statuses) == result.transactions
+    delivered = Counter[str]()
+    for per_table in data_by_xid.values():
+        delivered.update(per_table)
+    assert delivered == result.events_by_table
+
+    # The oracle table is written in the same transactions, but only the source sees it.
+    with psycopg2.connect(info.pg_dsn_source) as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*), count(DISTINCT xid) FROM public.orders_expected")
+        rows, xids = cur.fetchone()
+    conn.close()
+    assert rows > 0 and xids > 0
+
+
+def test_debezium_throughput_is_reported(stack: Any) -> None:
+    """Not a limit, a number: one bulk transaction and a fast pizzeria run."""
+    _, info = stack
+    before = consume_all(info, lambda s: True, timeout=5)
+    ends_before = len(ends(before, info))
+    rows = 20_000
+    with psycopg2.connect(info.pg_dsn_source) as conn, conn.cursor() as cur:
+        cur.execute("INSERT INTO public.users (full_name) "
+                    "SELECT 'bulk ' || g FROM generate_series(1, %s) g", (rows,))
+    conn.close()
+    started = time.monotonic()
+    seen = consume_all(info, lambda s: len(ends(s, info)) > ends_before)
+    bulk_s = time.monotonic() - started
+    assert ends(seen, info)[-1]["event_count"] == rows
+
+    result = generate(info.pg_dsn_source, rate_tx_per_s=5_000, duration_s=5, seed=3, writers=2)
+    total_ends = ends_before + 1 + result.transactions
+    seen = consume_all(info, lambda s: len(ends(s, info)) >= total_ends)
+    flow_s = time.monotonic() - started - bulk_s
+    print(f"\n[stack] bulk: {rows} events in {bulk_s:.1f}s = {rows / bulk_s:.0f} ev/s; "
+          f"workload: {result.transactions} tx ({result.transactions / result.seconds:.0f} tx/s), "
+          f"{result.events} events, delivered {flow_s:.1f}s after the bulk "
+          f"= {result.events / flow_s:.0f} ev/s")
+
+
+def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(ServiceError, match=f"port {port} .* busy"):
+            up(tmp_path / "busy", pg_port=port)
+    assert not (tmp_path / "busy" / STATE_FILE).exists()
+
+
+def test_stale_directory_is_a_clear_error(tmp_path: Path) -> None:
+    directory = tmp_path / "stale"
+    directory.mkdir()
+    dead = {"pid": 999_999_999, "start_ticks": 1}
+    (directory / STATE_FILE).write_text(json.dumps({
+        "stopped": False, "pg_dsn_source": "x", "pg_dsn_sink": "x", "bootstrap_servers": "x",
+        "topic_prefix": "shop", "tables": [], "postgres": dead, "broker": dead, "debezium": dead,
+    }))
+    assert load_stack(directory) is None
+    with pytest.raises(ServiceError, match="stale stack"):
+        up(directory)
+    assert down(directory, wipe=True) == []
+    assert not directory.exists()
+
+
+def test_down_stops_every_pid(stack: Any) -> None:
+    directory, _ = stack
+    pids = [c.pid for c in status(directory)]
+    assert sorted(down(directory)) == ["broker", "debezium", "postgres"]
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid), pid
+    assert load_stack(directory) is None
+    assert all(not c.running for c in status(directory))
+    assert down(directory) == []
+
+
+def _zombie(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+# -- configuration shared with docker-compose ---------------------------------------------
+
+
+def test_connector_json_is_the_properties_file_rendered_for_compose() -> None:
+    rendered = debezium.connector_config(debezium.COMPOSE_VALUES)
+    assert json.loads((REPO / "config" / "debezium-postgres.json").read_text()) == rendered
+    assert rendered["plugin.name"] == "pgoutput"
+    assert rendered["provide.transaction.metadata"] == "true"
+    assert rendered["decimal.handling.mode"] == "string"
+    assert rendered["value.converter.schemas.enable"] == "false"
+    assert "orders_expected" not in rendered["table.include.list"]
+
+
+def test_compose_parses_and_registers_the_shared_connector_config() -> None:
+    compose = yaml.safe_load((REPO / "docker-compose.yaml").read_text())
+    services = compose["services"]
+    assert {"postgres", "kafka", "connect", "txjoin"} <= set(services)
+    text = (REPO / "docker-compose.yaml").read_text()
+    assert "config/debezium-postgres.json" in text
+    assert "txjoin/stack/schema.sql" in text
+    assert "wal_level=logical" in text

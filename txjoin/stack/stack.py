@@ -1,0 +1,354 @@
+"""Lifecycle of the local stack: PostgreSQL -> Debezium (Kafka Connect) -> tansu broker.
+
+Everything lives in one stack directory (default ``.txjoin``)::
+
+    stack.json      pids (with start times), ports, DSNs, bootstrap servers, topics
+    logs/*.log      postgres.log, broker.log, debezium.log
+    postgres/       the data directory (elsewhere if the server's user cannot reach it)
+    connect/        compiled launcher, worker/connector properties, offsets, status.json
+
+The broker keeps topics in memory only, so a stopped stack cannot resume (Debezium's slot
+and offsets would point past data the broker no longer has): ``up`` after ``down`` starts
+over from a fresh database and snapshot. A stack whose processes died without ``down`` is
+reported as stale until ``down`` cleans it up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+
+from txjoin.errors import ServiceError
+from txjoin.stack import broker as broker_mod
+from txjoin.stack import debezium as debezium_mod
+from txjoin.stack import postgres as postgres_mod
+from txjoin.stack.processes import ProcessId, ensure_port_free, free_port, listening, wait_until
+
+DEFAULT_DIR = Path(".txjoin")
+STATE_FILE = "stack.json"
+STATE_VERSION = 1
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    """Where a running local stack is: what the pipeline needs to default to it."""
+
+    pg_dsn_source: str
+    pg_dsn_sink: str
+    bootstrap_servers: str
+    topic_prefix: str
+    tables: tuple[str, ...] = ()
+
+    @property
+    def transaction_topic(self) -> str:
+        """Debezium's BEGIN/END topic."""
+        return f"{self.topic_prefix}.transaction"
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        """Every topic Debezium writes: one per captured table, then the transaction topic."""
+        return (*(f"{self.topic_prefix}.{t}" for t in self.tables), self.transaction_topic)
+
+
+@dataclass(frozen=True)
+class UpResult:
+    """What ``up`` did: the stack, whether it was already running, how long starting took."""
+
+    info: StackInfo
+    already_running: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    """One line of ``txjoin status``."""
+
+    name: str
+    pid: int
+    port: int | None
+    running: bool
+    health: str
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """Serialise up/down on one stack directory (two shells, or a test and a shell)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _read_state(directory: Path) -> dict[str, Any] | None:
+    try:
+        state = json.loads((directory / STATE_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as exc:
+        raise ServiceError(f"{directory / STATE_FILE} is corrupt ({exc}): run "
+                           f"`txjoin down --dir {directory} --wipe`") from exc
+    return state if isinstance(state, dict) else None
+
+
+def _write_state(directory: Path, state: dict[str, Any]) -> None:
+    tmp = directory / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(directory / STATE_FILE)
+
+
+_COMPONENTS = ("postgres", "broker", "debezium")
+
+
+def _process(state: dict[str, Any], name: str) -> ProcessId | None:
+    entry = state.get(name)
+    if not entry or "pid" not in entry:
+        return None
+    return ProcessId(int(entry["pid"]), int(entry["start_ticks"]))
+
+
+def _alive(state: dict[str, Any]) -> dict[str, bool]:
+    """Liveness of each component that got as far as having a pid."""
+    alive = {}
+    for name in _COMPONENTS:
+        proc = _process(state, name)
+        if proc is not None:
+            alive[name] = proc.alive()
+    return alive
+
+
+def _info(state: dict[str, Any]) -> StackInfo:
+    return StackInfo(state["pg_dsn_source"], state["pg_dsn_sink"], state["bootstrap_servers"],
+                     state["topic_prefix"], tuple(state["tables"]))
+
+
+def load_stack(directory: str | os.PathLike[str] = DEFAULT_DIR) -> StackInfo | None:
+    """The running local stack in ``directory``, or None if none runs there.
+
+    None also when the stack was stopped or any of its processes died, so a caller never
+    defaults to servers that are gone.
+    """
+    state = _read_state(Path(directory))
+    if state is None or state.get("stopped"):
+        return None
+    alive = _alive(state)
+    if len(alive) != len(_COMPONENTS) or not all(alive.values()):
+        return None
+    return _info(state)
+
+
+def up(directory: str | os.PathLike[str] = DEFAULT_DIR, *, pg_port: int | None = None,
+       broker_port: int | None = None, timeout: float = 180.0,
+       progress: Progress = _noop) -> UpResult:
+    """Start PostgreSQL, the broker and Debezium in the background; wait until all are healthy.
+
+    Harmless when the stack already runs (``already_running``). Raises ServiceError for a
+    busy port, missing Java, a stale directory (processes died without ``down``), or a
+    component that does not become healthy within ``timeout`` seconds; whatever it
+    started by then is stopped again.
+    """
+    directory = Path(directory).resolve()
+    with _locked(directory):
+        state = _read_state(directory)
+        if state is not None and not state.get("stopped"):
+            alive = _alive(state)
+            if alive and all(alive.values()) and len(alive) == len(_COMPONENTS):
+                return UpResult(_info(state), True, 0.0)
+            dead = ", ".join(n for n in _COMPONENTS if not alive.get(n)) or "all"
+            raise ServiceError(
+                f"stale stack in {directory}: {dead} no longer running (pids in "
+                f"{directory / STATE_FILE}); run `txjoin down --dir {directory}` first"
+            )
+        if state is not None:
+            _remove_data(directory, state)  # leftovers of a stopped stack: start over
+
+        # Fail on the cheap checks before starting anything.
+        debezium_mod.java_home_check()
+        connector = debezium_mod.connector_config(
+            {"PG_HOST": "", "PG_PORT": "", "PG_USER": "", "PG_PASSWORD": ""})
+        if pg_port is not None:
+            ensure_port_free(pg_port, "PostgreSQL")
+        if broker_port is not None:
+            ensure_port_free(broker_port, "the broker")
+        pg_port = pg_port or free_port()
+        broker_port = broker_port or free_port()
+
+        started = time.monotonic()
+        logs = directory / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        prefix = connector["topic.prefix"]
+        tables = tuple(t.strip() for t in connector["table.include.list"].split(",") if t.strip())
+        state = {
+            "version": STATE_VERSION, "dir": str(directory), "stopped": False,
+            "started_at": time.time(),
+            "pg_dsn_source": postgres_mod.dsn(pg_port, postgres_mod.SOURCE_DB),
+            "pg_dsn_sink": postgres_mod.dsn(pg_port, postgres_mod.SINK_DB),
+            "bootstrap_servers": f"127.0.0.1:{broker_port}",
+            "topic_prefix": prefix, "tables": list(tables),
+        }
+        info = _info(state)
+        try:
+            progress(f"postgres: starting on 127.0.0.1:{pg_port}")
+            root = postgres_mod.data_root(directory)
+            state["postgres"] = {"port": pg_port, "data_root": str(root),
+                                 "log": str(logs / "postgres.log")}
+            _write_state(directory, state)
+            pg = postgres_mod.start_postgres(root, pg_port, logs / "postgres.log", timeout)
+            state["postgres"].update(pid=pg.process.pid, start_ticks=pg.process.start_ticks)
+            _write_state(directory, state)
+
+            progress(f"broker: starting tansu on {info.bootstrap_servers}")
+            br = broker_mod.start_broker(broker_port, logs / "broker.log", timeout)
+            state["broker"] = {"pid": br.process.pid, "start_ticks": br.process.start_ticks,
+                               "port": broker_port, "log": str(logs / "broker.log")}
+            _write_state(directory, state)
+            broker_mod.create_topics(info.bootstrap_servers, list(info.topics))
+
+            progress("debezium: compiling the launcher and starting Kafka Connect")
+            dbz = debezium_mod.start_debezium(
+                directory / "connect", info.bootstrap_servers, pg_port,
+                postgres_mod.DB_USER, postgres_mod.DB_PASSWORD, logs / "debezium.log")
+            state["debezium"] = {"pid": dbz.process.pid, "start_ticks": dbz.process.start_ticks,
+                                 "status_file": str(dbz.status_file), "slot": dbz.slot_name,
+                                 "log": str(logs / "debezium.log")}
+            _write_state(directory, state)
+            _wait_debezium(state, timeout)
+        except BaseException:
+            _stop_all(state)
+            state["stopped"] = True
+            _write_state(directory, state)
+            raise
+        seconds = time.monotonic() - started
+        state["start_seconds"] = round(seconds, 2)
+        _write_state(directory, state)
+        progress(f"stack up in {seconds:.1f}s")
+        return UpResult(info, False, seconds)
+
+
+def _slot_active(dsn: str, slot: str) -> bool:
+    """True once Debezium streams from its replication slot (i.e. the snapshot is done)."""
+    try:
+        with contextlib.closing(psycopg2.connect(dsn, connect_timeout=2)) as conn, \
+                conn.cursor() as cur:
+            cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            row = cur.fetchone()
+    except psycopg2.Error:
+        return False
+    return bool(row and row[0])
+
+
+def _wait_debezium(state: dict[str, Any], timeout: float) -> None:
+    entry = state["debezium"]
+    status_file = Path(entry["status_file"])
+
+    def healthy() -> bool:
+        task = debezium_mod.task_state(status_file)
+        if task == "FAILED":
+            trace = (debezium_mod.task_trace(status_file) or "").strip().splitlines()
+            raise ServiceError(
+                "Debezium's connector task FAILED: "
+                f"{trace[0] if trace else 'no trace'}; see {entry['log']}"
+            )
+        return task == "RUNNING" and _slot_active(state["pg_dsn_source"], entry["slot"])
+
+    wait_until(healthy, timeout, "Debezium (task RUNNING and streaming from its slot)",
+               _process(state, "debezium"), entry["log"], interval=0.25)
+
+
+def _stop_all(state: dict[str, Any]) -> list[str]:
+    """Stop the recorded processes (Debezium first: it needs the others to shut down cleanly)."""
+    stopped = []
+    stoppers = {"debezium": debezium_mod.stop_debezium, "postgres": postgres_mod.stop_postgres,
+                "broker": broker_mod.stop_broker}
+    for name in ("debezium", "postgres", "broker"):
+        proc = _process(state, name)
+        if proc is not None and stoppers[name](proc):
+            stopped.append(name)
+    return stopped
+
+
+def _remove_data(directory: Path, state: dict[str, Any] | None) -> None:
+    """Remove what the stack created in ``directory`` (never anything else that lives there)."""
+    roots = [directory / "postgres", directory / "connect"]
+    pg_root = (state or {}).get("postgres", {}).get("data_root")
+    if pg_root:
+        roots.append(Path(pg_root))
+    for path in roots:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def down(directory: str | os.PathLike[str] = DEFAULT_DIR, *, wipe: bool = False) -> list[str]:
+    """Stop exactly the processes ``up`` recorded; return the names of those that were running.
+
+    Keeps data and logs for a post-mortem unless ``wipe``, which removes them and the state
+    file too. Harmless when nothing runs.
+    """
+    directory = Path(directory).resolve()
+    if not directory.exists():
+        return []
+    with _locked(directory):
+        state = _read_state(directory)
+        stopped = _stop_all(state) if state else []
+        if state is not None:
+            state["stopped"] = True
+            _write_state(directory, state)
+        if wipe:
+            _remove_data(directory, state)
+            shutil.rmtree(directory / "logs", ignore_errors=True)
+            for name in (STATE_FILE, STATE_FILE + ".tmp", ".lock"):
+                (directory / name).unlink(missing_ok=True)
+    if wipe:
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # only if nothing else lives there
+    return stopped
+
+
+def status(directory: str | os.PathLike[str] = DEFAULT_DIR) -> list[ComponentStatus]:
+    """Each recorded component with pid, port, whether it runs and a health check."""
+    directory = Path(directory).resolve()
+    state = _read_state(directory)
+    if state is None:
+        return []
+    result = []
+    for name in _COMPONENTS:
+        entry = state.get(name)
+        proc = _process(state, name)
+        if entry is None or proc is None:
+            continue
+        running = proc.alive()
+        port = entry.get("port")
+        if not running:
+            health = "stopped" if state.get("stopped") else "DEAD (stale: run txjoin down)"
+        elif name == "postgres":
+            health = "accepting connections" if _accepts(state["pg_dsn_source"]) else "unreachable"
+        elif name == "broker":
+            health = "listening" if listening(int(port)) else "not listening"
+        else:
+            task = debezium_mod.task_state(Path(entry["status_file"]))
+            streaming = _slot_active(state["pg_dsn_source"], entry["slot"])
+            health = f"task {task}, " + ("streaming" if streaming else "not streaming yet")
+        result.append(ComponentStatus(name, proc.pid, port, running, health))
+    return result
+
+
+def _accepts(dsn: str) -> bool:
+    try:
+        psycopg2.connect(dsn, connect_timeout=2).close()
+    except psycopg2.Error:
+        return False
+    return True
