@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -139,11 +140,12 @@ def test_transaction_topic_error_reaches_the_streaming_query(
 
 def test_missing_topic_and_unreachable_broker_name_the_bootstrap_servers(bootstrap: str) -> None:
     missing = KafkaStreamReader(KafkaSourceConfig(bootstrap, ("no_such_topic",)))
-    with pytest.raises(ConfigError, match=rf"'no_such_topic' does not exist on '{bootstrap}'"):
+    expected = f"'no_such_topic' does not exist on '{bootstrap}'"
+    with pytest.raises(ConfigError, match=re.escape(expected)):
         missing.initialOffset()
 
     nobody = KafkaStreamReader(KafkaSourceConfig("127.0.0.1:1", ("x",)))
-    with pytest.raises(ServiceError, match="cannot reach the Kafka brokers at '127.0.0.1:1'"):
+    with pytest.raises(ServiceError, match=re.escape("brokers at '127.0.0.1:1'")):
         nobody.initialOffset()
 
 

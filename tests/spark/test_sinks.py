@@ -1,0 +1,246 @@
+"""Delta (delta-rs) and PostgreSQL sinks: atomic, idempotent micro-batches.
+
+No Spark needed, but these are integration tests: the PostgreSQL sink runs
+against a throwaway PostgreSQL 18 server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pyarrow as pa
+import pytest
+
+from tests.fixtures.postgres import free_port, running_postgres
+from txjoin.errors import ServiceError
+from txjoin.sinks import Sink
+from txjoin.sinks.delta import DeltaSink
+from txjoin.sinks.postgres import PostgresSink, mask_dsn
+
+PIZZAS = pa.list_(pa.struct([("pizza", pa.string()), ("price", pa.decimal128(10, 2))]))
+SCHEMA = pa.schema([
+    ("order_id", pa.int64()),
+    ("customer", pa.string()),
+    ("total", pa.decimal128(12, 2)),
+    ("placed_at", pa.timestamp("us", tz="UTC")),
+    ("quantity", pa.int32()),
+    ("pizzas", PIZZAS),
+    ("_op", pa.string()),
+    ("_commit_seq", pa.int64()),
+    ("_xid", pa.int64()),
+    ("_commit_ts", pa.timestamp("us", tz="UTC")),
+])
+T0 = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+
+
+def change(op: str, order_id: int, seq: int, customer: str | None = None,
+           total: str | None = None, pizzas: list[tuple[str, str]] | None = None) -> dict:
+    """One output change; a delete carries null values."""
+    deleted = op == "d"
+    return {
+        "order_id": order_id,
+        "customer": None if deleted else customer or f"cust{order_id}",
+        "total": None if deleted else Decimal(total or "10.50"),
+        "placed_at": None if deleted else T0 + timedelta(minutes=order_id),
+        "quantity": None if deleted else order_id * 2,
+        "pizzas": None if deleted else [{"pizza": p, "price": Decimal(x)}
+                                        for p, x in (pizzas or [])],
+        "_op": op, "_commit_seq": seq, "_xid": 1000 + seq,
+        "_commit_ts": T0 + timedelta(seconds=seq),
+    }
+
+
+def batch(*changes: dict) -> pa.Table:
+    return pa.Table.from_pylist(list(changes), schema=SCHEMA)
+
+
+def current_of(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k != "_op"}
+
+
+@pytest.fixture(scope="module")
+def dsn() -> Iterator[str]:
+    with running_postgres() as url:
+        yield url
+
+
+_tables = iter(range(1_000_000))
+
+
+@pytest.fixture(params=["delta", "postgres"])
+def make_sink(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Sink]]:
+    """A factory of sink objects over the same output table (to test reopening)."""
+    table, job = f"orders_{next(_tables)}", "pizza_orders"
+    opened: list[Sink] = []
+
+    def make() -> Sink:
+        sink: Sink
+        if request.param == "delta":
+            sink = DeltaSink(str(tmp_path / "out"), table, job, ["order_id"], SCHEMA)
+        else:
+            url = request.getfixturevalue("dsn")
+            sink = PostgresSink(url, table, f"{job}.{table}", ["order_id"], SCHEMA)
+        opened.append(sink)
+        return sink
+
+    yield make
+    for sink in opened:
+        sink.close()
+
+
+def test_first_write_creates_the_tables(make_sink: Callable[[], Sink]) -> None:
+    sink = make_sink()
+    assert sink.last_applied_batch() is None
+    assert sink.read_current() == [] and sink.read_changelog() == []
+
+    first = change("c", 1, 1, pizzas=[("margherita", "8.50")])
+    assert sink.write(0, batch(first)) is True
+
+    assert sink.last_applied_batch() == 0
+    assert sink.read_current() == [current_of(first)]
+    assert sink.read_changelog() == [first]
+
+
+def test_current_holds_the_last_change_per_key_and_the_changelog_everything(
+        make_sink: Callable[[], Sink]) -> None:
+    sink = make_sink()
+    changes_0 = [change("c", 1, 1), change("c", 2, 2), change("u", 1, 3, total="99.99"),
+                 change("c", 3, 4)]
+    changes_1 = [change("d", 2, 5), change("u", 3, 6, customer="zoe"), change("u", 1, 7),
+                 change("d", 3, 8), change("c", 4, 9), change("c", 3, 10, customer="back")]
+
+    sink.write(0, batch(*changes_0))
+    assert sink.read_current() == [current_of(changes_0[2]), current_of(changes_0[1]),
+                                   current_of(changes_0[3])]
+
+    sink.write(1, batch(*changes_1))
+    assert sink.read_current() == [current_of(changes_1[2]), current_of(changes_1[5]),
+                                   current_of(changes_1[4])]
+    assert sink.read_changelog() == changes_0 + changes_1
+
+
+def test_a_key_created_and_deleted_in_one_batch_leaves_no_row(
+        make_sink: Callable[[], Sink]) -> None:
+    sink = make_sink()
+    sink.write(0, batch(change("c", 7, 1), change("u", 7, 2), change("d", 7, 3)))
+
+    assert sink.read_current() == []
+    assert [r["_op"] for r in sink.read_changelog()] == ["c", "u", "d"]
+
+
+def test_replaying_a_batch_is_skipped_and_changes_nothing(
+        make_sink: Callable[[], Sink]) -> None:
+    sink = make_sink()
+    sink.write(0, batch(change("c", 1, 1)))
+    sink.write(1, batch(change("u", 1, 2, total="20.00")))
+    current, changelog = sink.read_current(), sink.read_changelog()
+
+    # A replay may even carry different rows (re-run after a crash): still skipped.
+    assert sink.write(1, batch(change("u", 1, 2, total="77.00"))) is False
+    assert sink.write(0, batch(change("d", 1, 1))) is False
+
+    assert sink.read_current() == current
+    assert sink.read_changelog() == changelog
+    assert sink.last_applied_batch() == 1
+
+
+def test_an_empty_batch_still_moves_the_progress(make_sink: Callable[[], Sink]) -> None:
+    sink = make_sink()
+    sink.write(0, batch(change("c", 1, 1)))
+
+    assert sink.write(1, batch()) is True
+
+    assert sink.last_applied_batch() == 1
+    assert len(sink.read_current()) == 1
+
+
+def test_nested_lists_of_structs_with_decimals_round_trip(
+        make_sink: Callable[[], Sink]) -> None:
+    sink = make_sink()
+    rows = [change("c", 1, 1, pizzas=[("margherita", "8.50"), ("diavola", "12.00")]),
+            change("c", 2, 2, pizzas=[]),
+            change("c", 3, 3, pizzas=[("quattro \"formaggi\"", "0.05")]),
+            {**change("c", 4, 4), "pizzas": [{"pizza": None, "price": None}]}]
+
+    sink.write(0, batch(*rows))
+
+    assert sink.read_current() == [current_of(r) for r in rows]
+    prices = [p["price"] for p in sink.read_current()[0]["pizzas"]]
+    assert prices == [Decimal("8.50"), Decimal("12.00")]
+    assert all(isinstance(p, Decimal) for p in prices)
+
+
+def test_progress_survives_reopening_the_sink(make_sink: Callable[[], Sink]) -> None:
+    first = make_sink()
+    first.write(0, batch(change("c", 1, 1)))
+    first.write(1, batch(change("c", 2, 2)))
+    first.close()
+
+    reopened = make_sink()
+    assert reopened.last_applied_batch() == 1
+    assert reopened.write(1, batch(change("c", 9, 3))) is False
+    assert reopened.write(2, batch(change("u", 2, 3, customer="ann"))) is True
+    assert [r["customer"] for r in reopened.read_current()] == ["cust1", "ann"]
+
+
+def test_delta_replay_after_a_crash_between_changelog_and_current(tmp_path: Path) -> None:
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA)
+    sink.write(0, batch(change("c", 1, 1)))
+    # Simulate a crash after the changelog commit of batch 1: write it alone.
+    from deltalake import CommitProperties, Transaction, write_deltalake
+    crashed = batch(change("u", 1, 2, total="5.00"))
+    write_deltalake(sink.changelog_path, crashed, mode="append", commit_properties=CommitProperties(
+        app_transactions=[Transaction(sink.changelog_app_id, 1)]))
+    assert sink.last_applied_batch() == 0
+
+    assert sink.write(1, crashed) is True
+
+    assert [r["_commit_seq"] for r in sink.read_changelog()] == [1, 2]
+    assert sink.read_current()[0]["total"] == Decimal("5.00")
+
+
+def test_postgres_tables_have_typed_columns_and_a_progress_row(dsn: str) -> None:
+    sink = PostgresSink(dsn, "typed_orders", "typed", ["order_id"], SCHEMA)
+    sink.write(3, batch(change("c", 1, 41)))
+    sink.close()
+
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT column_name, data_type, numeric_precision, numeric_scale "
+                    "FROM information_schema.columns WHERE table_name = 'typed_orders' "
+                    "ORDER BY ordinal_position")
+        columns: dict[str, Any] = {r[0]: r[1:] for r in cur.fetchall()}
+        cur.execute("SELECT batch_id, commit_seq FROM txjoin_progress WHERE job = 'typed'")
+        progress = cur.fetchone()
+    assert columns["order_id"][0] == "bigint"
+    assert columns["total"] == ("numeric", 12, 2)
+    assert columns["placed_at"][0] == "timestamp with time zone"
+    assert columns["quantity"][0] == "integer"
+    assert columns["pizzas"][0] == "jsonb"
+    assert "_op" not in columns
+    assert progress == (3, 41)
+
+
+def test_postgres_password_never_appears_when_the_server_is_unreachable() -> None:
+    secret = "s3cr3t-pa55"
+    dsn = f"postgresql://txjoin:{secret}@127.0.0.1:{free_port()}/postgres"
+
+    with pytest.raises(ServiceError) as caught:
+        PostgresSink(dsn, "orders", "job", ["order_id"], SCHEMA)
+
+    message = str(caught.value)
+    assert secret not in message
+    assert "postgresql://txjoin:***@127.0.0.1" in message
+    # The driver's own exception is not chained, so no traceback can show it either.
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_mask_dsn_hides_passwords_in_both_dsn_forms() -> None:
+    assert mask_dsn("postgresql://u:p%40ss@h:5/db") == "postgresql://u:***@h:5/db"
+    assert mask_dsn("host=h password='a b' user=u") == "host=h password=*** user=u"
+    assert mask_dsn("host=h password=abc user=u") == "host=h password=*** user=u"
+    assert mask_dsn("postgresql://u@h/db") == "postgresql://u@h/db"

@@ -1,0 +1,82 @@
+"""Sinks: where the join's output changes land, one atomic commit per micro-batch.
+
+The pipeline hands a sink each micro-batch's output changes as a
+``pyarrow.Table``: the output key columns, the value columns and the metadata
+columns ``_op`` (``c``/``u``/``d``), ``_commit_seq``, ``_xid`` and
+``_commit_ts``, in ``_commit_seq`` order. A sink keeps two views: the current
+table (last change per key, deletes applied) and an append-only changelog. Each
+``write`` commits the batch and the sink's progress together (as dlt's ledger
+does), so a reader never sees part of a batch and a replayed batch is skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from txjoin.errors import ConfigError
+
+OP, COMMIT_SEQ, XID, COMMIT_TS = "_op", "_commit_seq", "_xid", "_commit_ts"
+META_COLUMNS = (OP, COMMIT_SEQ, XID, COMMIT_TS)
+"""Metadata columns of a changes table; the current table keeps all but ``_op``."""
+OP_DELETE = "d"
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """A destination for output changes with exactly-once, all-or-nothing batches."""
+
+    name: str
+
+    def last_applied_batch(self) -> int | None:
+        """Id of the last micro-batch committed, ``None`` if none ever was."""
+        ...
+
+    def write(self, batch_id: int, changes: pa.Table) -> bool:
+        """Apply one micro-batch atomically; ``False`` if it was already applied (replay)."""
+        ...
+
+    def read_current(self) -> list[dict]:
+        """Current rows as Python values (nested as lists/dicts, decimals as ``Decimal``)."""
+        ...
+
+    def read_changelog(self) -> list[dict]:
+        """Every emitted change, with ``_op``/``_commit_seq``/``_xid``/``_commit_ts``."""
+        ...
+
+    def close(self) -> None:
+        """Release connections; the sink object is unusable afterwards."""
+        ...
+
+
+def check_changes_schema(schema: pa.Schema, key_columns: list[str], where: str) -> None:
+    """Fail early, naming the sink, when keys or metadata columns are missing."""
+    missing = [c for c in (*key_columns, *META_COLUMNS) if c not in schema.names]
+    if missing:
+        raise ConfigError(f"{where}: the changes schema lacks the column(s) {missing}; "
+                          f"it has {schema.names}")
+    if not key_columns:
+        raise ConfigError(f"{where}: at least one key column is needed to merge by key")
+
+
+def current_schema(schema: pa.Schema) -> pa.Schema:
+    """Schema of the current table: the changes schema without ``_op``."""
+    return schema.remove(schema.get_field_index(OP))
+
+
+def last_change_per_key(changes: pa.Table, key_columns: list[str]) -> pa.Table:
+    """The last row of each key (rows are in commit order), in first-seen key order."""
+    if changes.num_rows == 0:
+        return changes
+    position = "__txjoin_row"
+    indexed = changes.append_column(position, pa.array(range(changes.num_rows), pa.int64()))
+    last = indexed.group_by(key_columns, use_threads=False).aggregate([(position, "max")])
+    rows = pc.sort_indices(last[f"{position}_max"])
+    return changes.take(pc.take(last[f"{position}_max"], rows))
+
+
+def sort_rows(rows: list[dict], columns: list[str]) -> list[dict]:
+    """Rows ordered by ``columns`` (stable, ``None`` first) for deterministic reads."""
+    return sorted(rows, key=lambda r: tuple((r[c] is not None, r[c]) for c in columns))
