@@ -1,0 +1,1 @@
+"""Tests that need a local Spark session or real services (PostgreSQL, broker)."""
