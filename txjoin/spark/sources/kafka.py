@@ -165,7 +165,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.config = config
         self._admin: AdminClient | None = None
         self._consumer: Consumer | None = None
-        self._checked = False
         self._target: Offsets | None = None  # end of an availableNow run
         self._latest: Offsets | None = None
 
@@ -219,7 +218,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"kafka-topics --create --topic {topic} --partitions 1) before Debezium "
                     "writes to it")
             result.extend((topic, p) for p in sorted(meta.partitions))
-        self._checked = True
         return result
 
     def _watermarks(self, low: bool) -> Offsets:
@@ -269,8 +267,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             grants = available
         end: Offsets = {}
-        for (topic, part), lo in begin.items():
-            end.setdefault(topic, {})[str(part)] = lo + grants[(topic, part)]
+        for (topic, number), lo in begin.items():
+            end.setdefault(topic, {})[str(number)] = lo + grants[(topic, number)]
         # Keep partitions that only the checkpoint knows (e.g. a topic removed
         # from the options) so the offset never moves backwards.
         for topic, parts in start.items():
@@ -336,7 +334,7 @@ def _read_range(bootstrap: str, part: KafkaInputPartition) -> Iterator[pa.Record
                     raise ServiceError(f"{SOURCE_NAME}: error reading {where} from "
                                        f"{bootstrap!r} at offset {next_offset}: {err}")
                 offset = msg.offset()
-                if offset >= part.end:
+                if offset is None or offset >= part.end:
                     continue  # fetched beyond the plan; the next batch reads it
                 rows.append(msg)
                 next_offset = offset + 1
