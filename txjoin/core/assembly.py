@@ -1,14 +1,30 @@
 """Assembly: buffer change events per transaction until the transaction is complete.
 
 A streaming transaction (xid) is **complete** when its END marker has been read
-and, for every table the job reads, the number of distinct events buffered for
-it is at least END's count for that table. Events are deduplicated by content
-identity (:attr:`ChangeEvent.identity`), so a redelivered event is never counted
-or applied twice. Counts are a lower bound ("at least") because before Debezium
-3.7 a connector restart inside a transaction sends an END whose counts cover
-only the events after the restart, while the events before it were already
-written (and, being older, are read no later than that END by a source that
-reads every topic up to its end offset).
+and, for every table the job reads, the events numbered 1..n by
+``transaction.data_collection_order`` are present, n being END's count for that
+table. Events are deduplicated by content identity
+(:attr:`ChangeEvent.identity`), so a redelivered event is never applied twice.
+
+Why numbering and not a plain count: before Debezium 3.7 a connector restart
+inside a transaction repeats BEGIN, sends the remaining events (and possibly a
+few already sent) numbered again from 1, and an END whose counts cover only the
+events after the restart. Within one table's topic the renumbered run comes
+after the first one, so a number that does not increase starts a new run, and
+only the last run has to hold 1..n. The events of the first run precede it in
+the same topic, so they were read too. (A table with events only before the
+restart is not named in END at all; its events were written long before the
+END and are read no later than it by a source that reads every topic to its
+end offset, which txjoin's sources do.) An event delivered again with the same
+content and the same number (a consumer rewind, a producer retry) is ignored
+entirely. Events without numbering fall back to a distinct count.
+
+One ambiguity remains: until the renumbered run of a table arrives, the first
+run may look complete on its own. So once a transaction shows a restart (BEGIN
+read twice, or numbering that starts again), each table END names must also be
+*confirmed*: its renumbering was seen, or the source reported the table's topic
+read to its end offset in a batch in which the END had been read (everything
+Debezium wrote before that END, the renumbered run included, was then read).
 
 The **snapshot** (Debezium ``op=r`` rows) is transaction 0. Rows of one table
 arrive in that table's topic order, so a table's snapshot part is complete
@@ -56,30 +72,53 @@ class PendingTransaction:
     xid: int
     events: list[ChangeEvent] = field(default_factory=list)
     identities: set[tuple[object, ...]] = field(default_factory=set)
-    per_table: dict[str, int] = field(default_factory=dict)
+    deliveries: set[tuple[object, ...]] = field(default_factory=set)  # (identity, number)
+    per_table: dict[str, int] = field(default_factory=dict)  # distinct events
+    last_number: dict[str, int] = field(default_factory=dict)
+    run: dict[str, set[int]] = field(default_factory=dict)  # numbers of the last run
     end: TxMarker | None = None
     first_ts_ms: int | None = None
+    begins: int = 0
+    restarted: bool = False
+    confirmed: set[str] = field(default_factory=set)  # tables whose last run is known final
 
     def add(self, event: ChangeEvent) -> bool:
-        ident = event.identity
+        """Buffer an event; False when its content was already buffered."""
+        ident, number, table = event.identity, event.data_collection_order, event.table
+        if (ident, number) in self.deliveries:
+            return False
+        self.deliveries.add((ident, number))
+        if number is not None:
+            if number <= self.last_number.get(table, 0):
+                self.run[table] = set()  # renumbered from 1: a restart inside the transaction
+                self.restarted = True
+                self.confirmed.add(table)
+            self.run.setdefault(table, set()).add(number)
+            self.last_number[table] = number
+        self.touch(event.commit_ts_ms)
         if ident in self.identities:
             return False
         self.identities.add(ident)
         self.events.append(event)
-        self.per_table[event.table] = self.per_table.get(event.table, 0) + 1
-        self.touch(event.commit_ts_ms)
+        self.per_table[table] = self.per_table.get(table, 0) + 1
         return True
 
     def touch(self, ts_ms: int | None) -> None:
         if ts_ms is not None and (self.first_ts_ms is None or ts_ms < self.first_ts_ms):
             self.first_ts_ms = ts_ms
 
+    def _have(self, table: str, need: int) -> int:
+        if table in self.run:
+            return sum(1 for n in range(1, need + 1) if n in self.run[table])
+        return min(self.per_table.get(table, 0), need)
+
     def missing(self, tables: frozenset[str]) -> dict[str, tuple[int, int]]:
         """Tables still short of END's count: table -> (have, need)."""
         if self.end is None or self.end.counts is None:
             return {}
-        return {t: (self.per_table.get(t, 0), n) for t, n in self.end.counts.items()
-                if t in tables and self.per_table.get(t, 0) < n}
+        return {t: (self._have(t, n), n) for t, n in self.end.counts.items()
+                if t in tables and (self._have(t, n) < n or (
+                    self.restarted and n > 0 and t not in self.confirmed))}
 
     def is_complete(self, tables: frozenset[str]) -> bool:
         return self.end is not None and not self.missing(tables)
@@ -89,7 +128,8 @@ class PendingTransaction:
             have = ", ".join(f"{t}: {n}" for t, n in sorted(self.per_table.items())) or "none"
             return f"its END marker was never read (events buffered: {have})"
         return "missing events: " + ", ".join(
-            f"{t} has {h} of {n}" for t, (h, n) in sorted(self.missing(tables).items()))
+            f"{t} has {h} of {n}" + (" (restart: waiting for the topic's end)" if h == n else "")
+            for t, (h, n) in sorted(self.missing(tables).items()))
 
 
 @dataclass
@@ -186,12 +226,21 @@ class Assembler:
         tx = self.pending.setdefault(marker.xid, PendingTransaction(marker.xid))
         tx.touch(marker.ts_ms)
         if marker.status == "BEGIN":
+            tx.begins += 1
+            tx.restarted = tx.restarted or tx.begins > 1
             return False
         if tx.end is not None:
             self.duplicates += 1
             return False
         tx.end = marker
         return True
+
+    def caught_up(self, tables: set[str]) -> None:
+        """The source read these tables' topics to their end in the batch just added."""
+        self.snapshot.caught_up(tables)
+        for tx in self.pending.values():
+            if tx.end is not None and tx.restarted:
+                tx.confirmed |= tables
 
     def is_complete(self, xid: int) -> bool:
         tx = self.pending.get(xid)

@@ -97,7 +97,7 @@ class Engine:
             else:
                 self.stats.events += 1
                 self.assembler.add_event(item, released)
-        self.assembler.snapshot.caught_up(set(caught_up))
+        self.assembler.caught_up(set(caught_up))
         changes = []
         for tx in self.frontier.release(self.assembler):
             changes.extend(self._apply(tx))

@@ -1,0 +1,151 @@
+"""Hypothesis strategies: random source workloads and random Kafka deliveries of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import strategies as st
+
+from txjoin.core.oracle import RowChange, SourceTransaction
+from txjoin.job import Job
+from txjoin.scenarios.synthesize import Produced, Synthesizer
+
+TIMES = ["2023-09-23T22:00:00", "2023-09-23T23:00:00", "2023-09-24T00:30:00"]
+
+PIZZERIA_ROWS: dict[str, Any] = {
+    "public.clients": lambda d, i: {"id": i, "name": d(st.sampled_from(["Ann", "Bob", "Cid"]))},
+    "public.pizzas": lambda d, i: {
+        "id": i, "name": d(st.sampled_from(["Margherita", "Diavola", "Napoli"])),
+        "price": d(st.sampled_from(["8.50", "9.00", "12.25", "9.5"]))},
+    "public.tables": lambda d, i: {"id": i, "name": d(st.sampled_from(["T1", "T2", "Patio"]))},
+    "public.table_assignment": lambda d, i: {
+        "id": i, "client_id": d(st.integers(1, 4)), "table_id": d(st.integers(1, 4)),
+        "time_in": d(st.sampled_from(TIMES)), "time_out": d(st.sampled_from([None, *TIMES]))},
+    "public.orders": lambda d, i: {
+        "id": i, "table_assignment_id": d(st.one_of(st.none(), st.integers(1, 4))),
+        "order_time": d(st.sampled_from(TIMES)),
+        "pizzas": d(st.one_of(st.none(), st.lists(st.integers(1, 5), max_size=4)))},
+}
+
+USERS_ROWS: dict[str, Any] = {
+    "public.users": lambda d, i: {"id": i, "full_name": d(st.sampled_from(["Ann Lee", "Bo Wu"]))},
+    "public.users_favorite_color": lambda d, i: {
+        "id": i, "user_id": d(st.one_of(st.none(), st.integers(1, 4))),
+        "favorite_color": d(st.sampled_from(["red", "blue", "green"]))},
+}
+
+KEY_SPACE = 5
+
+
+@dataclass
+class Workload:
+    snapshot: dict[str, list[dict[str, Any]]]
+    transactions: list[SourceTransaction]
+    restarts: dict[int, tuple[int, int]] = field(default_factory=dict)  # tx index -> (i, j)
+    resends: dict[int, int] = field(default_factory=dict)  # tx index -> resend last n records
+
+
+@st.composite
+def workloads(draw: Any, rows: dict[str, Any], max_tx: int = 12) -> Workload:
+    tables = list(rows)
+    db: dict[str, dict[int, dict[str, Any]]] = {t: {} for t in tables}
+    snapshot: dict[str, list[dict[str, Any]]] = {}
+    for t in draw(st.permutations(tables)):
+        ids = draw(st.sets(st.integers(1, KEY_SPACE), max_size=3))
+        snapshot[t] = [rows[t](draw, i) for i in sorted(ids)]
+        db[t] = {r["id"]: r for r in snapshot[t]}
+    txs: list[SourceTransaction] = []
+    restarts: dict[int, tuple[int, int]] = {}
+    resends: dict[int, int] = {}
+    for n in range(draw(st.integers(1, max_tx))):
+        changes: list[RowChange] = []
+        for _ in range(draw(st.integers(0, 4))):
+            t = draw(st.sampled_from(tables))
+            i = draw(st.integers(1, KEY_SPACE))
+            if i in db[t] and draw(st.booleans()):
+                changes.append(RowChange("delete", t, {"id": i}))
+                del db[t][i]
+            else:
+                row = rows[t](draw, i)
+                changes.append(RowChange("update" if i in db[t] else "insert", t, row))
+                db[t][i] = row
+        txs.append(SourceTransaction(f"t{n + 1}", changes))
+        if len(changes) >= 2 and draw(st.integers(0, 5)) == 0:
+            i = draw(st.integers(1, len(changes)))
+            restarts[n] = (i, draw(st.integers(0, i)))
+        elif draw(st.integers(0, 6)) == 0:
+            resends[n] = draw(st.integers(1, 4))
+    return Workload(snapshot, txs, restarts, resends)
+
+
+@dataclass
+class Production:
+    records: list[Produced]  # in production order
+    must_precede_end: list[tuple[Produced, Produced]]  # (record, END) pairs (restart pattern)
+    topics: list[str]
+
+
+def produce(job: Job, workload: Workload) -> Production:
+    synth = Synthesizer(job)
+    records = list(synth.snapshot(workload.snapshot))
+    constraints: list[tuple[Produced, Produced]] = []
+    for n, tx in enumerate(workload.transactions):
+        out = synth.transaction(tx, restart=workload.restarts.get(n))
+        records.extend(out)
+        if n in workload.restarts:
+            second_begin = [k for k, r in enumerate(out) if r.kind == "begin"][1]
+            constraints.extend((r, out[-1]) for r in out[:second_begin])
+        if n in workload.resends:
+            records.extend(synth.resend(out[-workload.resends[n]:]))
+    return Production(records, constraints, list(synth.topics))
+
+
+@dataclass
+class Batch:
+    records: list[Produced]
+    caught_up: set[str]  # topics read to their end offset as of the batch's planning
+
+
+@st.composite
+def deliveries(draw: Any, produced: Production) -> list[Batch]:
+    """Kafka-like delivery: each topic read in order, any lag between topics, rewinds."""
+    by_topic: dict[str, list[Produced]] = {t: [] for t in produced.topics}
+    rank: dict[tuple[str, int], int] = {}
+    for k, r in enumerate(produced.records):
+        by_topic.setdefault(r.topic, []).append(r)
+        rank[(r.topic, r.offset)] = k
+    pos = dict.fromkeys(by_topic, 0)
+    visible = 0
+    total = len(produced.records)
+    batches: list[Batch] = []
+    steps = draw(st.integers(1, 8))
+    for step in range(steps + 1):
+        final = step == steps or all(pos[t] == len(v) for t, v in by_topic.items())
+        visible = total if final else draw(st.integers(visible, total))
+        starts: dict[str, int] = {}
+        ends: dict[str, int] = {}
+        caught: set[str] = set()
+        for topic, recs in by_topic.items():
+            vis_end = sum(1 for r in recs if rank[(topic, r.offset)] < visible)
+            end = vis_end if final or draw(st.booleans()) else draw(
+                st.integers(pos[topic], max(pos[topic], vis_end)))
+            end = max(end, pos[topic])
+            start = pos[topic]
+            if not final and draw(st.integers(0, 9)) == 0:  # consumer rewind: redelivery
+                start = max(0, start - draw(st.integers(1, 3)))
+            starts[topic], ends[topic] = start, end
+        for rec, end_marker in produced.must_precede_end:
+            if ends[end_marker.topic] > end_marker.offset:
+                ends[rec.topic] = max(ends[rec.topic], rec.offset + 1)
+        for topic, recs in by_topic.items():
+            vis_end = sum(1 for r in recs if rank[(topic, r.offset)] < visible)
+            if ends[topic] >= vis_end:
+                caught.add(topic)
+        records = [r for topic, recs in by_topic.items() for r in recs[starts[topic]:ends[topic]]]
+        pos = ends
+        batches.append(Batch(records, caught))
+        if final:
+            break
+    assert all(pos[t] == len(v) for t, v in by_topic.items())
+    return batches
