@@ -8,6 +8,15 @@ Offsets in the checkpoint are ``{topic: {"<partition>": next_offset}}``; the
 partition keys are strings because the offsets travel as JSON. A micro-batch has
 one input partition per topic-partition with records in ``[start, end)``.
 
+"Caught up": the end offsets also record, under the reserved key
+``__caught_up__`` as ``{topic: 0|1}``, which topics this batch reads to the end
+of what the broker had when the batch was planned (not cut short by
+``maxEventsPerTrigger``). Being part of the checkpointed offsets, a re-run of the
+batch after a crash reports the same. One extra input partition turns it into
+marker rows (``offset = -1``, ``value`` null, ``key`` = ``__caught_up__``) that
+the transactional core uses to settle the snapshot of empty tables and to
+confirm restarted transactions (see ``txjoin.core.assembly``).
+
 Ordering facts this source guarantees and txjoin relies on: within a
 topic-partition records arrive in offset order, each exactly once across
 micro-batches and restarts (the end offset of a batch is the start of the next),
@@ -71,6 +80,7 @@ METADATA_TIMEOUT_S = 15.0
 # range the broker said exists.
 READ_STALL_TIMEOUT_S = 60.0
 _CONSUME_CHUNK = 10_000
+CAUGHT_UP = "__caught_up__"
 
 
 @dataclass(frozen=True)
@@ -256,6 +266,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin: dict[tuple[str, int], int] = {}
         available: dict[tuple[str, int], int] = {}
         for topic, parts in high.items():
+            if topic == CAUGHT_UP:
+                continue
             for part, hi in parts.items():
                 # A partition added since the last batch starts at 0 (earliest
                 # retained offset is found by the consumer at read time).
@@ -267,13 +279,19 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             grants = available
         end: Offsets = {}
+        caught: dict[str, int] = {}
         for (topic, number), lo in begin.items():
             end.setdefault(topic, {})[str(number)] = lo + grants[(topic, number)]
+            full = grants[(topic, number)] == available[(topic, number)]
+            caught[topic] = int(caught.get(topic, 1) and full)
         # Keep partitions that only the checkpoint knows (e.g. a topic removed
         # from the options) so the offset never moves backwards.
         for topic, parts in start.items():
+            if topic == CAUGHT_UP:
+                continue
             for part, offset in parts.items():
                 end.setdefault(topic, {}).setdefault(part, offset)
+        end[CAUGHT_UP] = dict(sorted(caught.items()))
         return end
 
     def reportLatestOffset(self) -> Offsets | None:
@@ -283,7 +301,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         """One input partition per topic-partition that has records in ``[start, end)``."""
         result: list[InputPartition] = []
+        caught = sorted(t for t, flag in end.get(CAUGHT_UP, {}).items() if flag)
+        if caught:
+            result.append(CaughtUpPartition(caught))
         for topic, parts in sorted(end.items()):
+            if topic == CAUGHT_UP:
+                continue
             for part, hi in sorted(parts.items(), key=lambda kv: int(kv[0])):
                 lo = start.get(topic, {}).get(part, 0)
                 if hi > lo:
@@ -304,8 +327,28 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Yield the records ``[start, end)`` of one topic-partition as Arrow batches."""
+        if isinstance(partition, CaughtUpPartition):
+            return iter([caught_up_batch(partition.topics)])
         assert isinstance(partition, KafkaInputPartition)
         return _read_range(self.config.bootstrap_servers, partition)
+
+
+class CaughtUpPartition(InputPartition):
+    """The topics a batch reads to their end; read as marker rows."""
+
+    def __init__(self, topics: list[str]) -> None:
+        super().__init__(tuple(topics))
+        self.topics = topics
+
+
+def caught_up_batch(topics: Sequence[str]) -> pa.RecordBatch:
+    """Marker rows (offset -1, key ``__caught_up__``) naming caught-up topics."""
+    n = len(topics)
+    return pa.RecordBatch.from_arrays([
+        pa.array(list(topics), pa.string()), pa.array([0] * n, pa.int32()),
+        pa.array([-1] * n, pa.int64()), pa.array([CAUGHT_UP] * n, pa.string()),
+        pa.array([None] * n, pa.string()), pa.array([None] * n, pa.timestamp("us", tz="UTC")),
+    ], schema=ARROW_SCHEMA)
 
 
 def _read_range(bootstrap: str, part: KafkaInputPartition) -> Iterator[pa.RecordBatch]:

@@ -1,0 +1,96 @@
+"""``txjoin_replay``: a streaming source that replays a scenario's schedule, one batch per trigger.
+
+The schedule file (JSON, written by the harness) is a list of batches, each a
+list of records ``[topic, partition, offset, key, value]`` and the topics the
+batch reads to their end (``caught_up``). The offset in the checkpoint is
+``{"batch": n}``: the number of schedule batches consumed. Each micro-batch
+delivers exactly one schedule batch, so the harness can read the sinks after
+every one of them; ``until`` stops an ``availableNow`` run at a restart point.
+The rows have the same schema as ``txjoin_kafka`` (caught-up topics as marker
+rows with offset -1), so everything after the source is the same code path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
+
+from txjoin.spark.sources.kafka import ARROW_SCHEMA, CAUGHT_UP, SCHEMA_DDL
+
+SOURCE_NAME = "txjoin_replay"
+
+
+def write_schedule(path: str, batches: Sequence[tuple[Sequence[Sequence[Any]], Sequence[str]]]
+                   ) -> None:
+    """Write ``[(records, caught_up_topics), ...]`` for the replay source."""
+    doc = [{"records": [list(r) for r in records], "caught_up": sorted(caught)}
+           for records, caught in batches]
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh)
+
+
+class ReplayPartition(InputPartition):
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.index = index
+
+
+class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are batch numbers; one schedule batch per micro-batch."""
+
+    def __init__(self, path: str, until: int | None) -> None:
+        self.path = path
+        with open(path, encoding="utf-8") as fh:
+            self.batches = json.load(fh)
+        self.until = len(self.batches) if until is None else min(until, len(self.batches))
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"batch": 0}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Nothing to freeze: the schedule is fixed; ``until`` bounds the run."""
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        return {"batch": min(start["batch"] + 1, self.until)} if start else {"batch": 0}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        return [ReplayPartition(i) for i in range(start["batch"], end["batch"])]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ReplayPartition)
+        batch = self.batches[partition.index]
+        records = batch["records"]
+        caught = batch["caught_up"]
+        topics = [r[0] for r in records] + list(caught)
+        n = len(topics)
+        yield pa.RecordBatch.from_arrays([
+            pa.array(topics, pa.string()),
+            pa.array([r[1] for r in records] + [0] * len(caught), pa.int32()),
+            pa.array([r[2] for r in records] + [-1] * len(caught), pa.int64()),
+            pa.array([r[3] for r in records] + [CAUGHT_UP] * len(caught), pa.string()),
+            pa.array([r[4] for r in records] + [None] * len(caught), pa.string()),
+            pa.array([None] * n, pa.timestamp("us", tz="UTC")),
+        ], schema=ARROW_SCHEMA)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Nothing to release."""
+
+
+class ReplaySource(DataSource):
+    """Options: ``schedule`` (path of the JSON schedule), ``until`` (batch count, optional)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        until = self.options.get("until")
+        return ReplayStreamReader(self.options["schedule"], int(until) if until else None)
