@@ -1,0 +1,495 @@
+"""The checks of a scenario run, independent of where the rows come from.
+
+The core runner feeds them the engine's output; the Spark harness feeds them
+what the sinks hold. Rows are plain dicts (output columns, possibly with extra
+columns such as ``_commit_seq``, which are ignored). Values compare by value
+(SCENARIOS.md): numbers numerically whatever their type (``Decimal("9.50")``
+equals ``9.5``; a string is never a number), timestamps as instants (a
+``datetime`` or an ISO string; naive means UTC), lists in order, and only the
+columns (and struct fields) the expected row lists. Rows compare in any order.
+
+Every check returns a :class:`CheckResult` (``ok, message``);
+:func:`check_prefix_consistent` also returns the prefix it matched after each
+batch. Messages carry a row diff: missing, extra and different rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from txjoin.core.oracle import outputs_after_each
+
+if TYPE_CHECKING:
+    from txjoin.scenarios.schedule import Schedule
+    from txjoin.scenarios.spec import Scenario
+
+Row = dict[str, Any]
+
+_ISO_TS = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}")
+SHOW_ROWS = 5
+
+
+class CheckResult(NamedTuple):
+    """Outcome of one check."""
+
+    ok: bool
+    message: str
+
+
+class PrefixResult(NamedTuple):
+    """Outcome of the prefix check: ``k_per_batch[i]`` is the oracle prefix matched after
+    batch i (``None``: empty, nothing released yet)."""
+
+    ok: bool
+    k_per_batch: list[int | None]
+    message: str
+
+
+# -- values -------------------------------------------------------------------------------------
+
+
+def _unwrap(value: Any) -> Any:
+    """numpy scalars and arrays (pandas readers) -> Python values."""
+    module = type(value).__module__
+    if module == "numpy" and hasattr(value, "tolist"):
+        return value.tolist()
+    return value
+
+
+def _number(value: Any) -> Decimal | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | Decimal):
+        return Decimal(value)
+    if isinstance(value, float):
+        try:
+            return Decimal(repr(value))
+        except InvalidOperation:
+            return None
+    return None
+
+
+def _instant(value: Any) -> dt.datetime | None:
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    if isinstance(value, str) and _ISO_TS.match(value):
+        try:
+            parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+    return None
+
+
+def values_equal(expected: Any, actual: Any) -> bool:
+    """Compare by value; a dict compares only the keys ``expected`` lists."""
+    expected, actual = _unwrap(expected), _unwrap(actual)
+    if expected is None or actual is None:
+        return expected is None and actual is None
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return type(expected) is type(actual) and expected == actual
+    a, b = _number(expected), _number(actual)
+    if a is not None or b is not None:
+        return a is not None and b is not None and a == b
+    if isinstance(expected, dt.datetime) or isinstance(actual, dt.datetime):
+        ta, tb = _instant(expected), _instant(actual)
+        return ta is not None and tb is not None and ta == tb
+    if isinstance(expected, str) and isinstance(actual, str):
+        if expected == actual:
+            return True
+        ta, tb = _instant(expected), _instant(actual)
+        return ta is not None and tb is not None and ta == tb
+    if isinstance(expected, list | tuple):
+        return (isinstance(actual, list | tuple) and len(expected) == len(actual)
+                and all(values_equal(e, x) for e, x in zip(expected, actual, strict=True)))
+    if isinstance(expected, Mapping):
+        return isinstance(actual, Mapping) and rows_match(expected, actual)
+    return bool(expected == actual)
+
+
+def rows_match(expected: Mapping[str, Any], actual: Mapping[str, Any]) -> bool:
+    """The columns ``expected`` lists are present in ``actual`` with equal values."""
+    return all(c in actual and values_equal(v, actual[c]) for c, v in expected.items())
+
+
+def canonical(value: Any) -> Any:
+    """A hashable form such that values equal by :func:`values_equal` (all fields) hash equal."""
+    value = _unwrap(value)
+    if value is None or isinstance(value, bool):
+        return value
+    n = _number(value)
+    if n is not None:
+        return n
+    t = _instant(value)
+    if t is not None:
+        return t
+    if isinstance(value, list | tuple):
+        return tuple(canonical(v) for v in value)
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, canonical(v)) for k, v in value.items()))
+    return value
+
+
+def show(value: Any) -> str:
+    """A compact, YAML-like rendering for messages."""
+    value = _unwrap(value)
+    if value is None:
+        return "null"
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {show(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(show(v) for v in value) + "]"
+    return str(value)
+
+
+# -- row sets -------------------------------------------------------------------------------------
+
+
+@dataclass
+class RowDiff:
+    """Expected vs actual rows: missing, extra, and pairs that differ."""
+
+    missing: list[Row] = field(default_factory=list)
+    extra: list[Row] = field(default_factory=list)
+    different: list[tuple[Row, Row]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.extra or self.different)
+
+    @property
+    def size(self) -> int:
+        return len(self.missing) + len(self.extra) + len(self.different)
+
+    def format(self, indent: str = "  ") -> str:
+        """The diff, a few rows of each kind."""
+        lines = []
+        for title, rows in (("missing (expected, not in the output)", self.missing),
+                            ("extra (in the output, not expected)", self.extra)):
+            if rows:
+                lines.append(f"{indent}{title}:")
+                lines += [f"{indent}  {show(r)}" for r in rows[:SHOW_ROWS]]
+                if len(rows) > SHOW_ROWS:
+                    lines.append(f"{indent}  ... and {len(rows) - SHOW_ROWS} more")
+        if self.different:
+            lines.append(f"{indent}different:")
+            for exp, act in self.different[:SHOW_ROWS]:
+                lines.append(f"{indent}  expected {show(exp)}")
+                lines.append(f"{indent}  actual   {show({c: act.get(c) for c in exp})}")
+            if len(self.different) > SHOW_ROWS:
+                lines.append(f"{indent}  ... and {len(self.different) - SHOW_ROWS} more")
+        return "\n".join(lines)
+
+
+def _key(row: Mapping[str, Any], key_columns: Sequence[str]) -> tuple[Any, ...]:
+    return tuple(canonical(row.get(c)) for c in key_columns)
+
+
+def diff_rows(expected: Sequence[Mapping[str, Any]], actual: Sequence[Mapping[str, Any]],
+              key_columns: Sequence[str] = ()) -> RowDiff:
+    """Compare row sets in any order, on the columns each expected row lists.
+
+    When every expected row lists the key columns, rows pair up by key (so a
+    changed value shows as *different*); otherwise each expected row takes the
+    first unused actual row it matches.
+    """
+    diff = RowDiff()
+    exp = [dict(r) for r in expected]
+    act = [dict(r) for r in actual]
+    if key_columns and all(all(c in r for c in key_columns) for r in exp):
+        by_key: dict[tuple[Any, ...], list[Row]] = {}
+        for row in act:
+            by_key.setdefault(_key(row, key_columns), []).append(row)
+        used: set[int] = set()
+        for row in exp:
+            candidates = [a for a in by_key.get(_key(row, key_columns), []) if id(a) not in used]
+            if not candidates:
+                diff.missing.append(row)
+                continue
+            hit = next((a for a in candidates if rows_match(row, a)), None)
+            if hit is None:
+                diff.different.append((row, candidates[0]))
+                used.add(id(candidates[0]))
+            else:
+                used.add(id(hit))
+        diff.extra = [a for a in act if id(a) not in used]
+        return diff
+    free = list(act)
+    for row in exp:
+        hit = next((i for i, a in enumerate(free) if rows_match(row, a)), None)
+        if hit is None:
+            diff.missing.append(row)
+        else:
+            free.pop(hit)
+    diff.extra = free
+    return diff
+
+
+def _oracle_rows(state: Mapping[Any, Row]) -> list[Row]:
+    return list(state.values())
+
+
+def _prefix_name(k: int | None, names: Sequence[str] | None) -> str:
+    if k is None:
+        return "nothing released"
+    if k == 0:
+        return "the snapshot"
+    if names is not None and 0 < k <= len(names):
+        return f"{names[k - 1]} (#{k})"
+    return f"T{k}"
+
+
+# -- the checks -----------------------------------------------------------------------------------
+
+
+def check_prefix_consistent(observed: Sequence[Sequence[Mapping[str, Any]]],
+                            oracle_prefixes: Sequence[Mapping[Any, Row]],
+                            key_columns: Sequence[str] = (),
+                            labels: Sequence[str] | None = None,
+                            tx_names: Sequence[str] | None = None) -> PrefixResult:
+    """After every batch the output equals the oracle after some prefix, k never decreasing.
+
+    ``observed[i]``: the current rows after batch i. ``oracle_prefixes``: from
+    :func:`~txjoin.core.oracle.outputs_after_each` (index 0 = after the
+    snapshot). An empty output before anything is released matches "nothing"
+    (``None``), which ranks below every prefix. When several prefixes match (a
+    transaction that changed no output), the smallest one not below the
+    previous batch's is taken: that choice never rules out a later batch.
+    """
+    ks: list[int | None] = []
+    last = -1
+    for i, rows in enumerate(observed):
+        label = labels[i] if labels is not None else f"batch {i}"
+        rows = list(rows)
+        found = None
+        if not rows and last == -1:
+            found = -1
+        else:
+            for k in range(max(last, 0), len(oracle_prefixes)):
+                if diff_rows(_oracle_rows(oracle_prefixes[k]), rows, key_columns).ok:
+                    found = k
+                    break
+        if found is None:
+            candidates = range(max(last, 0), len(oracle_prefixes))
+            best = min(candidates, key=lambda k: diff_rows(
+                _oracle_rows(oracle_prefixes[k]), rows, key_columns).size, default=None)
+            detail = ""
+            if best is not None:
+                diff = diff_rows(_oracle_rows(oracle_prefixes[best]), rows, key_columns)
+                detail = (f"\n  closest: the oracle's output after "
+                          f"{_prefix_name(best, tx_names)}; expected vs actual rows:\n"
+                          + diff.format("    "))
+            went_back = any(diff_rows(_oracle_rows(oracle_prefixes[k]), rows, key_columns).ok
+                            for k in range(0, last))
+            why = (f"it equals an earlier prefix than after batch {i - 1} "
+                   f"(the output went back)" if went_back else
+                   "it is not the oracle's output after any committed prefix "
+                   "(a torn transaction or a lookup of the wrong state)")
+            since = "" if last < 0 else f" at or after {_prefix_name(last, tx_names)}"
+            return PrefixResult(False, ks, f"prefix_consistent failed after {label}: {why}"
+                                           f"{since}.{detail}")
+        ks.append(None if found == -1 else found)
+        last = found
+    return PrefixResult(True, ks, "")
+
+
+def check_final(actual: Sequence[Mapping[str, Any]], oracle_final: Mapping[Any, Row],
+                key_columns: Sequence[str] = ()) -> CheckResult:
+    """At the end the output equals the oracle after the last transaction."""
+    diff = diff_rows(_oracle_rows(oracle_final), actual, key_columns)
+    if diff.ok:
+        return CheckResult(True, "")
+    return CheckResult(False, "final_equals_oracle failed at the end: the output is not the "
+                              "oracle's after the last transaction; expected vs actual rows:\n"
+                       + diff.format())
+
+
+def check_expect_final(expected: Sequence[Mapping[str, Any]], actual: Sequence[Mapping[str, Any]],
+                       key_columns: Sequence[str] = ()) -> CheckResult:
+    """The hand-written ``expect.final`` rows (listed columns, any order) are exactly the output."""
+    diff = diff_rows(expected, actual, key_columns)
+    if diff.ok:
+        return CheckResult(True, "")
+    return CheckResult(False, "expect.final failed at the end; expected vs actual rows:\n"
+                       + diff.format())
+
+
+def frontier_name(commit_seq: int | None, tx_names: Sequence[str]) -> str | None:
+    """``None`` (nothing released), ``"snapshot"`` (0) or the name of transaction #commit_seq."""
+    if commit_seq is None:
+        return None
+    if commit_seq == 0:
+        return "snapshot"
+    return tx_names[commit_seq - 1] if commit_seq <= len(tx_names) else f"#{commit_seq}"
+
+
+def check_frontier(expected: Mapping[int, str | None],
+                   released: Mapping[int, int | None] | Sequence[int | None],
+                   tx_names: Sequence[str]) -> CheckResult:
+    """The last released transaction after each listed batch is the one ``expect.frontier`` says.
+
+    ``released[i]``: the commit sequence of the last transaction released
+    after batch i: ``c > 0`` is transaction #c in file order, ``0`` means
+    only the snapshot was released, ``None`` nothing at all.
+    """
+    seqs = dict(enumerate(released)) if not isinstance(released, Mapping) else released
+    for batch in sorted(expected):
+        want = expected[batch]
+        if batch not in seqs:
+            return CheckResult(False, f"frontier failed after batch {batch}: the run did not "
+                                      f"report that batch")
+        got = frontier_name(seqs[batch], tx_names)
+        if got != want:
+            return CheckResult(False, f"frontier failed after batch {batch}: expected the "
+                                      f"output to reflect {_frontier_text(want)}, it reflects "
+                                      f"{_frontier_text(got)}")
+    return CheckResult(True, "")
+
+
+def _frontier_text(name: str | None) -> str:
+    if name is None:
+        return "nothing yet (null)"
+    if name == "snapshot":
+        return "only the snapshot"
+    return f"transactions up to {name}"
+
+
+def check_exactly_once(changelog: Sequence[Mapping[str, Any]], key_columns: Sequence[str],
+                       current: Sequence[Mapping[str, Any]]) -> CheckResult:
+    """No (key, ``_commit_seq``) twice; the changelog replayed reproduces the current rows.
+
+    Changelog rows carry ``_op`` (``c``/``u``/``d``; ``insert``/``update``/
+    ``delete`` accepted), ``_commit_seq`` and the output columns.
+    """
+    seen: Counter[tuple[Any, ...]] = Counter()
+    for row in changelog:
+        seen[(*_key(row, key_columns), canonical(row.get("_commit_seq")))] += 1
+    twice = [k for k, n in seen.items() if n > 1]
+    if twice:
+        shown = ", ".join(f"key {show(list(k[:-1]))} at _commit_seq {k[-1]}" for k in twice[:5])
+        return CheckResult(False, f"exactly_once failed: the changelog holds a change twice for "
+                                  f"{shown} (a transaction's effect applied twice)")
+    replayed: dict[tuple[Any, ...], Row] = {}
+    ordered = sorted(enumerate(changelog), key=lambda p: (int(p[1].get("_commit_seq") or 0), p[0]))
+    for _, row in ordered:
+        key = _key(row, key_columns)
+        if str(row.get("_op", "")).lower() in ("d", "delete"):
+            replayed.pop(key, None)
+        else:
+            replayed[key] = {c: v for c, v in row.items() if not c.startswith("_")}
+    diff = diff_rows(list(replayed.values()), current, key_columns)
+    if diff.ok:
+        return CheckResult(True, "")
+    return CheckResult(False, "exactly_once failed: replaying the changelog in _commit_seq order "
+                              "does not give the current rows; changelog replay vs current "
+                              "rows:\n" + diff.format())
+
+
+# -- a whole run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class RunObservation:
+    """What a runner saw: the output after every micro-batch, the changelog, the frontier.
+
+    ``outputs[i]`` and ``released[i]`` belong to ``schedule.batches[i]``;
+    ``released`` holds the last released commit sequence (see
+    :func:`check_frontier`), or is None when the runner cannot tell. ``error``
+    is set when the run stopped early (after ``len(outputs)`` batches).
+    """
+
+    outputs: list[list[Row]]
+    changelog: list[Row]
+    released: list[int | None] | None = None
+    error: str | None = None
+
+
+@dataclass
+class ScenarioReport:
+    """The outcome of one scenario: what ``txjoin replay`` prints (a line, or JSON)."""
+
+    name: str
+    passed: bool
+    batches: int
+    seconds: float
+    failures: list[str] = field(default_factory=list)
+    path: str = ""
+    runner: str = "core"
+
+    def to_json(self) -> dict[str, Any]:
+        """The same facts as a JSON-ready dict."""
+        return {"name": self.name, "path": self.path, "runner": self.runner,
+                "passed": self.passed, "batches": self.batches,
+                "seconds": round(self.seconds, 3), "failures": list(self.failures)}
+
+    def line(self) -> str:
+        """``name  PASS  5 batches  0.01s``."""
+        verdict = "PASS" if self.passed else "FAIL"
+        return f"{self.name}  {verdict}  {self.batches} batches  {self.seconds:.2f}s"
+
+
+def check_scenario(scenario: Scenario, schedule: Schedule, seen: RunObservation) -> list[str]:
+    """Every check the scenario asks for; the failures, earliest batch first."""
+    job = scenario.job
+    key_columns = list(job.output.key)
+    names = scenario.tx_names
+    batches = schedule.batches
+    labels = [b.label for b in batches]
+    oracle = outputs_after_each(job, scenario.snapshot, scenario.transactions)
+    invariants = scenario.expect.invariants
+    failures: list[tuple[float, str]] = []  # (micro-batch position, message)
+    if seen.error is not None:
+        at = len(seen.outputs)
+        label = labels[at] if at < len(labels) else "the end"
+        failures.append((at, f"the run stopped in {label}: {seen.error}"))
+    if "prefix_consistent" in invariants:
+        result = check_prefix_consistent(seen.outputs, oracle, key_columns, labels, names)
+        if not result.ok:
+            failures.append((len(result.k_per_batch), result.message))
+    if scenario.expect.frontier:
+        if seen.released is None:
+            failures.append((len(batches), "frontier: the runner did not report the last "
+                                            "released commit sequence per batch"))
+        else:
+            last_of: dict[int, int | None] = {}
+            for batch, seq in zip(batches, seen.released, strict=False):
+                last_of[batch.number] = seq
+            for number in sorted(scenario.expect.frontier):
+                want = {number: scenario.expect.frontier[number]}
+                result_f = check_frontier(want, last_of, names)
+                if not result_f.ok:
+                    pos = max((i for i, b in enumerate(batches) if b.number == number),
+                              default=len(batches))
+                    line = scenario.expect.frontier_lines.get(number)
+                    where = f" (expect.frontier at {scenario.where(line)})" if line else ""
+                    failures.append((pos, result_f.message + where))
+                    break
+    final = seen.outputs[-1] if seen.outputs else []
+    end = float(len(batches)) + 0.5
+    if seen.error is None:
+        if "final_equals_oracle" in invariants:
+            result_c = check_final(final, oracle[-1], key_columns)
+            if not result_c.ok:
+                failures.append((end, result_c.message))
+        if scenario.expect.final is not None:
+            result_c = check_expect_final(scenario.expect.final, final, key_columns)
+            if not result_c.ok:
+                where = scenario.where(scenario.expect.final_line)
+                failures.append((end, result_c.message.replace(
+                    "expect.final failed", f"expect.final ({where}) failed", 1)))
+    if "exactly_once" in invariants:
+        result_c = check_exactly_once(seen.changelog, key_columns, final)
+        if not result_c.ok:
+            failures.append((end, result_c.message))
+    failures.sort(key=lambda f: f[0])
+    return [message for _, message in failures]
