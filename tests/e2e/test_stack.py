@@ -58,6 +58,16 @@ def consume_all(info: StackInfo, until: Any, timeout: float = 180.0) -> dict[str
     return seen
 
 
+def high_watermarks(info: StackInfo) -> dict[str, int]:
+    """Each topic's high watermark (what tansu says a consumer can read)."""
+    consumer = Consumer({"bootstrap.servers": info.bootstrap_servers, "group.id": "marks"})
+    try:
+        return {t: consumer.get_watermark_offsets(TopicPartition(t, 0), timeout=10)[1]
+                for t in info.topics}
+    finally:
+        consumer.close()
+
+
 def ends(seen: dict[str, list[Any]], info: StackInfo) -> list[dict[str, Any]]:
     return [e for e in seen.get(info.transaction_topic, []) if e["status"] == "END"]
 
@@ -141,6 +151,10 @@ def test_workload_arrives_as_whole_debezium_transactions(stack: Any) -> None:
         delivered.update(per_table)
     assert delivered == result.events_by_table
 
+    # Debezium's producer sends one record per batch, so tansu's high watermark (base
+    # offset of the last batch + 1) covers every record: nothing hides behind it.
+    assert high_watermarks(info) == {t: len(seen.get(t, [])) for t in info.topics}
+
     # The oracle table is written in the same transactions, but only the source sees it.
     with psycopg2.connect(info.pg_dsn_source) as conn, conn.cursor() as cur:
         cur.execute("SELECT count(*), count(DISTINCT xid) FROM public.orders_expected")
@@ -149,23 +163,59 @@ def test_workload_arrives_as_whole_debezium_transactions(stack: Any) -> None:
     assert rows > 0 and xids > 0
 
 
+def test_orders_expected_keeps_order_duplicates_and_the_price_it_was_placed_at(
+        stack: Any) -> None:
+    _, info = stack
+    conn = psycopg2.connect(info.pg_dsn_source)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute("INSERT INTO public.table_assignment (client_id, table_id, time_in) "
+                        "VALUES (1, 1, now()) RETURNING id")
+            (assignment,) = cur.fetchone()
+            # 99 is not on the menu: the inner join drops that element only.
+            cur.execute("INSERT INTO public.orders (table_assignment_id, order_time, pizzas) "
+                        "VALUES (%s, now(), '{2,99,1,2}') RETURNING id", (assignment,))
+            (order_id,) = cur.fetchone()
+            cur.execute("SELECT public.record_order_expected(%s)", (order_id,))
+        with conn, conn.cursor() as cur:
+            cur.execute("SELECT name, price::text FROM public.pizzas "
+                        "WHERE id IN (1, 2) ORDER BY id")
+            (first, first_price), (second, second_price) = cur.fetchall()
+            cur.execute("UPDATE public.pizzas SET price = price + 1 WHERE id = 2")
+        with conn, conn.cursor() as cur:
+            cur.execute("SELECT client_name, pizzas::text, present FROM public.orders_expected "
+                        "WHERE order_id = %s", (order_id,))
+            client, pizzas, present = cur.fetchone()
+        assert present and client.startswith("April")  # the workload may rename clients
+        assert json.loads(pizzas, parse_float=str) == [
+            {"pizza": second, "price": second_price}, {"pizza": first, "price": first_price},
+            {"pizza": second, "price": second_price}]
+        with conn, conn.cursor() as cur:
+            cur.execute("UPDATE public.orders SET pizzas = '{99}' WHERE id = %s", (order_id,))
+            cur.execute("SELECT public.record_order_expected(%s)", (order_id,))
+            cur.execute("SELECT present, pizzas FROM public.orders_expected WHERE order_id = %s",
+                        (order_id,))
+            assert cur.fetchone() == (False, None)
+    finally:
+        conn.close()
+
+
 def test_debezium_throughput_is_reported(stack: Any) -> None:
     """Not a limit, a number: one bulk transaction and a fast pizzeria run."""
     _, info = stack
-    before = consume_all(info, lambda s: True, timeout=5)
-    ends_before = len(ends(before, info))
     rows = 20_000
     with psycopg2.connect(info.pg_dsn_source) as conn, conn.cursor() as cur:
         cur.execute("INSERT INTO public.users (full_name) "
                     "SELECT 'bulk ' || g FROM generate_series(1, %s) g", (rows,))
     conn.close()
     started = time.monotonic()
-    seen = consume_all(info, lambda s: len(ends(s, info)) > ends_before)
+    seen = consume_all(info, lambda s: any(e["event_count"] == rows for e in ends(s, info)))
     bulk_s = time.monotonic() - started
-    assert ends(seen, info)[-1]["event_count"] == rows
+    # Commit order: every earlier transaction's END is in before the bulk's.
+    ends_before = len(ends(seen, info))
 
     result = generate(info.pg_dsn_source, rate_tx_per_s=5_000, duration_s=5, seed=3, writers=2)
-    total_ends = ends_before + 1 + result.transactions
+    total_ends = ends_before + result.transactions
     seen = consume_all(info, lambda s: len(ends(s, info)) >= total_ends)
     flow_s = time.monotonic() - started - bulk_s
     print(f"\n[stack] bulk: {rows} events in {bulk_s:.1f}s = {rows / bulk_s:.0f} ev/s; "
@@ -182,6 +232,24 @@ def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
         with pytest.raises(ServiceError, match=f"port {port} .* busy"):
             up(tmp_path / "busy", pg_port=port)
     assert not (tmp_path / "busy" / STATE_FILE).exists()
+
+
+def test_missing_java_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(debezium.shutil, "which", lambda name: None)
+    with pytest.raises(ServiceError, match="java and javac not found"):
+        up(tmp_path / "nojava")
+    assert not (tmp_path / "nojava" / STATE_FILE).exists()
+
+
+def test_cli_reports_errors_without_a_traceback(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from txjoin.stack import commands
+
+    result = CliRunner().invoke(commands.generate, ["--dir", str(tmp_path / "none")])
+    assert result.exit_code == 1 and "no running stack" in result.output
+    result = CliRunner().invoke(commands.status, ["--dir", str(tmp_path / "none")])
+    assert result.exit_code == 0 and "no stack" in result.output
 
 
 def test_stale_directory_is_a_clear_error(tmp_path: Path) -> None:
