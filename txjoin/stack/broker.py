@@ -21,6 +21,9 @@ from txjoin.stack.processes import ProcessId, listening, stop, wait_until
 
 # Producer settings (Kafka client names) that make every record its own batch: a batch is
 # closed as soon as it cannot take another record, and batch.size=1 byte never can.
+# Cost, measured with Debezium here: small transactions ~270-400 tx/s instead of ~1.2k tx/s
+# with default batching (idempotence allows 5 in-flight batches per partition, and BEGIN/END
+# all go to the one transaction partition); bulk transactions still ~4.5-5k events/s.
 ONE_RECORD_PER_BATCH = {"batch.size": "1", "linger.ms": "0"}
 
 
