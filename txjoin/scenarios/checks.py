@@ -226,11 +226,11 @@ def diff_rows(expected: Sequence[Mapping[str, Any]], actual: Sequence[Mapping[st
         return diff
     free = list(act)
     for row in exp:
-        hit = next((i for i, a in enumerate(free) if rows_match(row, a)), None)
-        if hit is None:
+        at = next((i for i, a in enumerate(free) if rows_match(row, a)), None)
+        if at is None:
             diff.missing.append(row)
         else:
-            free.pop(hit)
+            free.pop(at)
     diff.extra = free
     return diff
 

@@ -296,10 +296,10 @@ def compile_schedule(scenario: Scenario) -> Schedule:
                                      spec.line))
         rewind = False
 
-    missing = [r for r in produced if _rid(r) not in first_batch and _rid(r) not in withheld]
-    if missing:
-        names = ", ".join(describe(r) for r in missing[:6]) + (
-            f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+    undelivered = [r for r in produced if _rid(r) not in first_batch and _rid(r) not in withheld]
+    if undelivered:
+        names = ", ".join(describe(r) for r in undelivered[:6]) + (
+            f" and {len(undelivered) - 6} more" if len(undelivered) > 6 else "")
         raise fail(scenario.delivery_line, "delivery.batches",
                    f"these events are never delivered: {names}. Add them to a batch, or list "
                    f"them in delivery.withhold if the output should be checked without them")

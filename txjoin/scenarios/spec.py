@@ -91,8 +91,8 @@ def _construct_seq(loader: _Loader, node: yaml.SequenceNode) -> YamlList:
     return result
 
 
-_Loader.add_constructor("tag:yaml.org,2002:map", _construct_map)  # type: ignore[arg-type]
-_Loader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)  # type: ignore[arg-type]
+_Loader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+_Loader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)
 
 
 # -- the model -------------------------------------------------------------------------------
@@ -191,8 +191,8 @@ class _Reader:
     def fail(self, line: int, where: str, message: str) -> NoReturn:
         raise ScenarioError(f"{self.path}:{line}: {where}: {message}")
 
-    def mapping(self, value: Any, where: str, line: int, *, required: Iterable[str] = (),
-                optional: Iterable[str] = (), hints: Mapping[str, str] | None = None
+    def mapping(self, value: Any, where: str, line: int, *, required: Iterable[Any] = (),
+                optional: Iterable[Any] = (), hints: Mapping[str, str] | None = None
                 ) -> YamlMap:
         if not isinstance(value, YamlMap):
             self.fail(line, where, f"expected a mapping, got {_kind(value)}")
@@ -372,9 +372,9 @@ class _Model:
                             f"primary-key column of {table.name} cannot be null")
         row = _plain(m)
         try:
-            table.convert_row(row, where=f"{where}")
+            table.convert_row(row, where="")
         except JobError as exc:
-            self.r.fail(line, where, str(exc).removeprefix(f"{where}:").strip())
+            self.r.fail(line, where, str(exc).lstrip(": "))
         return row
 
     def describe_key(self, table: Table, key: tuple[Any, ...]) -> str:
