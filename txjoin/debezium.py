@@ -60,9 +60,15 @@ class ChangeEvent:
 
         Not ``total_order``: before Debezium 3.7 a restart inside a transaction
         renumbers the events it sends again. Nor the envelope ``ts_ms``, which is
-        the connector's processing time and changes on a resend.
+        the connector's processing time and changes on a resend. The change's WAL
+        position (``source.lsn``), table, op and row image identify it: the LSN
+        alone does not (snapshot rows share one; a primary-key update is a delete
+        and a create at the same LSN; a multi-row insert record gives several rows
+        one LSN). The row image is compared as written (Debezium writes columns in
+        table order), which is cheaper than canonical JSON.
         """
-        return (self.table, self.op, self.lsn, _canonical(self.before), _canonical(self.after))
+        return (self.table, self.op, self.lsn, repr(self.after if self.after is not None
+                                                      else self.before))
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,9 @@ SEMANTICS: tuple[str, ...] = ("as_of_fact", "current")
 UNAVAILABLE = "__debezium_unavailable_value"
 
 _DECIMAL = re.compile(r"^(?:numeric|decimal)\((\d+),\s*(\d+)\)$")
+# JSON already yields these Python types for these SQL types.
+_FAST: dict[str, type] = {"int": int, "bigint": int, "smallint": int, "text": str, "bool": bool,
+                          "double": float}
 _SCALARS = {"int", "bigint", "smallint", "text", "bool", "double", "timestamp", "timestamptz"}
 
 
@@ -84,8 +87,18 @@ class Table:
             if col not in raw:
                 # A key-only `before` (no REPLICA IDENTITY FULL) lacks the other columns.
                 continue
-            row[col] = convert_value(raw[col], sql_type, where=f"{where} {self.name}.{col}")
+            value = raw[col]
+            fast = _FAST.get(sql_type)
+            if fast is not None and type(value) is fast:
+                row[col] = value  # already the right Python type: the common case
+            else:
+                row[col] = convert_value(value, sql_type, where=f"{where} {self.name}.{col}")
         return row
+
+    def convert_key(self, raw: Mapping[str, Any], *, where: str = "") -> tuple[Any, ...]:
+        """Only the primary key of a Debezium JSON row (enough for a `before`)."""
+        return tuple(convert_value(raw.get(k), self.columns[k], where=f"{where} {self.name}.{k}")
+                     for k in self.key)
 
     def key_of(self, row: Mapping[str, Any]) -> tuple[Any, ...]:
         return tuple(row.get(k) for k in self.key)

@@ -146,36 +146,32 @@ class TemporalJoin:
         table = self.job.table(event.table)
         rows = self.rows[event.table]
         where = f"{event.position}:"
+        if event.op == "t":
+            for pk, old in list(rows.items()):
+                self._remove(event.table, pk, old)
+                yield event.table, old
+            return
         try:
-            if event.op == "t":
-                for pk, old in list(rows.items()):
-                    self._remove(event.table, pk, old)
-                    yield event.table, old
-                return
-            before = table.convert_row(event.before, where=where) if event.before else None
+            # Only the key of `before` matters: the previous version comes from our state.
+            before_key = table.convert_key(event.before, where=where) if event.before else None
             after = table.convert_row(event.after, where=where) if event.after else None
         except JobError as exc:
             raise DecodeError(str(exc).removeprefix(where).strip(),
                               topic=event.position.topic, partition=event.position.partition,
                               offset=event.position.offset) from None
-        if before is not None:
-            pk = table.key_of(before)
-            old = rows.get(pk)
-            if old is not None and event.op == "d":
-                self._remove(event.table, pk, old)
-                yield event.table, old
-                return
         if event.op == "d":
+            old = rows.get(before_key) if before_key is not None else None
+            if old is not None:
+                self._remove(event.table, before_key, old)  # type: ignore[arg-type]
+                yield event.table, old
             return  # deleting a row we never saw: nothing to do
         assert after is not None
         pk = table.key_of(after)
-        if before is not None and table.key_of(before) != pk:
-            # Primary-key change inside one event (not what pgoutput sends, but harmless).
-            old_key = table.key_of(before)
-            if old_key in rows:
-                prev = rows[old_key]
-                self._remove(event.table, old_key, prev)
-                yield event.table, prev
+        if before_key is not None and before_key != pk and before_key in rows:
+            # Primary-key change inside one event (pgoutput sends d + c, but be safe).
+            prev = rows[before_key]
+            self._remove(event.table, before_key, prev)
+            yield event.table, prev
         old = rows.get(pk)
         new = _merge_unavailable(after, old, event)
         if old is not None:

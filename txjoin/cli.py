@@ -1,0 +1,163 @@
+"""The ``txjoin`` command line.
+
+Options come from flags; every flag of ``run`` also reads an environment
+variable ``TXJOIN_<NAME>`` (shown in ``--help``), so a deployment can configure
+the job without a wrapper script. Known errors (``TxjoinError``) end with a
+one-paragraph message and the error's exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from txjoin.errors import ConfigError, TxjoinError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_DIR = ".txjoin"
+
+
+def _worker_error(exc: BaseException) -> TxjoinError | None:
+    """A txjoin error raised inside a Spark Python worker, recovered from the JVM's message."""
+    text = str(exc)
+    match = re.search(r"txjoin\.errors\.(\w+): (.+?)(?:\n\n|\n\tat |\nJVM stacktrace|$)", text,
+                      re.S)
+    if match is None:
+        return None
+    import txjoin.errors as errors
+
+    cls = getattr(errors, match.group(1), TxjoinError)
+    err = TxjoinError.__new__(cls if isinstance(cls, type) else TxjoinError)
+    Exception.__init__(err, match.group(2).strip())
+    return err
+
+
+def handle_errors(fn: F) -> F:
+    """Turn known errors into a clean message and exit code (pyiceberg's habit)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TxjoinError as exc:
+            click.secho(f"error: {exc}", fg="red", err=True)
+            sys.exit(exc.exit_code)
+        except Exception as exc:
+            recovered = _worker_error(exc)
+            if recovered is None:
+                raise
+            click.secho(f"error: {recovered}", fg="red", err=True)
+            sys.exit(recovered.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="txjoin")
+def main() -> None:
+    """Transaction-consistent streaming joins over Debezium change data capture, on Spark."""
+
+
+def _env(name: str) -> str:
+    return f"TXJOIN_{name}"
+
+
+@main.command()
+@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--bootstrap-servers", envvar=_env("BOOTSTRAP_SERVERS"), show_envvar=True,
+              help="Kafka bootstrap servers. Default: the local stack's broker if `txjoin up` "
+                   "is running in --dir.")
+@click.option("--topic-prefix", envvar=_env("TOPIC_PREFIX"), show_envvar=True, default="shop",
+              show_default=True, help="Debezium topic.prefix: topics <prefix>.<schema>.<table> "
+                                      "and <prefix>.transaction.")
+@click.option("--starting-offsets", envvar=_env("STARTING_OFFSETS"), show_envvar=True,
+              type=click.Choice(["earliest", "latest"]), default="earliest", show_default=True,
+              help="Where a new checkpoint starts reading (ignored when resuming).")
+@click.option("--trigger-interval", envvar=_env("TRIGGER_INTERVAL"), show_envvar=True,
+              default="1 second", show_default=True, help="Micro-batch trigger interval.")
+@click.option("--max-events-per-trigger", envvar=_env("MAX_EVENTS_PER_TRIGGER"),
+              show_envvar=True, type=int, default=None,
+              help="Cap on records per micro-batch (default: everything available).")
+@click.option("--checkpoint-dir", envvar=_env("CHECKPOINT_DIR"), show_envvar=True, default=None,
+              help="Spark checkpoint root; the job's checkpoint is <dir>/<job name>. "
+                   "Default: <--dir>/checkpoints.")
+@click.option("--output-dir", envvar=_env("OUTPUT_DIR"), show_envvar=True, default=None,
+              help="Delta tables root: <dir>/<output table>/{current,changelog}. "
+                   "Default: <--dir>/output.")
+@click.option("--master", envvar=_env("MASTER"), show_envvar=True, default="local[*]",
+              show_default=True, help="Spark master URL.")
+@click.option("--postgres-dsn", envvar=_env("POSTGRES_DSN"), show_envvar=True, default=None,
+              help="PostgreSQL sink DSN (libpq). Default: the local stack's sink database if "
+                   "it is up; none otherwise.")
+@click.option("--no-postgres", is_flag=True, help="Do not write the PostgreSQL sink.")
+@click.option("--until-idle", is_flag=True,
+              help="Stop once the input available at start is drained and every complete "
+                   "transaction is written.")
+@click.option("--on-incomplete", envvar=_env("ON_INCOMPLETE"), show_envvar=True,
+              type=click.Choice(["fail", "skip", "wait"]), default="fail", show_default=True,
+              help="Policy for a transaction that never completes.")
+@click.option("--incomplete-timeout", envvar=_env("INCOMPLETE_TIMEOUT"), show_envvar=True,
+              type=float, default=300.0, show_default=True,
+              help="Seconds of later source commits after which an incomplete transaction "
+                   "triggers the policy.")
+@click.option("--dir", "directory", envvar=_env("DIR"), show_envvar=True, default=DEFAULT_DIR,
+              show_default=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Local stack directory (state, logs, default checkpoints and output).")
+@handle_errors
+def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
+        starting_offsets: str, trigger_interval: str, max_events_per_trigger: int | None,
+        checkpoint_dir: str | None, output_dir: str | None, master: str,
+        postgres_dsn: str | None, no_postgres: bool, until_idle: bool, on_incomplete: str,
+        incomplete_timeout: float, directory: Path) -> None:
+    """Run JOB_FILE as a streaming query: Kafka -> transactions -> join -> Delta + PostgreSQL."""
+    from txjoin.job import load_job
+    from txjoin.spark.pipeline import RunConfig
+    from txjoin.spark.run import run_job
+
+    job = load_job(job_file)
+    if not bootstrap_servers or (postgres_dsn is None and not no_postgres):
+        from txjoin.stack.stack import load_stack
+
+        stack = load_stack(directory)
+        if not bootstrap_servers:
+            if stack is None:
+                raise ConfigError(
+                    f"no --bootstrap-servers given and no local stack is running in "
+                    f"{directory}/; start one with `txjoin up --dir {directory}` or pass "
+                    f"--bootstrap-servers HOST:PORT")
+            bootstrap_servers = stack.bootstrap_servers
+            topic_prefix = stack.topic_prefix
+            click.echo(f"using the local stack in {directory}/: broker {bootstrap_servers}")
+        if postgres_dsn is None and not no_postgres and stack is not None:
+            postgres_dsn = stack.pg_dsn_sink
+            click.echo("using the local stack's PostgreSQL sink database")
+    config = RunConfig(
+        topic_prefix=topic_prefix, bootstrap_servers=bootstrap_servers,
+        starting_offsets=starting_offsets, trigger_interval=trigger_interval,
+        max_events_per_trigger=max_events_per_trigger,
+        checkpoint_dir=checkpoint_dir or str(directory / "checkpoints"),
+        output_dir=output_dir or str(directory / "output"), master=master,
+        postgres_dsn=None if no_postgres else postgres_dsn, until_idle=until_idle,
+        on_incomplete=on_incomplete, incomplete_timeout_s=incomplete_timeout)
+    run_job(job, config)
+
+
+def _register_stack_commands() -> None:
+    try:
+        from txjoin.stack import commands
+    except ImportError:  # pragma: no cover - the stack extra is optional
+        return
+    for name in ("up", "down", "status", "generate"):
+        cmd = getattr(commands, name, None)
+        if isinstance(cmd, click.Command):
+            main.add_command(cmd, name)
+
+
+_register_stack_commands()
