@@ -67,6 +67,10 @@ class ReplayBatch:
         """How reports name this batch: ``batch 2`` or ``batch 2 (duplicates)``."""
         return f"batch {self.number}" + (" (duplicates)" if self.duplicate else "")
 
+    def source_rows(self) -> list[tuple[str, int, int, str | None, str | None]]:
+        """The records as a source yields them: ``(topic, partition, offset, key, value)``."""
+        return [(r.topic, 0, r.offset, r.key, r.value) for r in self.records]
+
 
 @dataclass(frozen=True)
 class Restart:
