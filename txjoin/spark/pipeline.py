@@ -78,6 +78,7 @@ class BatchReport:
     changes: int
     commit_seq: int
     snapshot_done: bool
+    snapshot_released: bool
     waiting: int
     transactions_released: int
     written: dict[str, bool] = field(default_factory=dict)  # sink -> applied (False: replay)
@@ -105,7 +106,8 @@ def make_state_function(job: Job, policy: IncompletePolicy, prefix: str
         changes = engine.process(frame.loc[~markers], caught_up=caught)
         state.update((engine.state_bytes(),))
         info = {"records": int((~markers).sum()), "commit_seq": engine.commit_seq,
-                "snapshot_done": engine.assembler.snapshot.done, "waiting": engine.waiting,
+                "snapshot_done": engine.assembler.snapshot.done,
+                "snapshot_released": engine.snapshot_released, "waiting": engine.waiting,
                 "released": engine.stats.transactions_released - released_before,
                 "duplicates": engine.assembler.duplicates,
                 "skipped": list(engine.frontier.skipped)}
@@ -138,9 +140,11 @@ def decode_batch(job: Job, frame: pd.DataFrame) -> tuple[pa.Table, dict[str, Any
     return changes_to_table(job, changes, rows), info
 
 
-def build_sinks(job: Job, config: RunConfig, spark: SparkSession | None = None) -> list[Sink]:
+def build_sinks(job: Job, config: RunConfig, spark: SparkSession | None = None,
+                pg_table_suffix: str | None = None) -> list[Sink]:
     """Delta always (delta-spark when the session has its extension, else delta-rs);
-    PostgreSQL when a DSN is configured."""
+    PostgreSQL when a DSN is configured (``pg_table_suffix`` keeps several runs, e.g.
+    scenarios, apart in one database)."""
     from txjoin.sinks.delta import DeltaSink, DeltaSparkSink
 
     schema = output_schema(job)
@@ -155,7 +159,10 @@ def build_sinks(job: Job, config: RunConfig, spark: SparkSession | None = None) 
     if config.postgres_dsn:
         from txjoin.sinks.postgres import PostgresSink
 
-        sinks.append(PostgresSink(config.postgres_dsn, job.output.table, job.name, keys, schema))
+        table, name = job.output.table, job.name
+        if pg_table_suffix:
+            table, name = f"{table}_{pg_table_suffix}", f"{name}:{pg_table_suffix}"
+        sinks.append(PostgresSink(config.postgres_dsn, table, name, keys, schema))
     return sinks
 
 
@@ -208,6 +215,7 @@ class Pipeline:
             commit_seq=int(info.get("commit_seq", self.reports[-1].commit_seq
                                     if self.reports else 0)),
             snapshot_done=bool(info.get("snapshot_done", False)),
+            snapshot_released=bool(info.get("snapshot_released", False)),
             waiting=int(info.get("waiting", 0)),
             transactions_released=int(info.get("released", 0)), written=written,
             seconds=time.monotonic() - started,

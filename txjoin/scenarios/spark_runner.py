@@ -1,0 +1,110 @@
+"""Run a scenario through the real Spark pipeline (``txjoin replay``) and check the sinks.
+
+The schedule's batches are written for the ``txjoin_replay`` source, which
+delivers exactly one of them per micro-batch, into the same pipeline
+``txjoin run`` uses (stateful core, Delta sink, and the PostgreSQL sink when a
+DSN is given). After every micro-batch the harness reads back what each sink
+holds. A ``restart`` stops the query and starts a new one on the same
+checkpoint, with new sink objects (sink contents kept), as a new process would.
+Every sink's observations are checked separately against the scenario.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from txjoin.errors import TxjoinError
+from txjoin.scenarios.checks import RunObservation, ScenarioReport, check_scenario
+from txjoin.scenarios.schedule import ReplayBatch, Restart, compile_schedule
+from txjoin.scenarios.spec import Scenario
+from txjoin.sinks import Sink
+from txjoin.spark.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
+from txjoin.spark.sources.replay import SOURCE_NAME, ReplaySource, write_schedule
+
+
+def _visible(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if not k.startswith("_")}
+
+
+def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | None = None,
+                       postgres_dsn: str | None = None) -> ScenarioReport:
+    """Replay one scenario through Spark; check every sink after every batch."""
+    started = time.perf_counter()
+    schedule = compile_schedule(scenario)
+    job = scenario.job
+    work = Path(workdir or tempfile.mkdtemp(prefix=f"txjoin-replay-{scenario.name}-"))
+    work.mkdir(parents=True, exist_ok=True)
+    batches = [s for s in schedule.steps if isinstance(s, ReplayBatch)]
+    write_schedule(str(work / "schedule.json"),
+                   [(b.source_rows(), sorted(b.caught_up)) for b in batches])
+    ends: list[int] = []  # cumulative batch count at each restart and at the end
+    count = 0
+    for step in schedule.steps:
+        if isinstance(step, Restart):
+            ends.append(count)
+        else:
+            count += 1
+    ends.append(count)
+
+    pg_schema = f"{job.name}_{scenario.name}".replace("-", "_")[:40]
+    config = RunConfig(topic_prefix=scenario.topic_prefix,
+                       checkpoint_dir=str(work / "checkpoints"), output_dir=str(work / "output"),
+                       postgres_dsn=postgres_dsn)
+    spark.dataSource.register(ReplaySource)
+    seen: dict[str, RunObservation] = {}
+    error: str | None = None
+    sinks: list[Sink] = []
+    for until in ends:
+        sinks = build_sinks(job, config, spark, pg_table_suffix=pg_schema)
+        for sink in sinks:
+            seen.setdefault(sink.name, RunObservation(outputs=[], changelog=[], released=[]))
+
+        def observe(report: BatchReport, sinks: list[Sink] = sinks) -> None:
+            released = report.commit_seq if report.commit_seq > 0 else (
+                0 if report.snapshot_released else None)
+            for sink in sinks:
+                obs = seen[sink.name]
+                obs.outputs.append([_visible(r) for r in sink.read_current()])
+                assert obs.released is not None
+                obs.released.append(released)
+
+        pipeline = Pipeline(spark, job, config, sinks, on_batch=observe)
+        source = (spark.readStream.format(SOURCE_NAME)
+                  .option("schedule", str(work / "schedule.json"))
+                  .option("until", str(until)).load())
+        query = pipeline.start(source, available_now=True)
+        try:
+            query.awaitTermination()
+        except Exception as exc:  # the query failed: report it as the scenario's failure
+            error = _message(exc)
+        if error is not None:
+            break
+        if until < ends[-1]:
+            for sink in sinks:
+                sink.close()
+    failures: list[str] = []
+    for name, obs in seen.items():
+        sink = next((s for s in sinks if s.name == name), None)
+        obs.changelog = sink.read_changelog() if sink is not None else []
+        obs.error = error
+        failures.extend(f"[{name} sink] {f}" for f in check_scenario(scenario, schedule, obs))
+    for sink in sinks:
+        sink.close()
+    outputs = next(iter(seen.values())).outputs if seen else []
+    return ScenarioReport(name=scenario.name, passed=not failures, batches=len(outputs),
+                          seconds=time.perf_counter() - started, failures=failures,
+                          path=str(scenario.path), runner="spark")
+
+
+def _message(exc: BaseException) -> str:
+    from txjoin.cli import _worker_error
+
+    recovered = exc if isinstance(exc, TxjoinError) else _worker_error(exc)
+    if recovered is not None:
+        return f"{type(recovered).__name__}: {recovered}"
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
