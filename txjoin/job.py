@@ -69,11 +69,12 @@ class Table:
         object.__setattr__(self, "key", tuple(self.key))
 
     def convert_row(self, raw: Mapping[str, Any], *,
-                    where: str = "") -> dict[str, Any]:
+                    where: str = "", complete: bool = False) -> dict[str, Any]:
         """Turn a Debezium JSON row into typed Python values (Decimal, datetime, list...).
 
         Unknown columns mean the source schema changed: that is an error, not
-        something to drop silently.
+        something to drop silently. So are missing ones when ``complete`` (an
+        ``after`` image always carries every column of the table).
         """
         unknown = set(raw) - set(self.columns)
         if unknown:
@@ -81,6 +82,13 @@ class Table:
                 f"{where}: {self.name} has column(s) {sorted(unknown)} that the job does not "
                 f"declare (source schema change?). Declare them in the job's Table "
                 f"and restart from a checkpoint taken before the change, or from scratch."
+            )
+        missing = [c for c in self.columns if c not in raw] if complete else []
+        if missing:
+            raise JobError(
+                f"{where}: {self.name} row lacks declared column(s) {missing} (source schema "
+                f"change: column dropped or renamed?). Remove them from the job's Table and "
+                f"restart from a checkpoint taken before the change, or from scratch."
             )
         row: dict[str, Any] = {}
         for col, sql_type in self.columns.items():

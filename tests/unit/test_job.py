@@ -213,6 +213,23 @@ def test_a_new_source_column_stops_processing_naming_the_table_and_column() -> N
     assert f"shop.public.clients[0]@{event.offset}" in message
 
 
+def test_a_dropped_source_column_stops_processing_instead_of_emitting_nulls() -> None:
+    pipe = _shop()
+    records = pipe.commit("after ALTER TABLE ... DROP COLUMN name", insert("clients", id=2,
+                                                                            name="Bob"))
+
+    def drop_name(payload: dict[str, Any]) -> None:
+        del payload["after"]["name"]
+
+    event = pipe.rewrite(only(records, kind="data")[0], drop_name)
+    with pytest.raises(DecodeError) as exc:
+        pipe.deliver_rest()
+    message = str(exc.value)
+    assert "public.clients" in message and "['name']" in message
+    assert "source schema change" in message
+    assert f"shop.public.clients[0]@{event.offset}" in message
+
+
 def _precise(value: Decimal, scale: int) -> str:
     """decimal.handling.mode=precise with schemas.enable=false: base64 of the unscaled value."""
     unscaled = int(value.scaleb(scale))

@@ -154,7 +154,8 @@ class TemporalJoin:
         try:
             # Only the key of `before` matters: the previous version comes from our state.
             before_key = table.convert_key(event.before, where=where) if event.before else None
-            after = table.convert_row(event.after, where=where) if event.after else None
+            after = (table.convert_row(event.after, where=where, complete=True)
+                     if event.after else None)
         except JobError as exc:
             raise DecodeError(str(exc).removeprefix(where).strip(),
                               topic=event.position.topic, partition=event.position.partition,
