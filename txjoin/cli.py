@@ -211,7 +211,7 @@ def _register_stack_commands() -> None:
         from txjoin.stack import commands
     except ImportError:  # pragma: no cover - the stack extra is optional
         return
-    for name in ("up", "down", "status", "generate"):
+    for name in ("up", "down", "status", "generate", "verify", "demo"):
         cmd = getattr(commands, name, None)
         if isinstance(cmd, click.Command):
             main.add_command(cmd, name)

@@ -1,0 +1,402 @@
+"""``txjoin verify``: compare a job's sinks with PostgreSQL's own answer.
+
+The oracle depends on the job's semantics (DESIGN §1):
+
+- ``as_of_fact``: the uncaptured table ``<fact>_expected`` (``public.orders_expected`` for
+  the pizzeria), which the workload generator fills in the same transaction as every
+  change of a fact row. Rows with ``present`` are expected, by key; a key whose last
+  answer is ``present = false`` must be absent. Only PostgreSQL can say what a row
+  looked like *as of* an old commit, so a plain query on today's state would be wrong.
+- ``current``: the job compiled to SQL (:func:`job_query`) and run on the source
+  database. It is the answer after the last committed transaction, so compare once the
+  pipeline has caught up (``txjoin run --until-idle`` after the writers stopped).
+
+Both the PostgreSQL sink and the Delta current table are compared, values by value
+(``Decimal("9.00")`` equals the JSON number ``9.0``; lists in order), and each sink's
+changelog must not hold a key twice at one ``_commit_seq`` (exactly once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import click
+import psycopg2
+import psycopg2.extensions
+import psycopg2.extras
+
+from txjoin.errors import ConfigError, TxjoinError
+from txjoin.job import Collect, Job, Lookup
+from txjoin.scenarios.checks import RowDiff, diff_rows, show
+from txjoin.sinks import COMMIT_SEQ, Sink
+from txjoin.stack.stack import DEFAULT_DIR, StackInfo, load_stack
+
+Row = dict[str, Any]
+
+PRESENT_COLUMN = "present"
+
+
+# -- the oracle ---------------------------------------------------------------------------
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _qualified(table: str) -> str:
+    return ".".join(_ident(part) for part in table.split(".", 1))
+
+
+def _ref(ref: str) -> str:
+    alias, column = ref.split(".", 1)
+    return f"{_ident(alias)}.{_ident(column)}"
+
+
+def _lateral(job: Job, lookup: Lookup, parent_expr: Mapping[str, str]) -> str:
+    """``[LEFT] JOIN LATERAL (one matching row) AS alias ON true`` for a non-array lookup."""
+    table = job.table(lookup.table)
+    where = " AND ".join(f"x.{_ident(mine)} = {parent_expr[mine]}" for mine in lookup.on)
+    order = ""
+    if lookup.pick is not None:
+        direction = "DESC" if lookup.pick.order == "max" else "ASC"
+        order = f" ORDER BY x.{_ident(lookup.pick.column)} {direction} NULLS LAST LIMIT 1"
+    columns = ", ".join(f"x.{_ident(c)}" for c in table.columns)
+    join = "LEFT JOIN" if lookup.how == "left" else "JOIN"
+    return (f"{join} LATERAL (SELECT {columns} FROM {_qualified(lookup.table)} AS x "
+            f"WHERE {where}{order}) AS {_ident(lookup.alias)} ON true")
+
+
+def _joins_under(job: Job, alias: str) -> list[str]:
+    """The joins of every non-array lookup below ``alias`` (parents before children)."""
+    joins = []
+    for child in job.children(alias):
+        if child.array:
+            continue
+        parent_expr = {mine: _ref(f"{alias}.{theirs}") for mine, theirs in child.on.items()}
+        joins.append(_lateral(job, child, parent_expr))
+        joins += _joins_under(job, child.alias)
+    return joins
+
+
+def _collect(job: Job, collect: Collect) -> str:
+    """A correlated subquery: the array lookup's elements as a JSON list, in array order."""
+    lookup = job.lookup(collect.alias)
+    ((mine, theirs),) = lookup.on.items()
+    item = _ident(f"{lookup.alias}__item")
+    element = _lateral(job, lookup, {mine: f"{item}.v"})
+    nested = " ".join(_joins_under(job, lookup.alias))
+    fields = ", ".join(f"'{name}', {_ref(ref)}" for name, ref in collect.fields.items())
+    return (f"(SELECT jsonb_agg(jsonb_build_object({fields}) ORDER BY {item}.ord) "
+            f"FROM unnest({_ref(f'{lookup.parent}.{theirs}')}) WITH ORDINALITY AS {item}(v, ord) "
+            f"{element} {nested})")
+
+
+def job_query(job: Job) -> str:
+    """The job as one PostgreSQL query over the source tables (its ``current`` answer).
+
+    Non-array lookups become ``LATERAL`` subqueries taking the one matching row (the
+    ``pick``'s greatest/least when several match); an array lookup becomes
+    ``unnest(...) WITH ORDINALITY`` aggregated in array order, duplicates kept (DESIGN §1:
+    not the seed's ``= ANY(...)``, which loses both). An inner array lookup that matches no
+    element leaves no output row, as the engine does.
+    """
+    collected = {c.alias for c in job.output.columns.values() if isinstance(c, Collect)}
+    for lookup in job.lookups:
+        if lookup.array and lookup.alias not in collected:
+            raise ConfigError(f"job {job.name!r}: verify can only compile array lookups that "
+                              f"an output column collects; {lookup.alias!r} is not collected")
+        parent = lookup.parent
+        while parent != job.fact_alias:
+            if job.lookup(parent).array and any(lk.array for lk in job.children(parent)):
+                raise ConfigError(f"job {job.name!r}: verify cannot compile nested array "
+                                  f"lookups ({lookup.alias!r})")
+            parent = job.lookup(parent).parent
+    select = [f"{_ref(ref)} AS {_ident(name)}" for name, ref in job.output.key.items()]
+    required = []
+    for name, projection in job.output.columns.items():
+        if isinstance(projection, Collect):
+            select.append(f"{_collect(job, projection)} AS {_ident(name)}")
+            if job.lookup(projection.alias).how == "inner":
+                required.append(f"q.{_ident(name)} IS NOT NULL")
+        else:
+            select.append(f"{_ref(projection)} AS {_ident(name)}")
+    query = (f"SELECT {', '.join(select)} FROM {_qualified(job.fact)} AS "
+             f"{_ident(job.fact_alias)} {' '.join(_joins_under(job, job.fact_alias))}")
+    if required:
+        query = f"SELECT * FROM ({query}) AS q WHERE {' AND '.join(required)}"
+    return query
+
+
+def expected_table(job: Job) -> str:
+    """Where the generator records PostgreSQL's as-of answer for an ``as_of_fact`` job."""
+    return f"{job.fact}_expected"
+
+
+@contextlib.contextmanager
+def _connect(dsn: str, what: str) -> Iterator[psycopg2.extensions.connection]:
+    try:
+        conn = psycopg2.connect(dsn, connect_timeout=5)
+    except psycopg2.OperationalError as exc:
+        raise ConfigError(f"cannot connect to the {what} database: {str(exc).strip()}; is the "
+                          f"stack up (`txjoin status`), or is the DSN right?") from None
+    try:
+        # jsonb numbers as Decimal, like the sinks' numeric values.
+        psycopg2.extras.register_default_jsonb(conn, loads=partial(json.loads,
+                                                                   parse_float=Decimal))
+        with conn.cursor() as cur:
+            cur.execute("SET TIME ZONE 'UTC'")
+        yield conn
+    finally:
+        conn.close()
+
+
+def _fetch(conn: psycopg2.extensions.connection, query: str, args: tuple[Any, ...] = ()
+           ) -> list[Row]:
+    with conn.cursor() as cur:
+        cur.execute(query, args)
+        names = [d[0] for d in cur.description or ()]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def expected_rows(job: Job, source_dsn: str) -> tuple[list[Row], set[tuple[Any, ...]], str]:
+    """PostgreSQL's answer: (rows expected, keys that must be absent, oracle description)."""
+    keys = list(job.output.key)
+    columns = job.output.column_names
+    with _connect(source_dsn, "source") as conn:
+        if job.semantics != "as_of_fact":
+            try:
+                return _fetch(conn, job_query(job)), set(), "the job's query on the source"
+            except psycopg2.Error as exc:
+                raise ConfigError(f"job {job.name!r}: its query failed on the source database: "
+                                  f"{str(exc).strip()}") from None
+        table = expected_table(job)
+        found = _fetch(conn, "SELECT to_regclass(%s) IS NOT NULL AS found", (table,))
+        if not found[0]["found"]:
+            raise ConfigError(
+                f"job {job.name!r} has as_of_fact semantics, which verify checks against the "
+                f"table {table} on the source database (written by `txjoin generate`); it does "
+                f"not exist there")
+        have = {r["column_name"] for r in _fetch(
+            conn, "SELECT column_name FROM information_schema.columns "
+                  "WHERE table_schema || '.' || table_name = %s", (table,))}
+        lacking = [c for c in (*columns, PRESENT_COLUMN) if c not in have]
+        if lacking:
+            raise ConfigError(f"{table} lacks the column(s) {lacking} of job {job.name!r}'s "
+                              f"output; it has {sorted(have)}")
+        rows = _fetch(conn, f"SELECT {', '.join(_ident(c) for c in (*columns, PRESENT_COLUMN))} "
+                            f"FROM {_qualified(table)}")
+    present = [{c: r[c] for c in columns} for r in rows if r[PRESENT_COLUMN]]
+    absent = {tuple(r[k] for k in keys) for r in rows if not r[PRESENT_COLUMN]}
+    return present, absent, table
+
+
+# -- the comparison -----------------------------------------------------------------------
+
+
+@dataclass
+class SinkCheck:
+    """One sink against the oracle."""
+
+    sink: str
+    where: str
+    rows: int
+    diff: RowDiff
+    changelog_rows: int = 0
+    changelog_duplicates: list[tuple[Any, ...]] = field(default_factory=list)
+    note: str | None = None
+
+    @property
+    def mismatches(self) -> int:
+        return self.diff.size + len(self.changelog_duplicates)
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatches == 0
+
+
+@dataclass
+class VerifyResult:
+    """A job's sinks compared with PostgreSQL's answer."""
+
+    job: str
+    semantics: str
+    oracle: str
+    expected: int
+    absent: int
+    sinks: list[SinkCheck]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.sinks) and all(s.ok for s in self.sinks)
+
+    @property
+    def mismatches(self) -> int:
+        return sum(s.mismatches for s in self.sinks)
+
+    def summary(self) -> str:
+        """One line: the verdict and the counts per sink."""
+        parts = [f"{s.sink} {s.rows} rows, {s.mismatches} mismatches" for s in self.sinks]
+        verdict = "OK" if self.ok else "MISMATCH"
+        return (f"{verdict} {self.job} ({self.semantics}) vs {self.oracle}: {self.expected} "
+                f"expected rows, {self.absent} absent keys; " + "; ".join(parts))
+
+    def format(self, show_rows: int = 5) -> str:
+        """The summary, then each sink's mismatches (the first ``show_rows`` of each kind)."""
+        lines = [self.summary()]
+        for s in self.sinks:
+            lines.append(f"  {s.sink} ({s.where}): {s.rows} current rows, "
+                         f"{s.changelog_rows} changelog rows")
+            if s.note:
+                lines.append(f"    note: {s.note}")
+            lines += _diff_lines(s.diff, show_rows, "    ")
+            if s.changelog_duplicates:
+                dup = s.changelog_duplicates
+                lines.append(f"    changelog: {len(dup)} (key, _commit_seq) written more than "
+                             f"once: " + ", ".join(show(list(d)) for d in dup[:show_rows])
+                             + (" ..." if len(dup) > show_rows else ""))
+        return "\n".join(lines)
+
+
+def _diff_lines(diff: RowDiff, limit: int, indent: str) -> list[str]:
+    lines = []
+    for title, rows in ((f"missing ({len(diff.missing)}): expected, not in the sink",
+                         diff.missing),
+                        (f"extra ({len(diff.extra)}): in the sink, not expected", diff.extra)):
+        if rows:
+            lines.append(f"{indent}{title}")
+            lines += [f"{indent}  {show(_visible(r))}" for r in rows[:limit]]
+    if diff.different:
+        lines.append(f"{indent}different ({len(diff.different)}):")
+        for exp, act in diff.different[:limit]:
+            lines.append(f"{indent}  expected {show(exp)}")
+            lines.append(f"{indent}  actual   {show({c: act.get(c) for c in exp})}")
+    return lines
+
+
+def _visible(row: Row) -> Row:
+    """A sink row without its metadata columns, for messages."""
+    return {k: v for k, v in row.items() if not k.startswith("_")}
+
+
+def _duplicates(changelog: Sequence[Row], keys: Sequence[str]) -> list[tuple[Any, ...]]:
+    counts = Counter((*(r[k] for k in keys), r[COMMIT_SEQ]) for r in changelog)
+    return sorted(k for k, n in counts.items() if n > 1)
+
+
+def check_sink(sink: Sink, where: str, keys: Sequence[str], expected: Sequence[Row],
+               note: str | None = None) -> SinkCheck:
+    """Compare one sink's current table (and its changelog's uniqueness) with ``expected``."""
+    current = sink.read_current()
+    changelog = sink.read_changelog()
+    diff = diff_rows(expected, current, keys)
+    return SinkCheck(sink.name, where, len(current), diff, len(changelog),
+                     _duplicates(changelog, keys), note)
+
+
+def _dsns(stack_or_dsns: StackInfo | tuple[str, str | None]) -> tuple[str, str | None]:
+    if isinstance(stack_or_dsns, StackInfo):
+        return stack_or_dsns.pg_dsn_source, stack_or_dsns.pg_dsn_sink
+    source, sink = stack_or_dsns
+    return source, sink
+
+
+def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
+               output_dir: str | os.PathLike[str]) -> VerifyResult:
+    """Compare ``job``'s PostgreSQL sink and Delta current table with PostgreSQL's answer.
+
+    ``stack_or_dsns`` is a running stack, or ``(source_dsn, sink_dsn)`` (``sink_dsn``
+    None: check the Delta tables only). Raises ConfigError when the oracle or a database
+    cannot be reached; mismatches are in the result, never raised.
+    """
+    from txjoin.spark.pipeline import RunConfig, build_sinks
+
+    source_dsn, sink_dsn = _dsns(stack_or_dsns)
+    expected, absent, oracle = expected_rows(job, source_dsn)
+    keys = list(job.output.key)
+    config = RunConfig(output_dir=str(output_dir), postgres_dsn=sink_dsn)
+    try:
+        sinks = build_sinks(job, config)
+    except TxjoinError as exc:
+        raise ConfigError(f"cannot open the sinks of job {job.name!r}: {exc}") from None
+    checks = []
+    try:
+        for sink in sinks:
+            if sink.name == "delta":
+                where = str(Path(output_dir) / job.output.table)
+                note = None if (Path(where) / "current" / "_delta_log").is_dir() else (
+                    f"no Delta table at {where}/current: has the job run with this "
+                    f"--output-dir?")
+            else:
+                where = f"table {job.output.table}"
+                note = None
+            try:
+                checks.append(check_sink(sink, where, keys, expected, note))
+            except psycopg2.Error as exc:
+                raise ConfigError(f"cannot read the {sink.name} sink: {exc}") from None
+    finally:
+        for sink in sinks:
+            sink.close()
+    return VerifyResult(job.name, job.semantics, oracle, len(expected), len(absent), checks)
+
+
+# -- the command --------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
+              default=DEFAULT_DIR, show_default=True,
+              help="Local stack directory: its source and sink databases, and the default "
+                   "--output-dir <dir>/output.")
+@click.option("--postgres-dsn", envvar="TXJOIN_POSTGRES_DSN", show_envvar=True, default=None,
+              help="PostgreSQL sink DSN (default: the local stack's sink database).")
+@click.option("--source-dsn", default=None,
+              help="Source database DSN (default: the local stack's source database).")
+@click.option("--no-postgres", is_flag=True, help="Check the Delta tables only.")
+@click.option("--output-dir", envvar="TXJOIN_OUTPUT_DIR", show_envvar=True, default=None,
+              help="Delta tables root (default: <--dir>/output).")
+@click.option("--show", "show_rows", type=int, default=5, show_default=True,
+              help="Mismatched rows to print per kind and sink.")
+def verify(job_file: Path, directory: Path, postgres_dsn: str | None, source_dsn: str | None,
+           no_postgres: bool, output_dir: str | None, show_rows: int) -> None:
+    """Compare JOB_FILE's sinks with PostgreSQL's own answer.
+
+    as_of_fact jobs are checked against <fact>_expected (written by `txjoin generate`),
+    current jobs against the job's query on the source database: run this after
+    `txjoin run --until-idle` once the writers stopped. Exit code 0: every sink matches;
+    1: a mismatch; 2: wrong options, or a database or oracle table that is not there.
+    """
+    from txjoin.job import load_job
+
+    try:
+        job = load_job(job_file)
+        if source_dsn is None or (postgres_dsn is None and not no_postgres):
+            stack = load_stack(directory)
+            if stack is None:
+                raise ConfigError(f"no local stack is running in {directory}/: start it with "
+                                  f"`txjoin up --dir {directory}`, or pass --source-dsn and "
+                                  f"--postgres-dsn (or --no-postgres)")
+            source_dsn = source_dsn or stack.pg_dsn_source
+            postgres_dsn = postgres_dsn or stack.pg_dsn_sink
+        result = verify_job(job, (source_dsn, None if no_postgres else postgres_dsn),
+                            output_dir or directory / "output")
+    except TxjoinError as exc:
+        click.secho(f"error: {exc}", fg="red", err=True)
+        sys.exit(2)
+    click.echo(result.format(show_rows))
+    if not result.ok and job.semantics == "current":
+        click.echo("  (a current job is compared with the source's state now: run "
+                   "`txjoin run --until-idle` after the writers stop, then verify again)")
+    click.secho("verify: OK" if result.ok else f"verify: {result.mismatches} mismatches",
+                fg="green" if result.ok else "red")
+    sys.exit(0 if result.ok else 1)
