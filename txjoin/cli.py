@@ -206,6 +206,15 @@ def replay(files: tuple[Path, ...], as_json: bool, postgres_dsn: str | None,
     sys.exit(1 if failed else 0)
 
 
+def _register_bench() -> None:
+    from txjoin.bench import bench
+
+    main.add_command(bench, "bench")
+
+
+_register_bench()
+
+
 def _register_stack_commands() -> None:
     try:
         from txjoin.stack import commands
