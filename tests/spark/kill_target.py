@@ -1,0 +1,38 @@
+"""A pipeline process for the kill -9 test: replays a schedule into both sinks.
+
+Usage: python -m tests.spark.kill_target SCHEDULE WORKDIR PG_DSN JOB [--until-idle]
+Without --until-idle it keeps triggering (one schedule batch per micro-batch)
+until it is killed.
+"""
+
+import sys
+import time
+
+from txjoin.job import load_job
+from txjoin.spark.pipeline import Pipeline, RunConfig, build_sinks
+from txjoin.spark.session import get_session
+from txjoin.spark.sources.replay import SOURCE_NAME, ReplaySource
+
+
+def main() -> None:
+    schedule, workdir, dsn, job_path = sys.argv[1:5]
+    until_idle = "--until-idle" in sys.argv
+    job = load_job(job_path)
+    spark = get_session("local[2]", app_name="txjoin-kill-target")
+    spark.dataSource.register(ReplaySource)
+    config = RunConfig(checkpoint_dir=f"{workdir}/ckpt", output_dir=f"{workdir}/out",
+                       postgres_dsn=dsn, trigger_interval="100 milliseconds")
+    sinks = build_sinks(job, config, spark)
+    pipeline = Pipeline(spark, job, config, sinks,
+                        on_batch=lambda r: print(f"batch {r.batch_id} done", flush=True))
+    source = spark.readStream.format(SOURCE_NAME).option("schedule", schedule).load()
+    query = pipeline.start(source, available_now=until_idle)
+    if until_idle:
+        query.awaitTermination()
+    else:
+        while True:  # until killed
+            time.sleep(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""The Spark pipeline end to end on the replay source: scenarios, restarts, kill -9.
+
+Both sinks (Delta via delta-rs, PostgreSQL) are compared row by row with the
+oracle; the changelog must hold every version exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pyspark.sql import SparkSession
+
+from txjoin.core.oracle import outputs_after_each
+from txjoin.job import load_job
+from txjoin.scenarios.checks import check_exactly_once, check_final
+from txjoin.scenarios.spark_runner import run_scenario_spark
+from txjoin.scenarios.spec import load_scenario
+from txjoin.scenarios.synthesize import Synthesizer
+from txjoin.scenarios.workload import pizzeria_workload
+from txjoin.sinks.delta import DeltaSink
+from txjoin.sinks.postgres import PostgresSink
+from txjoin.spark.pipeline import RunConfig, build_sinks
+from txjoin.spark.sources.replay import write_schedule
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
+ORDERS = ROOT / "jobs" / "orders.py"
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_every_scenario_holds_in_both_sinks(spark: SparkSession, pg_dsn: str, path: Path,
+                                            tmp_path: Path) -> None:
+    report = run_scenario_spark(spark, load_scenario(path), str(tmp_path), postgres_dsn=pg_dsn)
+    assert report.passed, "\n".join(report.failures)
+    assert report.batches > 0
+
+
+def _scenario_yaml(snapshot: dict[str, Any], txs: list[Any], delivery: list[Any]) -> dict:
+    def op(change: Any) -> dict:
+        if change.op == "delete":
+            return {"delete": change.table, "key": {"id": change.row["id"]}}
+        return {change.op: change.table, "row": dict(change.row)}
+
+    return {
+        "name": "restart_every_batch", "job": str(ORDERS),
+        "about": "A random pizzeria workload with a processor restart between every batch.",
+        "snapshot": {t: rows for t, rows in snapshot.items() if rows},
+        "transactions": [{"name": tx.name, "ops": [op(c) for c in tx.changes]} for tx in txs],
+        "delivery": {"batches": delivery},
+    }
+
+
+def test_restart_at_every_batch_boundary_changes_nothing(spark: SparkSession, pg_dsn: str,
+                                                         tmp_path: Path) -> None:
+    snapshot, txs = pizzeria_workload(12, seed=7)
+    delivery: list[Any] = [["snapshot:*"], "restart"]
+    rnd = random.Random(3)
+    for tx in txs:
+        tables = sorted({c.table for c in tx.changes})
+        if tables and rnd.random() < 0.5:
+            # the transaction's data first, its BEGIN/END in the next batch (torn delivery)
+            delivery += [[f"{tx.name}:{t}" for t in tables], "restart",
+                         [f"{tx.name}:begin", f"{tx.name}:end"], "restart"]
+        else:
+            delivery += [[f"{tx.name}:*"], "restart"]
+    doc = _scenario_yaml(snapshot, txs, delivery[:-1])
+    path = tmp_path / "restart_every_batch.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    report = run_scenario_spark(spark, load_scenario(path), str(tmp_path / "run"),
+                                postgres_dsn=pg_dsn)
+    assert report.passed, "\n".join(report.failures)
+    assert report.batches == sum(1 for d in delivery if d != "restart")
+
+
+def _kill_schedule(tmp_path: Path, n_tx: int) -> tuple[Path, dict, list]:
+    job = load_job(ORDERS)
+    snapshot, txs = pizzeria_workload(n_tx, seed=11)
+    synth = Synthesizer(job)
+    produced = list(synth.snapshot(snapshot))
+    for tx in txs:
+        produced.extend(synth.transaction(tx))
+    # interleave topics at random, keeping each topic's order; ~40 batches
+    rnd = random.Random(5)
+    queues: dict[str, list] = {}
+    for rec in produced:
+        queues.setdefault(rec.topic, []).append(rec)
+    batches: list[tuple[list, list]] = []
+    while any(queues.values()):
+        rows = []
+        for queue in queues.values():
+            take = rnd.randint(0, 30)
+            rows += [(r.topic, 0, r.offset, r.key, r.value) for r in queue[:take]]
+            del queue[:take]
+        batches.append((rows, [t for t, q in queues.items() if not q]))
+    path = tmp_path / "schedule.json"
+    write_schedule(str(path), batches)
+    return path, snapshot, txs
+
+
+def _wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if needle in line:
+            return
+        if not line and proc.poll() is not None:
+            raise AssertionError(f"pipeline process exited with {proc.returncode}")
+    raise AssertionError(f"no {needle!r} within {timeout}s")
+
+
+def test_kill_9_and_restart_loses_nothing_and_applies_nothing_twice(pg_dsn: str,
+                                                                   tmp_path: Path) -> None:
+    schedule, snapshot, txs = _kill_schedule(tmp_path, 150)
+    work = tmp_path / "work"
+    cmd = [sys.executable, "-m", "tests.spark.kill_target", str(schedule), str(work), pg_dsn,
+           str(ORDERS)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for batch_marker in ("batch 2 done", "batch 9 done"):
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env, start_new_session=True)
+        try:
+            _wait_for_line(proc, batch_marker, timeout=240)
+            time.sleep(random.Random(batch_marker).uniform(0.0, 0.6))  # land mid-batch
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver, its JVM and Python workers
+            proc.wait()
+    finish = subprocess.run([*cmd, "--until-idle"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=600, check=False)
+    assert finish.returncode == 0, finish.stdout[-3000:] + finish.stderr[-3000:]
+
+    job = load_job(ORDERS)
+    expected = outputs_after_each(job, snapshot, txs)[-1]
+    config = RunConfig(checkpoint_dir=str(work / "ckpt"), output_dir=str(work / "out"),
+                       postgres_dsn=pg_dsn)
+    sinks = build_sinks(job, config)
+    assert isinstance(sinks[0], DeltaSink) and isinstance(sinks[1], PostgresSink)
+    for sink in sinks:
+        current = [{k: v for k, v in r.items() if not k.startswith("_")}
+                   for r in sink.read_current()]
+        result = check_final(current, expected, ["order_id"])
+        assert result.ok, f"{sink.name}: {result.message}"
+        once = check_exactly_once(sink.read_changelog(), ["order_id"], sink.read_current())
+        assert once.ok, f"{sink.name}: {once.message}"
+        sink.close()
+    assert len(expected) > 50
