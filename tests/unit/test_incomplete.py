@@ -1,8 +1,10 @@
 """IncompletePolicy: what happens to a transaction that never completes.
 
-The clock is the source's commit time: a transaction is overdue once events
-committed more than ``timeout_s`` after it have been read while it is still
-incomplete. ``fail`` (default) stops naming the xid and what is missing,
+The clock is the source's commit time: a transaction is overdue once every
+stream has been read past ``timeout_s`` after it (a topic read to its end counts
+as current; one that is merely behind holds the clock back) while it is still
+incomplete. A lost event is one that was never written: its topic is read to
+its end without it. ``fail`` (default) stops naming the xid and what is missing,
 ``skip`` drops it and lets later ones pass, ``wait`` waits.
 """
 
@@ -22,6 +24,7 @@ from txjoin.job import load_job
 ORDERS = load_job(Path(__file__).resolve().parents[2] / "jobs" / "orders.py")
 T_IN = "2023-09-23T22:00:00"
 TEN_MINUTES_MS = 600_000
+EVERY_STREAM = {*ORDERS.table_names, "transaction"}
 
 
 def shop(policy: IncompletePolicy | None = None) -> Pipeline:
@@ -59,7 +62,8 @@ def short_of_a_client(pipe: Pipeline, later_after_ms: int) -> list[Any]:
     pipe.synth.now_ms += later_after_ms - 1000  # each commit adds 1 s of its own
     pipe.commit("T2", insert("orders", **order(102)))
     lost = only(t1, table="clients")
-    pipe.deliver(without(pipe.undelivered(), lost), caught_up=())
+    # The event was never written: every topic is read to its end without it.
+    pipe.deliver(without(pipe.undelivered(), lost), caught_up=EVERY_STREAM)
     return lost
 
 
@@ -104,7 +108,8 @@ def test_overdue_means_strictly_later_than_the_timeout() -> None:
     short_of_a_client(pipe, later_after_ms=60_000)  # T2 exactly at the limit: T1 waits
     assert pipe.engine.waiting == 2 and pipe.output == {}
     with pytest.raises(IncompleteTransactionError, match=f"xid {pipe.xids['T1']}"):
-        pipe.deliver(pipe.commit("T3", insert("orders", **order(103))))  # 61 s after T1
+        pipe.deliver(pipe.commit("T3", insert("orders", **order(103))),  # 61 s after T1
+                     caught_up=EVERY_STREAM)
 
 
 def test_skip_drops_the_overdue_transaction_and_later_ones_flow() -> None:
@@ -122,6 +127,20 @@ def test_skip_drops_the_overdue_transaction_and_later_ones_flow() -> None:
     pipe.deliver(pipe.commit("T3", insert("orders", **order(103))))
     assert pipe.output == {(102,): enriched(102), (103,): enriched(103)}
     assert pipe.engine.commit_seq == 2
+
+
+def test_a_topic_that_is_only_behind_does_not_make_a_transaction_overdue() -> None:
+    """Catch-up split by --max-events-per-trigger: the orders topic lags far behind."""
+    pipe = shop(IncompletePolicy("fail", timeout_s=60))
+    t1 = pipe.commit("T1", insert("orders", **order(101)))
+    pipe.synth.now_ms += TEN_MINUTES_MS
+    t2 = pipe.commit("T2", insert("clients", id=7, name="Dee"))
+    # everything but T1's order: the transaction topic and clients are 10 minutes ahead
+    pipe.deliver(without([*t1, *t2], only(t1, table="orders")),
+                 caught_up={"transaction", "public.clients"})
+    assert pipe.engine.waiting == 2 and pipe.output == {}
+    pipe.deliver(only(t1, table="orders"), caught_up=EVERY_STREAM)
+    assert pipe.output == {(101,): enriched(101)} and pipe.engine.commit_seq == 2
 
 
 def test_wait_holds_later_transactions_behind_the_incomplete_one_however_long() -> None:

@@ -138,8 +138,9 @@ class IncompletePolicy:
 
     The clock is the source's commit time (``ts_ms``), not the wall clock, so a
     replay of the same input decides the same way. A transaction is overdue
-    when events committed more than ``timeout_s`` seconds after it have been
-    read while it is still incomplete.
+    when every input stream has been read past ``timeout_s`` seconds after it
+    began (see ``Engine.source_clock``: a topic that is merely behind holds the
+    clock back) while it is still incomplete.
 
     - ``fail`` (default): stop with an error naming the xid and what is missing.
     - ``skip``: drop it (loudly, counted in the stats) and let later ones pass.

@@ -25,6 +25,8 @@ from txjoin.debezium import ChangeEvent, Position, TxMarker, decode
 from txjoin.job import Job
 
 STATE_VERSION = 1
+TRANSACTION_STREAM = "transaction"
+"""The name of the transaction topic's stream (``<prefix>.transaction``) in ``caught_up``."""
 
 
 @dataclass
@@ -53,6 +55,8 @@ class Engine:
         self.join = TemporalJoin(job)
         self.stats = EngineStats()
         self.max_ts_ms: int | None = None
+        # newest source commit time read per stream (table, or "transaction")
+        self.stream_ts_ms: dict[str, int] = {}
         self.snapshot_released = False
 
     # -- the batch API ------------------------------------------------------------
@@ -86,10 +90,17 @@ class Engine:
                         caught_up: Iterable[str] = ()) -> list[OutputChange]:
         """Like :meth:`process`, for records already decoded."""
         released = self.frontier.released
+        stream_ts = self.stream_ts_ms
         for item in items:
-            ts = item.ts_ms if isinstance(item, TxMarker) else item.commit_ts_ms
-            if ts is not None and (self.max_ts_ms is None or ts > self.max_ts_ms):
-                self.max_ts_ms = ts
+            if isinstance(item, TxMarker):
+                ts, stream = item.ts_ms, TRANSACTION_STREAM
+            else:
+                ts, stream = item.commit_ts_ms, item.table
+            if ts is not None:
+                if self.max_ts_ms is None or ts > self.max_ts_ms:
+                    self.max_ts_ms = ts
+                if ts > stream_ts.get(stream, ts - 1):
+                    stream_ts[stream] = ts
             if isinstance(item, TxMarker):
                 self.stats.markers += 1
                 if self.assembler.add_marker(item, released):
@@ -97,16 +108,38 @@ class Engine:
             else:
                 self.stats.events += 1
                 self.assembler.add_event(item, released)
-        self.assembler.caught_up(set(caught_up))
+        caught = set(caught_up)
+        self.assembler.caught_up(caught)
         changes = []
         for tx in self.frontier.release(self.assembler):
             changes.extend(self._apply(tx))
-        self.frontier.enforce(self.assembler, self.max_ts_ms, self.policy)
+        self.frontier.enforce(self.assembler, self.source_clock(caught), self.policy)
         # a skip may unblock the queue
         for tx in self.frontier.release(self.assembler):
             changes.extend(self._apply(tx))
         self.stats.batches += 1
         return changes
+
+    def source_clock(self, caught_up: set[str]) -> int | None:
+        """How far every input stream has provably been read, in source commit time.
+
+        The slowest stream sets it: a stream read to its end counts as the newest
+        commit time seen anywhere, any other as the newest commit time read from
+        it; a stream never read stops the clock. So a transaction whose events sit
+        in a topic that is merely behind (a catch-up split by
+        ``--max-events-per-trigger``) is never taken for one that will not complete.
+        """
+        if self.max_ts_ms is None:
+            return None
+        times = []
+        for stream in [*self.job.table_names, TRANSACTION_STREAM]:
+            if stream in caught_up:
+                times.append(self.max_ts_ms)
+            elif stream in self.stream_ts_ms:
+                times.append(self.stream_ts_ms[stream])
+            else:
+                return None
+        return min(times)
 
     def _apply(self, tx: Transaction) -> list[OutputChange]:
         if tx.xid == 0:
