@@ -107,6 +107,9 @@ def _env(name: str) -> str:
               type=float, default=300.0, show_default=True,
               help="Seconds of later source commits after which an incomplete transaction "
                    "triggers the policy.")
+@click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+              help="Extra Spark setting (repeatable), e.g. to enable delta-spark's writer "
+                   "(see README).")
 @click.option("--dir", "directory", envvar=_env("DIR"), show_envvar=True, default=DEFAULT_DIR,
               show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Local stack directory (state, logs, default checkpoints and output).")
@@ -115,7 +118,7 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         starting_offsets: str, trigger_interval: str, max_events_per_trigger: int | None,
         checkpoint_dir: str | None, output_dir: str | None, master: str,
         postgres_dsn: str | None, no_postgres: bool, until_idle: bool, on_incomplete: str,
-        incomplete_timeout: float, directory: Path) -> None:
+        incomplete_timeout: float, spark_conf: tuple[str, ...], directory: Path) -> None:
     """Run JOB_FILE as a streaming query: Kafka -> transactions -> join -> Delta + PostgreSQL."""
     from txjoin.job import load_job
     from txjoin.spark.pipeline import RunConfig
@@ -145,8 +148,19 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         checkpoint_dir=checkpoint_dir or str(directory / "checkpoints"),
         output_dir=output_dir or str(directory / "output"), master=master,
         postgres_dsn=None if no_postgres else postgres_dsn, until_idle=until_idle,
-        on_incomplete=on_incomplete, incomplete_timeout_s=incomplete_timeout)
+        on_incomplete=on_incomplete, incomplete_timeout_s=incomplete_timeout,
+        spark_conf=_parse_conf(spark_conf))
     run_job(job, config)
+
+
+def _parse_conf(items: tuple[str, ...]) -> dict[str, str]:
+    conf = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--spark-conf {item!r}: expected KEY=VALUE")
+        conf[key.strip()] = value.strip()
+    return conf
 
 
 @main.command()

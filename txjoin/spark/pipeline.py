@@ -63,6 +63,7 @@ class RunConfig:
     until_idle: bool = False
     on_incomplete: str = "fail"
     incomplete_timeout_s: float = 300.0
+    spark_conf: dict[str, str] = field(default_factory=dict)
 
     @property
     def policy(self) -> IncompletePolicy:

@@ -25,7 +25,8 @@ def print_report(report: BatchReport) -> None:
 def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None] | None = None,
             stop: threading.Event | None = None, quiet: bool = False) -> list[BatchReport]:
     """Run the job until stopped (Ctrl-C or ``stop``), or until idle with ``until_idle``."""
-    spark = get_session(config.master, app_name=f"txjoin-{job.name}")
+    spark = get_session(config.master, app_name=f"txjoin-{job.name}",
+                        extra_conf=config.spark_conf)
     register_kafka_source(spark)
     sinks = build_sinks(job, config, spark)
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Create .venv (Python >= 3.11) and install txjoin with everything the demo and tests need.
+# Idempotent: a second run only checks. Sourced by demo.sh and test.sh.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "error: txjoin needs Python >= 3.11 (found: $("$PYTHON" --version 2>&1)); set PYTHON=..." >&2
+    exit 2
+fi
+if ! command -v java >/dev/null 2>&1; then
+    echo "error: Java 17 is needed (Spark, Debezium); install a JDK 17 and put java on PATH" >&2
+    exit 2
+fi
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.txjoin-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e ".[dev,stack]"
+    touch "$stamp"
+fi
