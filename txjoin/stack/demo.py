@@ -1,0 +1,474 @@
+"""``txjoin demo``: the whole path live, PostgreSQL -> Debezium -> Spark -> Delta + PostgreSQL.
+
+One command: start the local stack (unless it runs), drive the pizzeria workload in a
+background thread, run the orders job while a live display shows what the pipeline does,
+then drain, run the users/colours job over the same topics, verify both jobs against
+PostgreSQL's own answer and print the figures that matter: events per second from
+PostgreSQL into both sinks and the commit-to-sink latency of every change.
+
+Draining needs to know that Debezium has published everything the workload committed.
+:func:`wait_until_captured` commits a *barrier*: a no-op update of one row of
+``public.tables`` (same values, so no job's output changes), and waits for its END
+marker in the transaction topic. Everything committed before it is in the topics then,
+so ``--until-idle`` (Spark's availableNow trigger) drains the whole workload.
+
+Without a terminal (CI) the live display falls back to one plain line every few seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import sys
+import threading
+import time
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import psycopg2
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from txjoin.errors import ServiceError, TxjoinError
+from txjoin.stack import stack as stack_mod
+from txjoin.stack.stack import StackInfo
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_JOBS = (REPO / "jobs" / "orders.py", REPO / "jobs" / "users_colors.py")
+BARRIER_TABLE = "public.tables"
+PLAIN_LINE_EVERY_S = 2.0
+READY_TIMEOUT_S = 120.0
+
+
+# -- knowing that Debezium has published everything ---------------------------------------
+
+
+def commit_barrier(source_dsn: str) -> int:
+    """Commit a no-op change of a captured row; return its xid (Debezium's ``txId``)."""
+    try:
+        with contextlib.closing(psycopg2.connect(source_dsn, connect_timeout=5)) as conn, \
+                conn, conn.cursor() as cur:
+            cur.execute(f"UPDATE {BARRIER_TABLE} SET name = name "
+                        f"WHERE id = (SELECT min(id) FROM {BARRIER_TABLE})")
+            if cur.rowcount != 1:
+                raise ServiceError(f"cannot commit a barrier: {BARRIER_TABLE} is empty")
+            cur.execute("SELECT pg_current_xact_id()::text::bigint")
+            row = cur.fetchone()
+    except psycopg2.Error as exc:
+        raise ServiceError(f"cannot commit a barrier on the source database: {exc}") from None
+    assert row is not None
+    return int(row[0])
+
+
+def wait_for_end(info: StackInfo, xid: int, timeout: float = 120.0) -> None:
+    """Wait until the END marker of transaction ``xid`` is in the transaction topic."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": info.bootstrap_servers,
+                         "group.id": "txjoin-demo-barrier", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(info.transaction_topic, 0, 0)])
+    wanted = f"{xid}:"
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(1000, 0.5):
+                value = msg.value()
+                if msg.error() is not None or value is None:
+                    continue
+                marker = json.loads(value)
+                if marker.get("status") == "END" and str(marker.get("id", "")).startswith(wanted):
+                    return
+    finally:
+        consumer.close()
+    raise ServiceError(f"Debezium did not publish transaction {xid} within {timeout:.0f}s; "
+                       f"see the stack's logs/debezium.log")
+
+
+def wait_until_captured(info: StackInfo, timeout: float = 120.0) -> int:
+    """Commit a barrier and wait until Debezium published it: every transaction committed
+    before this call is then in the topics. Returns the barrier's xid."""
+    xid = commit_barrier(info.pg_dsn_source)
+    wait_for_end(info, xid, timeout)
+    return xid
+
+
+def published_transactions(info: StackInfo) -> int | None:
+    """Transactions Debezium has published so far (END markers; BEGIN and END per one)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    try:
+        consumer = Consumer({"bootstrap.servers": info.bootstrap_servers,
+                             "group.id": "txjoin-demo-marks"})
+        try:
+            high = consumer.get_watermark_offsets(TopicPartition(info.transaction_topic, 0),
+                                                  timeout=2)[1]
+        finally:
+            consumer.close()
+    except Exception:  # the display must not die of a slow broker
+        return None
+    return int(high) // 2
+
+
+# -- figures --------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass
+class JobProgress:
+    """What one job's micro-batches did, updated from Spark's foreachBatch thread."""
+
+    job: str
+    started: float = field(default_factory=time.time)
+    batches: int = 0
+    events: int = 0
+    released: int = 0
+    waiting: int = 0
+    commit_seq: int = 0
+    newest_commit_ms: int | None = None
+    lag_ms_at_batch: float | None = None
+    last_active_at: float | None = None
+    written: Counter[str] = field(default_factory=Counter)
+    latencies_ms: list[float] = field(default_factory=list)
+    recent: list[tuple[float, int]] = field(default_factory=list)
+    latency_from_ms: float = 0.0  # changes committed earlier (a backlog) are not timed
+    first_batch: threading.Event = field(default_factory=threading.Event, repr=False)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def on_batch(self, report: Any) -> None:
+        """``run_job``'s callback: fold one BatchReport in."""
+        with self.lock:
+            self.batches += 1
+            self.events += report.records
+            self.released += report.transactions_released
+            self.waiting = report.waiting
+            self.commit_seq = report.commit_seq
+            for sink, applied in report.written.items():
+                if applied:
+                    self.written[sink] += report.changes
+            if report.commit_ts_ms:
+                newest = max(report.commit_ts_ms)
+                self.newest_commit_ms = max(newest, self.newest_commit_ms or 0)
+                self.lag_ms_at_batch = report.finished_at * 1000 - newest
+                self.latencies_ms += [report.finished_at * 1000 - ts for ts in report.commit_ts_ms
+                                      if ts >= self.latency_from_ms]
+            if report.transactions_released:
+                self.last_active_at = report.finished_at
+            self.recent.append((report.finished_at, report.records))
+            cutoff = report.finished_at - 10
+            self.recent = [(t, n) for t, n in self.recent if t >= cutoff]
+        self.first_batch.set()
+
+    def events_per_s(self) -> float:
+        """Records read per second over the last ~10 s."""
+        with self.lock:
+            if not self.recent:
+                return 0.0
+            span = max(time.time() - self.recent[0][0], 1.0)
+            return sum(n for _, n in self.recent) / span
+
+    def line(self, published: int | None) -> str:
+        """The plain-text progress line (no terminal)."""
+        behind = "?" if published is None else str(max(published - self.commit_seq, 0))
+        lag = "-" if self.lag_ms_at_batch is None else f"{self.lag_ms_at_batch:.0f}"
+        sinks = ", ".join(f"{k} {v}" for k, v in sorted(self.written.items())) or "-"
+        return (f"[{self.job}] {self.batches} batches, {self.events} events read "
+                f"({self.events_per_s():.0f}/s), {self.released} transactions released, "
+                f"{self.waiting} waiting, frontier commit_seq {self.commit_seq} ({behind} behind "
+                f"Debezium), lag {lag} ms; rows written: {sinks}")
+
+
+class LiveView:
+    """The rich renderable of the live display (rebuilt on every refresh)."""
+
+    def __init__(self, info: StackInfo, progress: JobProgress, generator: GeneratorThread
+                 ) -> None:
+        self.info, self.progress, self.generator = info, progress, generator
+        self._published: int | None = None
+        self._polled = 0.0
+
+    def published(self) -> int | None:
+        if time.monotonic() - self._polled > 1.0:
+            self._published = published_transactions(self.info)
+            self._polled = time.monotonic()
+        return self._published
+
+    def __rich__(self) -> Group:
+        p = self.progress
+        published = self.published()
+        now_ms = time.time() * 1000
+        table = Table(title=f"txjoin demo: job {p.job}", show_header=False, min_width=60)
+        table.add_column(style="bold")
+        table.add_column(justify="right")
+        table.add_row("workload", self.generator.status())
+        table.add_row("Debezium: transactions published", "?" if published is None
+                      else str(published))
+        table.add_row("events read", f"{p.events}  ({p.events_per_s():.0f}/s)")
+        table.add_row("transactions assembled", str(p.released + p.waiting))
+        table.add_row("  waiting (incomplete or behind one)", str(p.waiting))
+        table.add_row("  released in commit order", str(p.released))
+        table.add_row("frontier (commit_seq)", str(p.commit_seq))
+        behind = "?" if published is None else str(max(published - p.commit_seq, 0))
+        table.add_row("frontier lag, transactions", behind)
+        age = "-" if p.newest_commit_ms is None else f"{now_ms - p.newest_commit_ms:,.0f}"
+        at_batch = "-" if p.lag_ms_at_batch is None else f"{p.lag_ms_at_batch:,.0f}"
+        table.add_row("frontier lag, ms (now / at last commit)", f"{age} / {at_batch}")
+        for sink, rows in sorted(p.written.items()):
+            table.add_row(f"rows written: {sink}", str(rows))
+        table.add_row("micro-batches", str(p.batches))
+        return Group(table, Text("Ctrl-C stops the demo; the stack keeps running", style="dim"))
+
+
+# -- the workload in the background ---------------------------------------------------------
+
+
+class GeneratorThread(threading.Thread):
+    """Once ``ready`` is set (the query ran its first micro-batch, which pays Spark's
+    start-up), runs ``txjoin generate``, commits the barrier and sets ``done``."""
+
+    def __init__(self, info: StackInfo, rate: float, duration: float, seed: int,
+                 writers: int, ready: threading.Event) -> None:
+        super().__init__(name="txjoin-demo-generator", daemon=True)
+        self.info, self.rate, self.duration, self.seed, self.writers = (
+            info, rate, duration, seed, writers)
+        self.ready = ready
+        self.done = threading.Event()
+        self.started_at: float | None = None
+        self.generated_at: float | None = None
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from txjoin.stack.generate import generate
+
+        try:
+            self.ready.wait(READY_TIMEOUT_S)
+            self.started_at = time.time()
+            self.result = generate(self.info.pg_dsn_source, self.rate, self.duration,
+                                   seed=self.seed, writers=self.writers)
+            self.generated_at = time.time()
+            wait_until_captured(self.info)
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def status(self) -> str:
+        if self.started_at is None:
+            return "waiting for the query's first micro-batch"
+        if self.generated_at is None and not self.done.is_set():
+            return (f"writing {self.rate:g} tx/s: {time.time() - self.started_at:.0f}"
+                    f"/{self.duration:g} s")
+        if not self.done.is_set():
+            return "stopped; waiting for Debezium to publish the last commit"
+        return "done"
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """Point file descriptor 2 at ``path`` meanwhile: the JVM started now (and the Python
+    workers it forks) keep logging there instead of over the live display."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _fresh_outputs(directory: Path, jobs: list[Any]) -> None:
+    """Checkpoints and Delta tables left from an earlier stack point at topics and a sink
+    database that no longer exist (the broker keeps topics in memory): start them over."""
+    for job in jobs:
+        shutil.rmtree(directory / "checkpoints" / job.name, ignore_errors=True)
+        shutil.rmtree(directory / "output" / job.output.table, ignore_errors=True)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f} ms"
+
+
+@click.command()
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
+              default=stack_mod.DEFAULT_DIR, show_default=True,
+              help="Stack directory; checkpoints and Delta output go to <dir>/checkpoints "
+                   "and <dir>/output, as with `txjoin run`.")
+@click.option("--duration", type=float, default=60.0, show_default=True,
+              help="Seconds the workload writes.")
+@click.option("--rate", type=float, default=50.0, show_default=True,
+              help="Workload transactions per second.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--writers", type=int, default=2, show_default=True,
+              help="Concurrent workload connections (they race for rows, serialised per "
+                   "transaction).")
+@click.option("--orders-only", is_flag=True, help="Skip the users/colours job.")
+@click.option("--master", default="local[2]", show_default=True, help="Spark master URL.")
+@click.option("--plain", is_flag=True,
+              help="Plain progress lines even on a terminal (the default without one).")
+def demo(directory: Path, duration: float, rate: float, seed: int, writers: int,
+         orders_only: bool, master: str, plain: bool) -> None:
+    """Start the stack, write a live workload, stream it through txjoin, verify, summarise.
+
+    The stack keeps running afterwards (`txjoin down` stops it). Exit code 0 when every sink
+    of every job matches PostgreSQL's answer, 1 otherwise.
+    """
+    try:
+        ok = run_demo(directory, duration, rate, seed, writers, orders_only, master, plain)
+    except TxjoinError as exc:
+        click.secho(f"error: {exc}", fg="red", err=True)
+        sys.exit(exc.exit_code)
+    sys.exit(0 if ok else 1)
+
+
+def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, writers: int = 2,
+             orders_only: bool = False, master: str = "local[2]", plain: bool = False,
+             console: Console | None = None) -> bool:
+    """The demo; True when every verification passed."""
+    from txjoin.job import load_job
+    from txjoin.spark.pipeline import RunConfig
+    from txjoin.spark.run import run_job
+    from txjoin.spark.session import get_session
+    from txjoin.stack.verify import verify_job
+
+    console = console or Console()
+    # Stopping the streaming query interrupts the micro-batch in flight (it is redone on the
+    # next start); PySpark then warns with a full JVM stack trace that says nothing more.
+    warnings.filterwarnings("ignore", message="toPandas attempted Arrow optimization")
+    live_ok = console.is_terminal and not plain
+    jobs = [load_job(p) for p in (DEMO_JOBS[:1] if orders_only else DEMO_JOBS)]
+
+    def say(text: str, markup: bool = True) -> None:
+        console.print(text, highlight=False, markup=markup, soft_wrap=not console.is_terminal)
+
+    up = stack_mod.up(directory, progress=lambda line: say(f"[dim]{line}[/dim]"))
+    info = up.info
+    if up.already_running:
+        say(f"stack in {directory} already running: resuming its checkpoints and outputs")
+    else:
+        _fresh_outputs(Path(directory), jobs)
+
+    spark_log = Path(directory) / "logs" / "demo-spark.log"
+    started = time.monotonic()
+    with _stderr_to(spark_log):
+        get_session(master, app_name="txjoin-demo")
+    say(f"Spark session in {time.monotonic() - started:.1f}s (its log: {spark_log})")
+
+    def config(until_idle: bool) -> RunConfig:
+        return RunConfig(topic_prefix=info.topic_prefix, bootstrap_servers=info.bootstrap_servers,
+                         checkpoint_dir=str(Path(directory) / "checkpoints"),
+                         output_dir=str(Path(directory) / "output"), master=master,
+                         postgres_dsn=info.pg_dsn_sink, until_idle=until_idle)
+
+    orders = jobs[0]
+    progress = JobProgress(orders.name)
+    generator = GeneratorThread(info, rate, duration, seed, writers, progress.first_batch)
+    stop = threading.Event()
+    say(f"job {orders.name} streaming; once its first micro-batch is done the workload "
+        f"writes {rate:g} tx/s for {duration:g}s with {writers} writers (seed {seed})")
+    # Something new to read, so the first micro-batch runs even on a resumed checkpoint.
+    commit_barrier(info.pg_dsn_source)
+    progress.latency_from_ms = time.time() * 1000
+    generator.start()
+
+    def stop_when_captured() -> None:
+        generator.done.wait()
+        stop.set()
+
+    threading.Thread(target=stop_when_captured, daemon=True).start()
+    view = LiveView(info, progress, generator)
+    try:
+        if live_ok:
+            with Live(view, console=console, refresh_per_second=4, transient=False):
+                run_job(orders, config(False), on_batch=progress.on_batch, stop=stop, quiet=True)
+        else:
+            last = [0.0]
+
+            def plain_line(report: Any) -> None:
+                progress.on_batch(report)
+                if time.monotonic() - last[0] >= PLAIN_LINE_EVERY_S:
+                    last[0] = time.monotonic()
+                    say(progress.line(view.published()), markup=False)
+
+            run_job(orders, config(False), on_batch=plain_line, stop=stop, quiet=True)
+    except KeyboardInterrupt:
+        stop.set()
+        say(f"interrupted; the stack keeps running (`txjoin down --dir {directory}` stops it)")
+        raise SystemExit(130) from None
+    if generator.error is not None:
+        raise generator.error
+    say("workload stopped and captured; draining (until idle)")
+    run_job(orders, config(True), on_batch=progress.on_batch, quiet=True)
+    say(progress.line(published_transactions(info)), markup=False)
+
+    others: list[tuple[Any, JobProgress, float]] = []
+    for job in jobs[1:]:
+        job_progress = JobProgress(job.name)
+        began = time.time()
+        run_job(job, config(True), on_batch=job_progress.on_batch, quiet=True)
+        others.append((job, job_progress, time.time() - began))
+        say(job_progress.line(published_transactions(info)), markup=False)
+
+    results = [verify_job(job, info, Path(directory) / "output") for job in jobs]
+    _summary(say, up, generator, progress, others, results)
+    say(f"the stack keeps running: `txjoin down --dir {directory}` stops it "
+        f"(`--wipe` also removes its data)")
+    return all(r.ok for r in results)
+
+
+def _summary(say: Any, up: Any, generator: GeneratorThread, progress: JobProgress,
+             others: list[tuple[Any, JobProgress, float]], results: list[Any]) -> None:
+    gen = generator.result
+    say("")
+    say("[bold]summary[/bold]")
+    start = "already running" if up.already_running else f"{up.seconds:.1f} s"
+    say(f"  stack start          {start}")
+    if gen is not None and generator.started_at is not None:
+        say(f"  workload             {gen.transactions} transactions, {gen.events} row changes "
+            f"in {gen.seconds:.1f} s ({gen.transactions / max(gen.seconds, 1e-9):.0f} tx/s, "
+            f"{gen.events / max(gen.seconds, 1e-9):.0f} events/s)")
+        end = progress.last_active_at
+        if end is not None:
+            span = end - generator.started_at
+            say(f"  PostgreSQL -> sinks  {gen.events} events into delta and postgres in "
+                f"{span:.1f} s from the first write to the last sink commit = "
+                f"{gen.events / max(span, 1e-9):.0f} events/s")
+    lat = progress.latencies_ms
+    say(f"  commit-to-sink       p50 {_ms(percentile(lat, 50))}, p99 {_ms(percentile(lat, 99))}"
+        f", max {_ms(max(lat) if lat else None)} over {len(lat)} changes "
+        f"(sink commit time - source commit time)")
+    for job, job_progress, seconds in others:
+        say(f"  {job.name:<20} caught up on the whole history: {job_progress.events} events "
+            f"in {seconds:.1f} s = {job_progress.events / max(seconds, 1e-9):.0f} events/s "
+            f"(Spark session already up)")
+    for result in results:
+        colour = "green" if result.ok else "red"
+        say(f"  verify {result.job:<13} [{colour}]{'OK' if result.ok else 'MISMATCH'}[/{colour}]"
+            f" vs {result.oracle}: " + "; ".join(
+                f"{s.sink} {s.rows} rows, {s.mismatches} mismatches" for s in result.sinks))
+        if not result.ok:
+            say(result.format(5), markup=False)
