@@ -1,0 +1,92 @@
+"""The real local stack for the end-to-end tests, shared by the whole session.
+
+``e2e_stack`` starts it in a temporary directory (``txjoin up``) and wipes it at the end
+(``txjoin down --wipe``). test_stack.py keeps its own module-scoped ``stack`` fixture: it
+stops its stack in a test, so it cannot share this one.
+
+Before any workload runs, a trigger copies every row written to
+``public.orders_expected`` (PostgreSQL's as-of answer, one row per order, overwritten)
+into ``public.orders_expected_history``, so a test can compare the whole sequence of an
+order's versions with the sinks' changelog. Neither table is captured by Debezium.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from txjoin.stack import debezium as debezium_mod
+from txjoin.stack import down, load_stack, up
+from txjoin.stack import postgres as postgres_mod
+from txjoin.stack import stack as stack_mod
+from txjoin.stack.stack import StackInfo
+
+HISTORY_SQL = """
+CREATE TABLE IF NOT EXISTS public.orders_expected_history AS
+    SELECT * FROM public.orders_expected WITH NO DATA;
+CREATE OR REPLACE FUNCTION public.keep_orders_expected_history() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.orders_expected_history SELECT NEW.*;
+    RETURN NEW;
+END
+$$;
+DROP TRIGGER IF EXISTS keep_history ON public.orders_expected;
+CREATE TRIGGER keep_history AFTER INSERT OR UPDATE ON public.orders_expected
+    FOR EACH ROW EXECUTE FUNCTION public.keep_orders_expected_history();
+"""
+
+
+@dataclass(frozen=True)
+class E2EStack:
+    """A running stack: its directory and what ``load_stack`` says about it."""
+
+    directory: Path
+    info: StackInfo
+
+
+@pytest.fixture(scope="session")
+def e2e_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2EStack]:
+    directory = tmp_path_factory.mktemp("e2e-stack")
+    started = time.monotonic()
+    result = up(directory)
+    print(f"\n[e2e] stack up in {time.monotonic() - started:.1f}s")
+    try:
+        with psycopg2.connect(result.info.pg_dsn_source) as conn, conn.cursor() as cur:
+            cur.execute(HISTORY_SQL)
+        conn.close()
+        yield E2EStack(directory, result.info)
+    finally:
+        down(directory, wipe=True)
+
+
+def restart_debezium(directory: Path, *, timeout: float = 120.0) -> float:
+    """Stop the stack's Kafka Connect worker (SIGTERM: it flushes its offsets) and start it
+    again on the same offsets file and replication slot; wait until it streams again.
+
+    Updates the stack's state file so ``load_stack`` keeps finding a healthy stack. Returns
+    the seconds it took.
+    """
+    started = time.monotonic()
+    directory = Path(directory).resolve()
+    with stack_mod._locked(directory):
+        state = stack_mod._read_state(directory)
+        assert state is not None and not state.get("stopped"), f"no stack in {directory}"
+        proc = stack_mod._process(state, "debezium")
+        assert proc is not None
+        debezium_mod.stop_debezium(proc)
+        entry = state["debezium"]
+        dbz = debezium_mod.start_debezium(
+            directory / "connect", state["bootstrap_servers"], int(state["postgres"]["port"]),
+            postgres_mod.DB_USER, postgres_mod.DB_PASSWORD, Path(entry["log"]))
+        entry.update(pid=dbz.process.pid, start_ticks=dbz.process.start_ticks,
+                     status_file=str(dbz.status_file), slot=dbz.slot_name)
+        stack_mod._write_state(directory, state)
+    stack_mod._wait_debezium(state, timeout)
+    assert load_stack(directory) is not None
+    return time.monotonic() - started

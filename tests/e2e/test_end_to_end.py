@@ -1,0 +1,316 @@
+"""End to end: PostgreSQL -> Debezium -> tansu -> `txjoin run` (Spark) -> Delta + PostgreSQL.
+
+The workload races (several writers, bursts of updates to one order, deletes and
+re-inserts, price changes between orders); PostgreSQL records its own as-of answer for
+every order change (``orders_expected``, and the conftest's history of it). The sinks
+must equal that answer after the pipeline drained, and the changelog must hold every
+version of every order exactly once, in commit order, with the xid that made it.
+
+``txjoin run`` runs as a subprocess, as a user runs it; the second test kills it with
+SIGKILL mid-stream, restarts it on the same checkpoint and restarts Debezium while the
+workload still writes. Timings are printed (run with -s), never asserted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from decimal import Decimal
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import psycopg2.extras
+import pytest
+from click.testing import CliRunner
+from deltalake import DeltaTable
+
+from tests.e2e.conftest import E2EStack, restart_debezium
+from txjoin.job import Job, load_job
+from txjoin.scenarios.checks import canonical, show
+from txjoin.sinks.delta import DeltaSink
+from txjoin.sinks.postgres import PostgresSink
+from txjoin.spark.pipeline import RunConfig, build_sinks
+from txjoin.stack.demo import wait_until_captured
+from txjoin.stack.generate import GenerateResult, generate
+from txjoin.stack.verify import VerifyResult, verify, verify_job
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+ORDERS = REPO / "jobs" / "orders.py"
+USERS_COLORS = REPO / "jobs" / "users_colors.py"
+MASTER = "local[2]"
+RUN_TIMEOUT_S = 300
+
+
+# -- running txjoin as a user does ------------------------------------------------------------
+
+
+def txjoin_command(*args: str) -> list[str]:
+    """The installed ``txjoin`` script next to this interpreter (or the same entry point)."""
+    script = Path(sys.executable).with_name("txjoin")
+    if script.exists():
+        return [str(script), *args]
+    return [sys.executable, "-c", "from txjoin.cli import main; main()", *args]
+
+
+@contextlib.contextmanager
+def streaming_run(log: Path, *args: str) -> Any:
+    """``txjoin run`` in the background (its own process group); stopped on the way out."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(txjoin_command("run", *args), stdout=out, stderr=out,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+
+
+def run_until_idle(log: Path, *args: str) -> float:
+    """``txjoin run --until-idle``; fails with the log's tail if it does not exit 0."""
+    started = time.monotonic()
+    with open(log, "ab") as out:
+        done = subprocess.run(txjoin_command("run", "--until-idle", *args), stdout=out,
+                              stderr=out, stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S,
+                              check=False)
+    assert done.returncode == 0, f"txjoin run exited {done.returncode}:\n{tail(log)}"
+    return time.monotonic() - started
+
+
+def tail(log: Path, lines: int = 40) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def run_args(stack: E2EStack, job: Path, work: Path, sink_dsn: str) -> list[str]:
+    return [str(job), "--dir", str(stack.directory), "--master", MASTER,
+            "--checkpoint-dir", str(work / "checkpoints"), "--output-dir", str(work / "output"),
+            "--postgres-dsn", sink_dsn]
+
+
+def fresh_sink_database(stack: E2EStack, name: str) -> str:
+    """A new, empty sink database next to the stack's own (tests do not share tables)."""
+    conn = psycopg2.connect(stack.info.pg_dsn_sink)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        cur.execute(f'CREATE DATABASE "{name}"')
+    conn.close()
+    return stack.info.pg_dsn_sink.rsplit("/", 1)[0] + f"/{name}"
+
+
+class Workload(threading.Thread):
+    """``txjoin generate`` in a thread; ``result`` once joined (errors re-raised)."""
+
+    def __init__(self, stack: E2EStack, rate: float, duration: float, seed: int) -> None:
+        super().__init__(name="e2e-workload", daemon=True)
+        self.args = (stack.info.pg_dsn_source, rate, duration)
+        self.seed = seed
+        self.result: GenerateResult | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = generate(*self.args, seed=self.seed, writers=3)
+        except BaseException as exc:
+            self.error = exc
+
+    def finish(self) -> GenerateResult:
+        self.join(self.args[2] + 120)
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+# -- what the sinks must hold ---------------------------------------------------------------
+
+
+def assert_verified(result: VerifyResult) -> None:
+    print(f"[e2e] {result.summary()}")
+    assert {s.sink for s in result.sinks} == {"delta", "postgres"}
+    assert result.expected > 0
+    assert result.ok, result.format(10)
+
+
+def expected_history(source_dsn: str) -> dict[int, list[dict[str, Any]]]:
+    """Every answer PostgreSQL recorded per order, in commit order."""
+    conn = psycopg2.connect(source_dsn)
+    psycopg2.extras.register_default_jsonb(conn, loads=partial(json.loads, parse_float=Decimal))
+    try:
+        with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+            cur.execute("SELECT * FROM public.orders_expected_history ORDER BY commit_seq_hint")
+            rows = cur.fetchall()
+    finally:
+        conn.close()
+    history: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        history[row["order_id"]].append(dict(row))
+    return history
+
+
+def versions(entries: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """(xid, value or None for absent) -> the versions: each change of value once, with the
+    xid that made it; an order that starts absent has no version for that."""
+    out: list[tuple[int, Any]] = []
+    previous = None
+    for xid, value in entries:
+        if value != previous:
+            out.append((xid, value))
+            previous = value
+    return out
+
+
+def assert_changelog_has_every_version_once(changelog: list[dict[str, Any]], job: Job,
+                                            history: dict[int, list[dict[str, Any]]],
+                                            sink: str) -> None:
+    keys = list(job.output.key)
+    values = list(job.output.columns)
+    seen = Counter((*(r[k] for k in keys), r["_commit_seq"]) for r in changelog)
+    duplicates = [k for k, n in seen.items() if n > 1]
+    assert not duplicates, f"{sink}: (order_id, _commit_seq) written twice: {duplicates[:10]}"
+
+    by_order: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in sorted(changelog, key=lambda r: r["_commit_seq"]):
+        by_order[row["order_id"]].append(row)
+    wrong = []
+    for order_id in sorted(set(by_order) | set(history)):
+        actual = versions([(r["_xid"], None if r["_op"] == "d" else
+                            canonical({c: r[c] for c in values})) for r in by_order[order_id]])
+        expected = versions([(h["xid"], canonical({c: h[c] for c in values})
+                              if h["present"] else None) for h in history.get(order_id, [])])
+        if actual != expected:
+            wrong.append((order_id, expected, actual))
+    assert not wrong, f"{sink}: {len(wrong)} orders whose versions differ, e.g. order " \
+        f"{wrong[0][0]}:\n  expected {show(wrong[0][1])}\n  actual   {show(wrong[0][2])}"
+    print(f"[e2e] {sink} changelog: {len(changelog)} changes, every version of "
+          f"{len(history)} orders exactly once")
+
+
+def sinks_of(job: Job, work: Path, sink_dsn: str) -> list[DeltaSink | PostgresSink]:
+    return build_sinks(job, RunConfig(output_dir=str(work / "output"),
+                                      postgres_dsn=sink_dsn))  # type: ignore[return-value]
+
+
+def assert_orders_changelogs(stack: E2EStack, work: Path, sink_dsn: str) -> None:
+    job = load_job(ORDERS)
+    history = expected_history(stack.info.pg_dsn_source)
+    for sink in sinks_of(job, work, sink_dsn):
+        try:
+            assert_changelog_has_every_version_once(sink.read_changelog(), job, history,
+                                                    sink.name)
+        finally:
+            sink.close()
+
+
+# -- the tests ----------------------------------------------------------------------------------
+
+
+def test_both_jobs_match_postgresql_after_a_racing_workload(e2e_stack: E2EStack,
+                                                            tmp_path: Path) -> None:
+    sink_dsn = fresh_sink_database(e2e_stack, "sink_drained")
+    started = time.monotonic()
+    result = generate(e2e_stack.info.pg_dsn_source, rate_tx_per_s=40, duration_s=60, seed=11,
+                      writers=3)
+    wait_until_captured(e2e_stack.info)
+    print(f"\n[e2e] {result.transactions} tx, {result.events} events in {result.seconds:.0f}s; "
+          f"captured {time.monotonic() - started - result.seconds:.1f}s later")
+
+    for job_file in (ORDERS, USERS_COLORS):
+        seconds = run_until_idle(tmp_path / "run.log",
+                                 *run_args(e2e_stack, job_file, tmp_path, sink_dsn))
+        print(f"[e2e] txjoin run --until-idle {job_file.name}: {seconds:.1f}s")
+        assert_verified(verify_job(load_job(job_file), (e2e_stack.info.pg_dsn_source, sink_dsn),
+                                   tmp_path / "output"))
+    assert_orders_changelogs(e2e_stack, tmp_path, sink_dsn)
+
+    # The command a user runs says the same, with exit code 0.
+    cli = CliRunner().invoke(verify, [str(ORDERS), "--dir", str(e2e_stack.directory),
+                                      "--postgres-dsn", sink_dsn,
+                                      "--output-dir", str(tmp_path / "output")])
+    assert cli.exit_code == 0, cli.output
+    assert "verify: OK" in cli.output
+
+
+def test_kill_9_and_debezium_restart_midstream_change_nothing(e2e_stack: E2EStack,
+                                                               tmp_path: Path) -> None:
+    sink_dsn = fresh_sink_database(e2e_stack, "sink_restarted")
+    log = tmp_path / "run.log"
+    args = run_args(e2e_stack, ORDERS, tmp_path, sink_dsn)
+    changelog = tmp_path / "output" / "orders_enriched" / "changelog"
+    workload = Workload(e2e_stack, rate=40, duration=75, seed=12)
+    started = time.monotonic()
+    workload.start()
+
+    with streaming_run(log, *args) as first:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        # Version 0 is the empty table; version 1 the first micro-batch's changes.
+        while not (DeltaTable.is_deltatable(str(changelog))
+                   and DeltaTable(str(changelog)).version() >= 1):
+            assert first.poll() is None, f"txjoin run died:\n{tail(log)}"
+            assert time.monotonic() < deadline, f"no Delta commit yet:\n{tail(log)}"
+            time.sleep(0.2)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
+    killed_at = time.monotonic() - started
+    assert workload.is_alive(), "the workload ended before the kill: lengthen it"
+    print(f"\n[e2e] killed txjoin run (SIGKILL) at {killed_at:.0f}s, Delta changelog at "
+          f"version {DeltaTable(str(changelog)).version()}")
+
+    with streaming_run(log, *args) as second:
+        time.sleep(5)
+        restart_s = restart_debezium(e2e_stack.directory)
+        print(f"[e2e] Debezium restarted in {restart_s:.1f}s at "
+              f"{time.monotonic() - started:.0f}s")
+        assert workload.is_alive(), "the workload ended before Debezium restarted"
+        result = workload.finish()
+        wait_until_captured(e2e_stack.info)
+        assert second.poll() is None, f"the restarted txjoin run died:\n{tail(log)}"
+        # Ctrl-C: the query stops at a batch boundary; --until-idle then drains the rest.
+        os.killpg(second.pid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            second.wait(60)
+    print(f"[e2e] workload: {result.transactions} tx, {result.events} events")
+
+    seconds = run_until_idle(log, *args)
+    print(f"[e2e] drained with --until-idle in {seconds:.1f}s")
+    assert_verified(verify_job(load_job(ORDERS), (e2e_stack.info.pg_dsn_source, sink_dsn),
+                               tmp_path / "output"))
+    assert_orders_changelogs(e2e_stack, tmp_path, sink_dsn)
+
+    # users/colours over the same topics, which now hold Debezium's restart.
+    run_until_idle(log, *run_args(e2e_stack, USERS_COLORS, tmp_path, sink_dsn))
+    assert_verified(verify_job(load_job(USERS_COLORS), (e2e_stack.info.pg_dsn_source, sink_dsn),
+                               tmp_path / "output"))
+
+
+def test_verify_exits_2_without_a_stack_or_oracle(tmp_path: Path) -> None:
+    result = CliRunner().invoke(verify, [str(ORDERS), "--dir", str(tmp_path / "none")])
+    assert result.exit_code == 2 and "no local stack" in result.output
+
+
+def test_verify_exits_1_and_names_the_rows_when_a_sink_is_wrong(e2e_stack: E2EStack,
+                                                                tmp_path: Path) -> None:
+    # Nothing ran into this output directory or sink database: every expected row is missing.
+    sink_dsn = fresh_sink_database(e2e_stack, "sink_empty")
+    with psycopg2.connect(e2e_stack.info.pg_dsn_source) as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM public.orders_expected WHERE present")
+        (present,) = cur.fetchone()
+    conn.close()
+    if not present:
+        pytest.skip("no orders yet (runs after the workload tests)")
+    result = CliRunner().invoke(verify, [str(ORDERS), "--dir", str(e2e_stack.directory),
+                                         "--postgres-dsn", sink_dsn, "--show", "2",
+                                         "--output-dir", str(tmp_path / "output")])
+    assert result.exit_code == 1, result.output
+    assert f"missing ({present})" in result.output and "no Delta table" in result.output
