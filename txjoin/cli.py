@@ -34,7 +34,7 @@ def _worker_error(exc: BaseException) -> TxjoinError | None:
     import txjoin.errors as errors
 
     cls = getattr(errors, match.group(1), TxjoinError)
-    err = TxjoinError.__new__(cls if isinstance(cls, type) else TxjoinError)
+    err: TxjoinError = TxjoinError.__new__(cls if isinstance(cls, type) else TxjoinError)
     Exception.__init__(err, match.group(2).strip())
     return err
 

@@ -127,8 +127,8 @@ class TemporalJoin:
             facts |= self._affected_facts(changed)
         out: list[OutputChange] = []
         for key in sorted(facts, key=repr):
-            row = self.rows[self.job.fact].get(key)
-            new = self.evaluate(row) if row is not None else None
+            fact_row = self.rows[self.job.fact].get(key)
+            new = self.evaluate(fact_row) if fact_row is not None else None
             old = self.outputs.get(key)
             if new == old:
                 continue
@@ -147,9 +147,9 @@ class TemporalJoin:
         rows = self.rows[event.table]
         where = f"{event.position}:"
         if event.op == "t":
-            for pk, old in list(rows.items()):
-                self._remove(event.table, pk, old)
-                yield event.table, old
+            for pk, gone in list(rows.items()):
+                self._remove(event.table, pk, gone)
+                yield event.table, gone
             return
         try:
             # Only the key of `before` matters: the previous version comes from our state.
@@ -161,10 +161,10 @@ class TemporalJoin:
                               topic=event.position.topic, partition=event.position.partition,
                               offset=event.position.offset) from None
         if event.op == "d":
-            old = rows.get(before_key) if before_key is not None else None
-            if old is not None:
-                self._remove(event.table, before_key, old)  # type: ignore[arg-type]
-                yield event.table, old
+            deleted = rows.get(before_key) if before_key is not None else None
+            if deleted is not None:
+                self._remove(event.table, before_key, deleted)  # type: ignore[arg-type]
+                yield event.table, deleted
             return  # deleting a row we never saw: nothing to do
         assert after is not None
         pk = table.key_of(after)

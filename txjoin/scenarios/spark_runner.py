@@ -89,8 +89,8 @@ def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | N
                 sink.close()
     failures: list[str] = []
     for name, obs in seen.items():
-        sink = next((s for s in sinks if s.name == name), None)
-        obs.changelog = sink.read_changelog() if sink is not None else []
+        owner = next((s for s in sinks if s.name == name), None)
+        obs.changelog = owner.read_changelog() if owner is not None else []
         obs.error = error
         failures.extend(f"[{name} sink] {f}" for f in check_scenario(scenario, schedule, obs))
     for sink in sinks:

@@ -118,8 +118,9 @@ def make_state_function(job: Job, policy: IncompletePolicy, prefix: str
 
 
 def _changes_frame(changes: list[OutputChange], info: dict[str, Any]) -> pd.DataFrame:
-    rows = [("change", n, json.dumps(list(ch.key), default=str), row_to_json(ch.row), ch.op,
-             ch.commit_seq, ch.xid, ch.commit_ts_ms, None) for n, ch in enumerate(changes)]
+    rows: list[tuple[Any, ...]] = [
+        ("change", n, json.dumps(list(ch.key), default=str), row_to_json(ch.row), ch.op,
+         ch.commit_seq, ch.xid, ch.commit_ts_ms, None) for n, ch in enumerate(changes)]
     rows.append(("progress", len(changes), None, None, None, info["commit_seq"], None, None,
                  json.dumps(info)))
     return pd.DataFrame(rows, columns=["kind", "seq", "key", "row", "op", "commit_seq", "xid",

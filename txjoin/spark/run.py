@@ -44,7 +44,7 @@ def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None]
             query.awaitTermination()
         else:
             while query.isActive and not (stop is not None and stop.is_set()):
-                query.awaitTermination(0.5)
+                query.awaitTermination(1)
     except KeyboardInterrupt:
         click.echo("stopping (the checkpoint keeps the progress; run again to resume)")
     finally:
