@@ -8,55 +8,17 @@ one-paragraph message and the error's exit code, never a traceback.
 
 from __future__ import annotations
 
-import functools
-import re
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 
-from txjoin.errors import ConfigError, TxjoinError
-
-F = TypeVar("F", bound=Callable[..., Any])
+from txjoin.errors import ConfigError, TxjoinError, cli_errors
 
 DEFAULT_DIR = ".txjoin"
 
 
-def _worker_error(exc: BaseException) -> TxjoinError | None:
-    """A txjoin error raised inside a Spark Python worker, recovered from the JVM's message."""
-    text = str(exc)
-    match = re.search(r"txjoin\.errors\.(\w+): (.+?)(?:\n\n|\n\tat |\nJVM stacktrace|$)", text,
-                      re.S)
-    if match is None:
-        return None
-    import txjoin.errors as errors
 
-    cls = getattr(errors, match.group(1), TxjoinError)
-    err: TxjoinError = TxjoinError.__new__(cls if isinstance(cls, type) else TxjoinError)
-    Exception.__init__(err, match.group(2).strip())
-    return err
-
-
-def handle_errors(fn: F) -> F:
-    """Turn known errors into a clean message and exit code (pyiceberg's habit)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except TxjoinError as exc:
-            click.secho(f"error: {exc}", fg="red", err=True)
-            sys.exit(exc.exit_code)
-        except Exception as exc:
-            recovered = _worker_error(exc)
-            if recovered is None:
-                raise
-            click.secho(f"error: {recovered}", fg="red", err=True)
-            sys.exit(recovered.exit_code)
-
-    return wrapper  # type: ignore[return-value]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -113,7 +75,7 @@ def _env(name: str) -> str:
 @click.option("--dir", "directory", envvar=_env("DIR"), show_envvar=True, default=DEFAULT_DIR,
               show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Local stack directory (state, logs, default checkpoints and output).")
-@handle_errors
+@cli_errors
 def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         starting_offsets: str, trigger_interval: str, max_events_per_trigger: int | None,
         checkpoint_dir: str | None, output_dir: str | None, master: str,

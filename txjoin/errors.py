@@ -7,6 +7,14 @@ file/line, table/column) and what to do about it. The CLI turns any
 
 from __future__ import annotations
 
+import functools
+import re
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
 
 class TxjoinError(Exception):
     """Base class of every error txjoin raises on purpose."""
@@ -56,3 +64,38 @@ class ScenarioError(TxjoinError):
     """An invalid scenario file (exit code 2 of `txjoin replay`)."""
 
     exit_code = 2
+
+
+def from_worker(exc: BaseException) -> TxjoinError | None:
+    """A txjoin error raised inside a Spark Python worker, recovered from the JVM's message."""
+    match = re.search(r"txjoin\.errors\.(\w+): (.+?)(?:\n\n|\n\tat |\nJVM stacktrace|$)",
+                      str(exc), re.S)
+    if match is None:
+        return None
+    cls = globals().get(match.group(1))
+    if not (isinstance(cls, type) and issubclass(cls, TxjoinError)):
+        cls = TxjoinError
+    err: TxjoinError = cls.__new__(cls)
+    Exception.__init__(err, match.group(2).strip())
+    return err
+
+
+def cli_errors(fn: F) -> F:
+    """Known errors (also from Spark workers) end with one red line and their exit code."""
+    import click
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TxjoinError as exc:
+            click.secho(f"error: {exc}", fg="red", err=True)
+            sys.exit(exc.exit_code)
+        except Exception as exc:
+            recovered = from_worker(exc)
+            if recovered is None:
+                raise
+            click.secho(f"error: {recovered}", fg="red", err=True)
+            sys.exit(recovered.exit_code)
+
+    return wrapper  # type: ignore[return-value]

@@ -18,7 +18,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from txjoin.errors import TxjoinError
+from txjoin.errors import TxjoinError, from_worker
 from txjoin.scenarios.checks import RunObservation, ScenarioReport, check_scenario
 from txjoin.scenarios.schedule import ReplayBatch, Restart, compile_schedule
 from txjoin.scenarios.spec import Scenario
@@ -102,9 +102,7 @@ def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | N
 
 
 def _message(exc: BaseException) -> str:
-    from txjoin.cli import _worker_error
-
-    recovered = exc if isinstance(exc, TxjoinError) else _worker_error(exc)
+    recovered = exc if isinstance(exc, TxjoinError) else from_worker(exc)
     if recovered is not None:
         return f"{type(recovered).__name__}: {recovered}"
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

@@ -61,6 +61,17 @@ def check_changes_schema(schema: pa.Schema, key_columns: list[str], where: str) 
         raise ConfigError(f"{where}: at least one key column is needed to merge by key")
 
 
+def conform(changes: pa.Table, schema: pa.Schema, where: str, batch_id: int) -> pa.Table:
+    """``changes`` in the sink's declared column order and types, or a clear error."""
+    if changes.schema == schema:
+        return changes
+    try:
+        return changes.select(schema.names).cast(schema)
+    except (KeyError, ValueError, pa.ArrowInvalid) as exc:
+        raise ConfigError(f"{where}: batch {batch_id} does not match the declared schema "
+                          f"{schema}: {exc}") from exc
+
+
 def current_schema(schema: pa.Schema) -> pa.Schema:
     """Schema of the current table: the changes schema without ``_op``."""
     return schema.remove(schema.get_field_index(OP))

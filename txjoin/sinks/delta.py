@@ -27,6 +27,7 @@ from txjoin.sinks import (
     OP,
     OP_DELETE,
     check_changes_schema,
+    conform,
     current_schema,
     last_change_per_key,
     sort_rows,
@@ -89,12 +90,7 @@ class DeltaSink:
 
     def write(self, batch_id: int, changes: pa.Table) -> bool:
         """Append ``changes`` to the changelog, then merge them into the current table."""
-        if changes.schema != self.schema:
-            try:
-                changes = changes.select(self.schema.names).cast(self.schema)
-            except (KeyError, ValueError, pa.ArrowInvalid) as exc:
-                raise ConfigError(f"delta sink {self.table!r}: batch {batch_id} does not match "
-                                  f"the declared schema {self.schema}: {exc}") from exc
+        changes = conform(changes, self.schema, f"delta sink {self.table!r}", batch_id)
         wrote = False
         changelog = self._open(self.changelog_path, self.schema)
         if _applied(changelog, self.changelog_app_id) < batch_id:

@@ -36,6 +36,7 @@ from txjoin.sinks import (
     OP,
     OP_DELETE,
     check_changes_schema,
+    conform,
     current_schema,
     last_change_per_key,
     sort_rows,
@@ -252,12 +253,7 @@ class PostgresSink:
 
     def write(self, batch_id: int, changes: pa.Table) -> bool:
         """Apply one micro-batch and its progress in one transaction; False on replay."""
-        if changes.schema != self.schema:
-            try:
-                changes = changes.select(self.schema.names).cast(self.schema)
-            except (KeyError, ValueError, pa.ArrowInvalid) as exc:
-                raise ConfigError(f"postgres sink {self.table!r}: batch {batch_id} does not "
-                                  f"match the declared schema {self.schema}: {exc}") from exc
+        changes = conform(changes, self.schema, f"postgres sink {self.table!r}", batch_id)
         try:
             with self._conn, self._conn.cursor() as cur:
                 self._ensure_tables(cur)

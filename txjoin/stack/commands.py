@@ -6,41 +6,18 @@ Errors are ``TxjoinError``s, which the main CLI turns into a message and an exit
 
 from __future__ import annotations
 
-import functools
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from txjoin.errors import ServiceError, TxjoinError
+from txjoin.errors import ServiceError, cli_errors
 from txjoin.stack import stack as stack_mod
 from txjoin.stack.generate import generate as generate_workload
 
 _console = Console()
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _clean_errors(fn: F) -> F:
-    """Known errors end with one red line and their exit code, never a traceback.
-
-    The same habit as txjoin.cli's ``handle_errors``, kept local so this module does not
-    import the CLI that imports it.
-    """
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except TxjoinError as exc:
-            click.secho(f"error: {exc}", fg="red", err=True)
-            sys.exit(exc.exit_code)
-
-    return wrapper  # type: ignore[return-value]
 
 _dir_option = click.option(
     "--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
@@ -53,7 +30,7 @@ _dir_option = click.option(
 @click.option("--broker-port", type=int, default=None, help="Broker port (default: a free one).")
 @click.option("--timeout", type=float, default=180.0, show_default=True,
               help="Seconds each component may take to become healthy.")
-@_clean_errors
+@cli_errors
 def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: float) -> None:
     """Start PostgreSQL, the tansu broker and Debezium (Kafka Connect) in the background."""
     result = stack_mod.up(directory, pg_port=pg_port, broker_port=broker_port, timeout=timeout,
@@ -70,7 +47,7 @@ def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: f
 @click.command()
 @_dir_option
 @click.option("--wipe", is_flag=True, help="Also remove data, logs and the state file.")
-@_clean_errors
+@cli_errors
 def down(directory: Path, wipe: bool) -> None:
     """Stop the processes `up` started (only those)."""
     stopped = stack_mod.down(directory, wipe=wipe)
@@ -81,7 +58,7 @@ def down(directory: Path, wipe: bool) -> None:
 
 @click.command()
 @_dir_option
-@_clean_errors
+@cli_errors
 def status(directory: Path) -> None:
     """Show each component's pid, port and health."""
     components = stack_mod.status(directory)
@@ -107,7 +84,7 @@ def status(directory: Path) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--writers", type=int, default=1, show_default=True,
               help="Concurrent connections (serialised per transaction by an advisory lock).")
-@_clean_errors
+@cli_errors
 def generate(directory: Path, dsn: str | None, rate: float, duration: float, seed: int,
              writers: int) -> None:
     """Drive the pizzeria workload (and users/colours) against the source database."""
