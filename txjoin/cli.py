@@ -182,24 +182,18 @@ def replay(files: tuple[Path, ...], as_json: bool, postgres_dsn: str | None,
     sys.exit(1 if failed else 0)
 
 
-def _register_bench() -> None:
+def _register_commands() -> None:
+    """Commands that live next to what they drive: bench, the local stack, verify, demo."""
     from txjoin.bench import bench
+    from txjoin.stack.commands import down, generate, status, up
+    from txjoin.stack.demo import demo
+    from txjoin.stack.verify import verify
 
-    main.add_command(bench, "bench")
-
-
-_register_bench()
-
-
-def _register_stack_commands() -> None:
-    try:
-        from txjoin.stack import commands
-    except ImportError:  # pragma: no cover - the stack extra is optional
-        return
-    for name in ("up", "down", "status", "generate", "verify", "demo"):
-        cmd = getattr(commands, name, None)
-        if isinstance(cmd, click.Command):
-            main.add_command(cmd, name)
+    for cmd in (bench, up, down, status, generate, verify, demo):
+        main.add_command(cmd)
 
 
-_register_stack_commands()
+_register_commands()
+
+if __name__ == "__main__":
+    main()

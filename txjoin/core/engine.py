@@ -178,11 +178,12 @@ class Engine:
         version, state = pickle.loads(blob)
         if version != STATE_VERSION:
             raise ValueError(f"engine state version {version} is not {STATE_VERSION}")
-        engine = cls.__new__(cls)
+        # Start from a fresh engine so that attributes added since the state was
+        # written keep their defaults (an older checkpoint still restores).
+        engine = cls(job)
         join_state = state.pop("join")
         engine.__dict__.update(state)
         engine.job = job
-        engine.join = TemporalJoin.__new__(TemporalJoin)
         engine.join.__dict__.update(join_state)
         engine.join.job = job
         return engine

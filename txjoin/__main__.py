@@ -1,0 +1,5 @@
+"""``python -m txjoin`` = the ``txjoin`` command."""
+
+from txjoin.cli import main
+
+main()
