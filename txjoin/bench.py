@@ -68,7 +68,8 @@ class RssSampler:
         self._thread.join()
 
 
-def _produce(bootstrap: str, records: list[tuple[str, str | None, str | None]]) -> float:
+def produce(bootstrap: str, records: list[tuple[str, str | None, str | None]]) -> float:
+    """Write records with one record per produce batch (tansu's watermark defect); seconds."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.size": 1,
@@ -123,7 +124,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
         bootstrap = broker.bootstrap_servers
         topics = list(synth.topics)
         create_topics(bootstrap, topics)
-        produce_s = _produce(bootstrap, records)
+        produce_s = produce(bootstrap, records)
         result["produce_records_per_s"] = round(len(records) / produce_s)
         click.echo(f"produced in {produce_s:.1f}s")
         spark = get_session(master, app_name="txjoin-bench")
