@@ -45,12 +45,19 @@ def _produce(bootstrap: str, topic: str, values: list[str | None]) -> None:
         producer.flush(10)
 
 
-def _run(df: DataFrame, checkpoint: Path) -> list[list[tuple]]:
-    """Run ``df`` to the end of what is available now; rows of each non-empty micro-batch."""
+def _run(df: DataFrame, checkpoint: Path,
+         caught_up: list[set[str]] | None = None) -> list[list[tuple]]:
+    """Run ``df`` to the end of what is available now; records of each non-empty micro-batch.
+
+    Caught-up marker rows (offset -1) are collected apart, one set of topics per batch.
+    """
     batches: list[list[tuple]] = []
 
     def collect(batch: DataFrame, batch_id: int) -> None:
-        rows = [tuple(r) for r in batch.collect()]
+        everything = [tuple(r) for r in batch.collect()]
+        rows = [r for r in everything if r[2] >= 0]
+        if caught_up is not None:
+            caught_up.append({r[0] for r in everything if r[2] < 0})
         if rows:
             batches.append(rows)
 
@@ -74,8 +81,11 @@ def test_every_record_arrives_exactly_once_with_its_position(
     _produce(bootstrap, orders, [*_values(5, "o"), None])  # a tombstone at offset 5
     _produce(bootstrap, customers, _values(3, "c"))
 
-    batches = _run(read_stream(spark, bootstrap, [orders, customers]), tmp_path / "cp")
+    caught: list[set[str]] = []
+    batches = _run(read_stream(spark, bootstrap, [orders, customers]), tmp_path / "cp", caught)
 
+    # Read to the end in one batch: both topics are reported caught up with it.
+    assert caught[-1] == {orders, customers}
     rows = sorted(r for batch in batches for r in batch)
     assert [(r[0], r[1], r[2], r[4]) for r in rows] == sorted(
         [(orders, 0, i, v) for i, v in enumerate([*_values(5, "o"), None])]
@@ -91,9 +101,13 @@ def test_max_events_per_trigger_splits_into_several_batches_and_restart_resumes(
     _produce(bootstrap, customers, _values(3, "c"))
     checkpoint = tmp_path / "cp"
 
-    first = _run(read_stream(spark, bootstrap, [orders, customers], max_events=4), checkpoint)
+    caught: list[set[str]] = []
+    first = _run(read_stream(spark, bootstrap, [orders, customers], max_events=4), checkpoint,
+                 caught)
 
     assert len(first) >= 3
+    # A topic cut short by the limit is not caught up; the last batch reads both to the end.
+    assert orders not in caught[0] and caught[-1] == {orders, customers}
     assert all(len(batch) <= 4 for batch in first)
     # Both topics have data from the first batch on: neither waits for the other.
     assert {r[0] for r in first[0]} == {orders, customers}
