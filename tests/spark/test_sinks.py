@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 from tests.fixtures.postgres import free_port, running_postgres
-from txjoin.errors import ServiceError
+from txjoin.errors import ConfigError, ServiceError
 from txjoin.sinks import Sink
 from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.postgres import PostgresSink, mask_dsn
@@ -244,3 +244,9 @@ def test_mask_dsn_hides_passwords_in_both_dsn_forms() -> None:
     assert mask_dsn("host=h password='a b' user=u") == "host=h password=*** user=u"
     assert mask_dsn("host=h password=abc user=u") == "host=h password=*** user=u"
     assert mask_dsn("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+def test_postgres_refuses_a_table_name_that_would_be_truncated(dsn: str) -> None:
+    # 63-byte identifiers: `<table>_changelog` would be cut to the same name as `<table>`.
+    with pytest.raises(ConfigError, match="too long"):
+        PostgresSink(dsn, "t" * 60, "job", ["order_id"], SCHEMA)

@@ -11,6 +11,7 @@ Every sink's observations are checked separately against the scenario.
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 import time
 from pathlib import Path
@@ -51,7 +52,8 @@ def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | N
             count += 1
     ends.append(count)
 
-    pg_schema = f"{job.name}_{scenario.name}".replace("-", "_")[:40]
+    # Scenarios share one sink database: a short, stable suffix per scenario.
+    pg_schema = "s" + hashlib.sha1(scenario.name.encode()).hexdigest()[:8]
     config = RunConfig(topic_prefix=scenario.topic_prefix,
                        checkpoint_dir=str(work / "checkpoints"), output_dir=str(work / "output"),
                        postgres_dsn=postgres_dsn)

@@ -173,6 +173,9 @@ def _to_pg(t: pa.DataType) -> Callable[[Any], Any]:
     return lambda v: v
 
 
+MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1
+
+
 class PostgresSink:
     """Output tables in PostgreSQL via psycopg2; see the module docstring."""
 
@@ -181,6 +184,12 @@ class PostgresSink:
     def __init__(self, dsn: str, table: str, job: str, key_columns: list[str],
                  schema: pa.Schema) -> None:
         check_changes_schema(schema, key_columns, f"postgres sink for table {table!r}")
+        if len(f"{table}_changelog".encode()) > MAX_IDENTIFIER_BYTES:
+            # PostgreSQL would silently truncate both names to the same relation.
+            raise ConfigError(
+                f"postgres sink: table name {table!r} is too long: with '_changelog' it exceeds "
+                f"PostgreSQL's {MAX_IDENTIFIER_BYTES}-byte identifiers; use at most "
+                f"{MAX_IDENTIFIER_BYTES - len('_changelog')} bytes (Output(table=...) in the job)")
         self.dsn_masked = mask_dsn(dsn)
         self._secret = _password(dsn)
         self.table, self.changelog_table, self.job = table, f"{table}_changelog", job

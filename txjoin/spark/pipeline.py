@@ -163,7 +163,8 @@ def build_sinks(job: Job, config: RunConfig, spark: SparkSession | None = None,
 
         table, name = job.output.table, job.name
         if pg_table_suffix:
-            table, name = f"{table}_{pg_table_suffix}", f"{name}:{pg_table_suffix}"
+            table = f"{table[:63 - len('_changelog') - len(pg_table_suffix) - 1]}_{pg_table_suffix}"
+            name = f"{name}:{pg_table_suffix}"
         sinks.append(PostgresSink(config.postgres_dsn, table, name, keys, schema))
     return sinks
 
