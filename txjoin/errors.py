@@ -75,8 +75,10 @@ def from_worker(exc: BaseException) -> TxjoinError | None:
     cls = globals().get(match.group(1))
     if not (isinstance(cls, type) and issubclass(cls, TxjoinError)):
         cls = TxjoinError
+    # Spark appends its SQLSTATE and a dump of the query after the Python message.
+    message = re.split(r"\s+SQLSTATE:|\n=== Streaming Query ===", match.group(2))[0]
     err: TxjoinError = cls.__new__(cls)
-    Exception.__init__(err, match.group(2).strip())
+    Exception.__init__(err, message.strip())
     return err
 
 

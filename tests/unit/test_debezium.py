@@ -187,3 +187,4 @@ def test_schemas_enable_true_payload_decodes_like_the_plain_value() -> None:
     assert wrapped == plain
     with pytest.raises(DecodeError, match=r"shop\.public\.pizzas\[3\]@42.*payload"):
         decode(json.dumps({"schema": {}, "payload": [1]}), HERE)
+
