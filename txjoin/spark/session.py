@@ -33,6 +33,9 @@ def default_conf(shuffle_partitions: int = 2) -> dict[str, str]:
         # Small local jobs: the default 200 shuffle partitions means 200 tiny
         # tasks (and 200 state store instances) per stateful micro-batch.
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        # The engine's state is one value rewritten every batch: keep fewer old versions
+        # on disk than the default 100 (recovery needs only the last few).
+        "spark.sql.streaming.minBatchesToRetain": "20",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
     }
