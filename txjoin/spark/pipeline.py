@@ -22,6 +22,7 @@ skip if they already hold them: nothing lost, nothing applied twice.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import time
 import uuid
@@ -115,10 +116,14 @@ def make_state_function(job: Job, policy: IncompletePolicy, prefix: str
     def process(key: Any, frames: Iterator[pd.DataFrame], state: GroupState
                 ) -> Iterator[pd.DataFrame]:
         started = time.perf_counter()
+        # Through the imported module: a global captured by this (pickled) closure
+        # would arrive as a fresh copy with every task.
+        engines: dict[str, tuple[bytes, Engine]] = importlib.import_module(__name__)._ENGINES
         blob = state.get[0] if state.exists else None
-        cached = _ENGINES.pop(token, None)
-        if cached is not None and blob is not None and cached[0] == _digest(blob):
-            engine = cached[1]
+        cached = engines.pop(token, None)
+        reused = cached is not None and blob is not None and cached[0] == _digest(blob)
+        if reused:
+            engine = cached[1]  # type: ignore[index]
         else:
             engine = Engine.from_state(job, blob) if blob is not None else Engine(job, policy)
         restored = time.perf_counter()
@@ -131,13 +136,13 @@ def make_state_function(job: Job, policy: IncompletePolicy, prefix: str
         processed = time.perf_counter()
         saved = engine.state_bytes()
         state.update((saved,))
-        _ENGINES[token] = (_digest(saved), engine)
+        engines[token] = (_digest(saved), engine)
         info = {"records": int((~markers).sum()), "commit_seq": engine.commit_seq,
                 "snapshot_done": engine.assembler.snapshot.done,
                 "snapshot_released": engine.snapshot_released, "waiting": engine.waiting,
                 "released": engine.stats.transactions_released - released_before,
                 "duplicates": engine.assembler.duplicates,
-                "skipped": list(engine.frontier.skipped),
+                "skipped": list(engine.frontier.skipped), "engine_reused": reused,
                 "seconds": {"state_restore": restored - started, "engine": processed - processing,
                             "state_save": time.perf_counter() - processed}}
         yield _changes_frame(changes, info)
