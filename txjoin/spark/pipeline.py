@@ -39,7 +39,7 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from txjoin.core.assembly import IncompletePolicy
-from txjoin.core.engine import Engine
+from txjoin.core.engine import TRANSACTION_STREAM, Engine
 from txjoin.core.join import OutputChange
 from txjoin.core.output import changes_to_table, output_schema, row_from_json, row_to_json
 from txjoin.job import Job
@@ -103,10 +103,17 @@ class BatchReport:
     finished_at: float = 0.0
 
 
-def make_state_function(job: Job, policy: IncompletePolicy, prefix: str
+def make_state_function(job: Job, policy: IncompletePolicy, prefix: str,
+                        always_caught_up: bool = False
                         ) -> Callable[[Any, Iterator[pd.DataFrame], GroupState],
                                       Iterator[pd.DataFrame]]:
-    """The function Spark calls (once per micro-batch) with all the batch's records."""
+    """The function Spark calls (once per micro-batch) with all the batch's records.
+
+    ``always_caught_up``: the source reads every topic to its end in every batch
+    but sends no caught-up markers (Spark's native ``kafka`` format without a
+    per-trigger limit).
+    """
+    every_stream = {*job.table_names, TRANSACTION_STREAM}
 
     token = uuid.uuid4().hex  # one per query start: a restarted query never reuses a cache
 
@@ -129,7 +136,7 @@ def make_state_function(job: Job, policy: IncompletePolicy, prefix: str
         restored = time.perf_counter()
         frame = pd.concat(list(frames), ignore_index=True)
         markers = frame["offset"] < 0
-        caught = tables_of(frame.loc[markers, "topic"])
+        caught = every_stream if always_caught_up else tables_of(frame.loc[markers, "topic"])
         released_before = engine.stats.transactions_released
         processing = time.perf_counter()
         changes = engine.process(frame.loc[~markers], caught_up=caught)
@@ -175,6 +182,16 @@ def decode_batch(job: Job, frame: pd.DataFrame) -> tuple[pa.Table, dict[str, Any
     return changes_to_table(job, changes, rows), info
 
 
+def native_kafka_available(spark: SparkSession) -> bool:
+    """Whether Spark's own ``kafka`` format (spark-sql-kafka) is on the classpath."""
+    try:
+        spark._jvm.org.apache.spark.util.Utils.classForName(  # type: ignore[union-attr]
+            "org.apache.spark.sql.kafka010.KafkaSourceProvider", True, False)
+        return True
+    except Exception:
+        return False
+
+
 def build_sinks(job: Job, config: RunConfig, spark: SparkSession | None = None,
                 pg_table_suffix: str | None = None) -> list[Sink]:
     """Delta always (delta-spark when the session has its extension, else delta-rs);
@@ -214,6 +231,7 @@ class Pipeline:
         self.on_batch = on_batch
         self.reports: list[BatchReport] = []
         self.schema = output_schema(job)
+        self.always_caught_up = False  # set when the native kafka format is the source
 
     @property
     def checkpoint(self) -> str:
@@ -228,14 +246,40 @@ class Pipeline:
                               "TXJOIN_BOOTSTRAP_SERVERS), or start the local stack with "
                               "`txjoin up`")
         prefix = self.config.topic_prefix
-        return read_stream(self.spark, self.config.bootstrap_servers,
-                           [*self.job.topics(prefix), f"{prefix}.transaction"],
+        topics = [*self.job.topics(prefix), f"{prefix}.transaction"]
+        if self.config.max_events_per_trigger is None and native_kafka_available(self.spark):
+            return self._native_kafka_source(topics, f"{prefix}.transaction")
+        return read_stream(self.spark, self.config.bootstrap_servers, topics,
                            transaction_topic=f"{prefix}.transaction",
                            starting_offsets=self.config.starting_offsets,
                            max_events=self.config.max_events_per_trigger)
 
+    def _native_kafka_source(self, topics: list[str], transaction_topic: str) -> DataFrame:
+        """Spark's own ``kafka`` format, when spark-sql-kafka is on the classpath.
+
+        Only without a per-trigger limit: then every batch reads every topic to the
+        end offsets of its planning, which is what the core's caught-up rule needs
+        and this format cannot report. Not testable here (the jar is unreachable).
+        """
+        from txjoin.spark.sources.kafka import KafkaSourceConfig, KafkaStreamReader
+
+        assert self.config.bootstrap_servers is not None
+        # Same checks as txjoin_kafka: the topics exist, the transaction topic has one
+        # partition, the brokers answer.
+        KafkaStreamReader(KafkaSourceConfig(self.config.bootstrap_servers, tuple(topics),
+                                            transaction_topic=transaction_topic)).initialOffset()
+        self.always_caught_up = True
+        return (self.spark.readStream.format("kafka")
+                .option("kafka.bootstrap.servers", self.config.bootstrap_servers)
+                .option("subscribe", ",".join(topics))
+                .option("startingOffsets", self.config.starting_offsets)
+                .option("failOnDataLoss", "true").load()
+                .selectExpr("topic", "partition", "offset", "CAST(key AS STRING) AS key",
+                            "CAST(value AS STRING) AS value", "timestamp"))
+
     def build(self, source: DataFrame) -> DataFrame:
-        fn = make_state_function(self.job, self.config.policy, self.config.topic_prefix)
+        fn = make_state_function(self.job, self.config.policy, self.config.topic_prefix,
+                                 always_caught_up=self.always_caught_up)
         return (source.withColumn("_group", F.lit(0))
                 .groupBy("_group")
                 .applyInPandasWithState(fn, OUTPUT_SCHEMA, STATE_SCHEMA, "append",
