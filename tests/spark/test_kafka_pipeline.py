@@ -20,6 +20,7 @@ from txjoin.job import load_job
 from txjoin.scenarios.checks import check_exactly_once, check_final
 from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
+from txjoin.sinks import without_metadata
 from txjoin.spark.pipeline import Pipeline, RunConfig, build_sinks
 from txjoin.spark.sources.kafka import register_kafka_source
 
@@ -62,7 +63,7 @@ def test_pipeline_over_kafka_in_small_batches_resumes_and_matches_the_oracle(
     assert len(sinks) == 2
     expected = outputs_after_each(job, snapshot, txs)
     for sink in sinks:
-        rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in sink.read_current()]
+        rows = [without_metadata(r) for r in sink.read_current()]
         result = check_final(rows, expected[first], ["order_id"])
         assert result.ok, f"{sink.name} after the first half: {result.message}"
 
@@ -73,7 +74,7 @@ def test_pipeline_over_kafka_in_small_batches_resumes_and_matches_the_oracle(
     sinks = drain()
     for sink in sinks:
         current = sink.read_current()
-        rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in current]
+        rows = [without_metadata(r) for r in current]
         result = check_final(rows, expected[-1], ["order_id"])
         assert result.ok, f"{sink.name} at the end: {result.message}"
         once = check_exactly_once(sink.read_changelog(), ["order_id"], current)

@@ -26,6 +26,7 @@ from txjoin.scenarios.spark_runner import run_scenario_spark
 from txjoin.scenarios.spec import load_scenario
 from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
+from txjoin.sinks import without_metadata
 from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.postgres import PostgresSink
 from txjoin.spark.pipeline import RunConfig, build_sinks
@@ -147,8 +148,7 @@ def test_kill_9_and_restart_loses_nothing_and_applies_nothing_twice(pg_dsn: str,
     sinks = build_sinks(job, config)
     assert isinstance(sinks[0], DeltaSink) and isinstance(sinks[1], PostgresSink)
     for sink in sinks:
-        current = [{k: v for k, v in r.items() if not k.startswith("_")}
-                   for r in sink.read_current()]
+        current = [without_metadata(r) for r in sink.read_current()]
         result = check_final(current, expected, ["order_id"])
         assert result.ok, f"{sink.name}: {result.message}"
         once = check_exactly_once(sink.read_changelog(), ["order_id"], sink.read_current())

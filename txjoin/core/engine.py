@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -40,7 +40,6 @@ class EngineStats:
     transactions_released: int = 0
     changes_emitted: int = 0
     batches: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Engine:

@@ -89,16 +89,22 @@ def row_from_json(text: str | None) -> dict[str, Any] | None:
     return None if text is None else _typed(json.loads(text))
 
 
+def key_row(job: Job, key: tuple[Any, ...]) -> dict[str, Any]:
+    """The output key columns of a fact key (in the fact table's primary-key order)."""
+    fact_key = list(job.table(job.fact).key)
+    return {name: key[fact_key.index(ref.split(".", 1)[1])]
+            for name, ref in job.output.key.items()}
+
+
 def changes_to_table(job: Job, changes: Iterable[OutputChange],
                      rows: Sequence[dict[str, Any] | None] | None = None) -> pa.Table:
     """Output changes as the Arrow table the sinks take (rows in the given order)."""
     schema = output_schema(job)
     changes = list(changes)
-    key_names = list(job.output.key)
     records = []
     for n, ch in enumerate(changes):
         row = rows[n] if rows is not None else ch.row
-        record = dict(row) if row is not None else dict(zip(key_names, ch.key, strict=True))
+        record = dict(row) if row is not None else key_row(job, ch.key)
         record["_op"] = ch.op
         record["_commit_seq"] = ch.commit_seq
         record["_xid"] = ch.xid

@@ -24,6 +24,7 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from txjoin.core.oracle import outputs_after_each
+from txjoin.sinks import without_metadata
 
 if TYPE_CHECKING:
     from txjoin.scenarios.schedule import Schedule
@@ -386,7 +387,7 @@ def check_exactly_once(changelog: Sequence[Mapping[str, Any]], key_columns: Sequ
         if str(row.get("_op", "")).lower() in ("d", "delete"):
             replayed.pop(key, None)
         else:
-            replayed[key] = {c: v for c, v in row.items() if not c.startswith("_")}
+            replayed[key] = without_metadata(dict(row))
     diff = diff_rows(list(replayed.values()), current, key_columns)
     if diff.ok:
         return CheckResult(True, "")

@@ -19,6 +19,7 @@ from typing import Any
 
 from txjoin.core.engine import Engine
 from txjoin.core.join import OutputChange
+from txjoin.core.output import key_row
 from txjoin.errors import TxjoinError
 from txjoin.job import Job
 from txjoin.scenarios.checks import RunObservation, ScenarioReport, check_scenario
@@ -36,9 +37,7 @@ def changelog_row(job: Job, change: OutputChange) -> Row:
     if change.row is not None:
         row: Row = dict(change.row)
     else:
-        fact_key = list(job.table(job.fact).key)
-        row = {name: change.key[fact_key.index(ref.split(".", 1)[1])]
-               for name, ref in job.output.key.items()}
+        row = key_row(job, change.key)
         row.update(dict.fromkeys(job.output.columns))
     ts = None if change.commit_ts_ms is None else (
         dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=change.commit_ts_ms))

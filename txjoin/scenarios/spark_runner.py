@@ -15,7 +15,6 @@ import hashlib
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -23,13 +22,9 @@ from txjoin.errors import TxjoinError, from_worker
 from txjoin.scenarios.checks import RunObservation, ScenarioReport, check_scenario
 from txjoin.scenarios.schedule import ReplayBatch, Restart, compile_schedule
 from txjoin.scenarios.spec import Scenario
-from txjoin.sinks import Sink
+from txjoin.sinks import Sink, without_metadata
 from txjoin.spark.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
 from txjoin.spark.sources.replay import SOURCE_NAME, ReplaySource, write_schedule
-
-
-def _visible(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if not k.startswith("_")}
 
 
 def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | None = None,
@@ -71,7 +66,7 @@ def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | N
                 0 if report.snapshot_released else None)
             for sink in sinks:
                 obs = seen[sink.name]
-                obs.outputs.append([_visible(r) for r in sink.read_current()])
+                obs.outputs.append([without_metadata(r) for r in sink.read_current()])
                 assert obs.released is not None
                 obs.released.append(released)
 

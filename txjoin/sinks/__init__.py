@@ -51,6 +51,11 @@ class Sink(Protocol):
         ...
 
 
+def without_metadata(row: dict) -> dict:
+    """A sink row with only the job's output columns (metadata columns start with ``_``)."""
+    return {k: v for k, v in row.items() if not k.startswith("_")}
+
+
 def check_changes_schema(schema: pa.Schema, key_columns: list[str], where: str) -> None:
     """Fail early, naming the sink, when keys or metadata columns are missing."""
     missing = [c for c in (*key_columns, *META_COLUMNS) if c not in schema.names]

@@ -38,7 +38,7 @@ import psycopg2.extras
 from txjoin.errors import ConfigError, TxjoinError
 from txjoin.job import Collect, Job, Lookup
 from txjoin.scenarios.checks import RowDiff, diff_rows, show
-from txjoin.sinks import COMMIT_SEQ, Sink
+from txjoin.sinks import COMMIT_SEQ, Sink, without_metadata
 from txjoin.stack.stack import DEFAULT_DIR, StackInfo, load_stack
 
 Row = dict[str, Any]
@@ -274,18 +274,13 @@ def _diff_lines(diff: RowDiff, limit: int, indent: str) -> list[str]:
                         (f"extra ({len(diff.extra)}): in the sink, not expected", diff.extra)):
         if rows:
             lines.append(f"{indent}{title}")
-            lines += [f"{indent}  {show(_visible(r))}" for r in rows[:limit]]
+            lines += [f"{indent}  {show(without_metadata(r))}" for r in rows[:limit]]
     if diff.different:
         lines.append(f"{indent}different ({len(diff.different)}):")
         for exp, act in diff.different[:limit]:
             lines.append(f"{indent}  expected {show(exp)}")
             lines.append(f"{indent}  actual   {show({c: act.get(c) for c in exp})}")
     return lines
-
-
-def _visible(row: Row) -> Row:
-    """A sink row without its metadata columns, for messages."""
-    return {k: v for k, v in row.items() if not k.startswith("_")}
 
 
 def _duplicates(changelog: Sequence[Row], keys: Sequence[str]) -> list[tuple[Any, ...]]:

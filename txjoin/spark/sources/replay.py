@@ -20,7 +20,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
-from txjoin.spark.sources.kafka import ARROW_SCHEMA, CAUGHT_UP, SCHEMA_DDL
+from txjoin.spark.sources.kafka import ARROW_SCHEMA, SCHEMA_DDL, caught_up_batch
 
 SOURCE_NAME = "txjoin_replay"
 
@@ -65,17 +65,15 @@ class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, ReplayPartition)
         batch = self.batches[partition.index]
         records = batch["records"]
-        caught = batch["caught_up"]
-        topics = [r[0] for r in records] + list(caught)
-        n = len(topics)
         yield pa.RecordBatch.from_arrays([
-            pa.array(topics, pa.string()),
-            pa.array([r[1] for r in records] + [0] * len(caught), pa.int32()),
-            pa.array([r[2] for r in records] + [-1] * len(caught), pa.int64()),
-            pa.array([r[3] for r in records] + [CAUGHT_UP] * len(caught), pa.string()),
-            pa.array([r[4] for r in records] + [None] * len(caught), pa.string()),
-            pa.array([None] * n, pa.timestamp("us", tz="UTC")),
+            pa.array([r[0] for r in records], pa.string()),
+            pa.array([r[1] for r in records], pa.int32()),
+            pa.array([r[2] for r in records], pa.int64()),
+            pa.array([r[3] for r in records], pa.string()),
+            pa.array([r[4] for r in records], pa.string()),
+            pa.array([None] * len(records), pa.timestamp("us", tz="UTC")),
         ], schema=ARROW_SCHEMA)
+        yield caught_up_batch(batch["caught_up"])
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to release."""
