@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from txjoin.errors import DecodeError
 
 DATA_OPS = frozenset({"c", "u", "d", "r", "t"})
@@ -49,6 +51,9 @@ class ChangeEvent:
     snapshot: str | None  # source.snapshot: first/.../last, "false" when streaming
     data_collection_order: int | None
     position: Position
+    # Digest of the row image, set when the event travels without its rows (a shard that
+    # does not own the row still counts the event and must recognise it again).
+    digest: bytes | None = None
 
     @property
     def is_snapshot(self) -> bool:
@@ -67,6 +72,8 @@ class ChangeEvent:
         one LSN). The row image is compared as written (Debezium writes columns in
         table order), which is cheaper than canonical JSON.
         """
+        if self.digest is not None:
+            return (self.table, self.op, self.lsn, self.digest)
         return (self.table, self.op, self.lsn, repr(self.after if self.after is not None
                                                       else self.before))
 
@@ -114,7 +121,7 @@ def decode(value: str | bytes | None, pos: Position) -> Decoded:
         return DecodeError(what, topic=pos.topic, partition=pos.partition, offset=pos.offset)
 
     try:
-        doc = json.loads(value)
+        doc = orjson.loads(value)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"value is not JSON ({exc}); is the JSON converter configured?") from None
     if not isinstance(doc, dict):

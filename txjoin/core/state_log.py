@@ -1,0 +1,296 @@
+"""The shard state layout: an append-only log of micro-batches, compacted now and then.
+
+Per shard, Spark's state store holds (see ``txjoin/spark/shards.py`` for the
+Spark side; this module only needs the small :class:`BlobStore` interface):
+
+- ``meta``: layout version, shard count, the current ``version`` (micro-batches
+  applied) with a random ``token`` naming that exact state, and where the last
+  snapshot is;
+- ``segment v``: what micro-batch ``v`` brought: the shard's routed input
+  records, its caught-up markers, and the output changes the shard emitted,
+  plus the token of the state it was applied to (``parent``) and of the state it
+  produced. It is proportional to the batch, and it is the only thing an
+  ordinary micro-batch writes (with the small meta);
+- ``snapshot``: the whole pickled shard engine at some version, written only
+  when the segments since the last snapshot outgrow it (or grow too many), so
+  its cost is amortised over at least as many bytes of input; older segments
+  and snapshots are then deleted.
+
+Values are compressed (lz4) and split into chunks of at most 8 MiB (the JVM's
+array limit and the state API's per-message cost both favour small values).
+
+The working engine is cached in the Python worker between micro-batches, but
+only as a cache: it is used when its (version, token) equals the meta's; when
+it is older, the segments it missed are re-applied (recorded outputs, no join
+evaluation) after checking that each segment's parent token continues the
+cache's chain; otherwise (another worker, a restart, a re-run of a batch after a
+failure, a newer cached state than the checkpoint's) the shard is restored
+exactly from the snapshot and the segments after it. A checkpoint written by
+another layout, or with another shard count, is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import struct
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from txjoin.core.assembly import IncompletePolicy
+from txjoin.core.join import OutputChange
+from txjoin.core.shard import ShardEngine
+from txjoin.errors import ConfigError
+from txjoin.job import Job
+
+LAYOUT_VERSION = 2
+"""1: the whole engine as one pickled value (txjoin 0.1); 2: per-shard log + snapshots."""
+
+CHUNK_BYTES = 8 << 20
+SNAPSHOT_MIN_BYTES = 32 << 20  # below this, segments are cheap to re-apply: no compaction
+MAX_SEGMENTS = 256
+SEGMENT, SNAPSHOT = 0, 1  # kinds of log entries
+_CODEC = "lz4"
+_HEADER = struct.Struct("<Q")
+
+
+class BlobStore(Protocol):
+    """What the log needs from a state store: one meta value and binary entries by key."""
+
+    def get_meta(self) -> dict[str, Any] | None: ...
+    def put_meta(self, meta: dict[str, Any]) -> None: ...
+    def get(self, kind: int, version: int, chunk: int) -> bytes | None: ...
+    def put(self, kind: int, version: int, chunk: int, blob: bytes) -> None: ...
+    def remove(self, kind: int, version: int, chunk: int) -> None: ...
+    def contains(self, kind: int, version: int, chunk: int) -> bool: ...
+
+
+class MemoryStore:
+    """A :class:`BlobStore` in a dict (tests, and the core replay runner)."""
+
+    def __init__(self) -> None:
+        self.meta: dict[str, Any] | None = None
+        self.blobs: dict[tuple[int, int, int], bytes] = {}
+        self.written = 0
+
+    def get_meta(self) -> dict[str, Any] | None:
+        return None if self.meta is None else dict(self.meta)
+
+    def put_meta(self, meta: dict[str, Any]) -> None:
+        self.meta = dict(meta)
+
+    def get(self, kind: int, version: int, chunk: int) -> bytes | None:
+        return self.blobs.get((kind, version, chunk))
+
+    def put(self, kind: int, version: int, chunk: int, blob: bytes) -> None:
+        self.written += len(blob)
+        self.blobs[(kind, version, chunk)] = blob
+
+    def remove(self, kind: int, version: int, chunk: int) -> None:
+        self.blobs.pop((kind, version, chunk), None)
+
+    def contains(self, kind: int, version: int, chunk: int) -> bool:
+        return (kind, version, chunk) in self.blobs
+
+    def copy(self) -> MemoryStore:
+        """A snapshot of the store (what a checkpoint holds at this point)."""
+        other = MemoryStore()
+        other.meta = None if self.meta is None else dict(self.meta)
+        other.blobs = dict(self.blobs)
+        return other
+
+
+@dataclass
+class Segment:
+    parent: str
+    token: str
+    version: int
+    records: list[bytes]
+    caught_up: list[str]
+    changes: list[OutputChange]
+
+
+@dataclass
+class BatchResult:
+    """What one micro-batch did in one shard."""
+
+    changes: list[OutputChange]
+    engine: ShardEngine
+    bytes_written: int = 0
+    restored: str = "cached"  # cached | caught-up | restored | new
+    released: int = 0  # transactions released by this batch
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _pack(obj: Any) -> bytes:
+    raw = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(raw)) + pa.compress(raw, codec=_CODEC, asbytes=True)
+
+
+def _unpack(blob: bytes) -> Any:
+    (size,) = _HEADER.unpack_from(blob)
+    return pickle.loads(pa.decompress(blob[_HEADER.size:], size, codec=_CODEC, asbytes=True))
+
+
+def _chunks(blob: bytes) -> list[bytes]:
+    return [blob[i:i + CHUNK_BYTES] for i in range(0, max(len(blob), 1), CHUNK_BYTES)]
+
+
+class ShardLog:
+    """Restores, advances and persists one shard's engine in a :class:`BlobStore`."""
+
+    def __init__(self, store: BlobStore, job: Job, shard: int, n_shards: int,
+                 policy: IncompletePolicy | None = None, where: str = "") -> None:
+        self.store = store
+        self.job = job
+        self.shard = shard
+        self.n_shards = n_shards
+        self.policy = policy or IncompletePolicy()
+        self.where = where or f"shard {shard}"
+
+    # -- reading -------------------------------------------------------------------
+
+    def _meta(self) -> dict[str, Any]:
+        meta = self.store.get_meta()
+        if meta is None:
+            return {"layout": LAYOUT_VERSION, "shards": self.n_shards, "version": 0,
+                    "token": "", "snapshot": None, "snapshot_bytes": 0, "since_snapshot": 0,
+                    "segments": 0}
+        if meta.get("layout") != LAYOUT_VERSION:
+            raise ConfigError(
+                f"{self.where}: the checkpoint's state has layout {meta.get('layout')}, this "
+                f"txjoin needs layout {LAYOUT_VERSION}; start from a new checkpoint "
+                f"(another --checkpoint-dir, or delete the old one) and rebuild the sinks")
+        if meta.get("shards") != self.n_shards:
+            raise ConfigError(
+                f"{self.where}: the checkpoint was written with --shards {meta.get('shards')}, "
+                f"not {self.n_shards}; run with --shards {meta.get('shards')} or start from a "
+                f"new checkpoint")
+        return meta
+
+    def _read(self, kind: int, version: int) -> Any:
+        parts = []
+        chunk = 0
+        while True:
+            blob = self.store.get(kind, version, chunk)
+            if blob is None:
+                break
+            parts.append(blob)
+            chunk += 1
+        if not parts:
+            raise ConfigError(f"{self.where}: the checkpoint's state lacks "
+                              f"{'segment' if kind == SEGMENT else 'snapshot'} {version}; it "
+                              f"is damaged: start from a new checkpoint and rebuild the sinks")
+        return _unpack(b"".join(parts))
+
+    def _write(self, kind: int, version: int, obj: Any) -> int:
+        blob = _pack(obj)
+        for i, part in enumerate(_chunks(blob)):
+            self.store.put(kind, version, i, part)
+        return len(blob)
+
+    def _remove(self, kind: int, version: int) -> None:
+        chunk = 0
+        while self.store.contains(kind, version, chunk):
+            self.store.remove(kind, version, chunk)
+            chunk += 1
+
+    def load(self, cached: ShardEngine | None, meta: dict[str, Any] | None = None
+             ) -> tuple[ShardEngine, str]:
+        """The engine at the checkpoint's version: the cache if valid, else restored."""
+        meta = meta or self._meta()
+        version, token = meta["version"], meta["token"]
+        cache_version = getattr(cached, "log_version", None)
+        if cached is not None and cache_version == version and cached.log_token == token:
+            return cached, "cached"
+        snap = meta["snapshot"]
+        if (cached is not None and cache_version is not None and cache_version < version
+                and (snap is None or cache_version >= snap)):
+            engine = cached
+            if self._advance(engine, cache_version + 1, version, engine.log_token):
+                return engine, "caught-up"
+        if version == 0:
+            return self._new(), "new"
+        engine = self._new() if snap is None else self._restore_snapshot(snap)
+        start = 1 if snap is None else snap + 1
+        if not self._advance(engine, start, version, engine.log_token):
+            raise ConfigError(f"{self.where}: the checkpoint's state log is not one chain "
+                              f"(segment parents do not match); start from a new checkpoint "
+                              f"and rebuild the sinks")
+        gc.collect()
+        gc.freeze()  # the restored state lives long: keep the collector off it
+        return engine, "restored"
+
+    def _new(self) -> ShardEngine:
+        return ShardEngine(self.job, self.shard, self.n_shards, self.policy)
+
+    def _restore_snapshot(self, version: int) -> ShardEngine:
+        state = self._read(SNAPSHOT, version)
+        engine = ShardEngine.from_state(self.job, state["engine"])
+        assert isinstance(engine, ShardEngine)
+        engine.policy = self.policy
+        engine.log_version = version
+        engine.log_token = state["token"]
+        return engine
+
+    def _advance(self, engine: ShardEngine, first: int, last: int, token: str) -> bool:
+        """Re-apply segments ``first..last`` (recorded outputs); False if the chain breaks."""
+        for v in range(first, last + 1):
+            seg: Segment = self._read(SEGMENT, v)
+            if seg.parent != token:
+                return False
+            engine.replay(engine.decode_wire(seg.records), seg.caught_up, seg.changes)
+            token = seg.token
+            engine.log_version, engine.log_token = v, token
+        return True
+
+    # -- one micro-batch -------------------------------------------------------------
+
+    def process(self, cached: ShardEngine | None, records: Sequence[bytes],
+                caught_up: Iterable[str]) -> BatchResult:
+        """Load (or reuse) the engine, process the batch, persist what it changed."""
+        started = time.perf_counter()
+        meta = self._meta()
+        engine, how = self.load(cached, meta)
+        loaded = time.perf_counter()
+        caught = sorted(caught_up)
+        parent = engine.log_token
+        # A worker-side cache must not be left half-advanced if processing fails.
+        engine.log_version, engine.log_token = -1, "broken"
+        released_before = engine.stats.transactions_released
+        changes = engine.process_wire(records, caught)
+        released = engine.stats.transactions_released - released_before
+        processed = time.perf_counter()
+        version = meta["version"] + 1
+        token = uuid.uuid4().hex
+        written = self._write(SEGMENT, version, Segment(parent, token, version, list(records),
+                                                        caught, changes))
+        meta = dict(meta, version=version, token=token, segments=meta["segments"] + 1,
+                    since_snapshot=meta["since_snapshot"] + written)
+        if (meta["since_snapshot"] > max(meta["snapshot_bytes"], SNAPSHOT_MIN_BYTES)
+                or meta["segments"] > MAX_SEGMENTS):
+            written += self._compact(engine, meta, version, token)
+        self.store.put_meta(meta)
+        engine.log_version, engine.log_token = version, token
+        return BatchResult(changes, engine, written, how, released,
+                           {"state_load": loaded - started, "engine": processed - loaded,
+                            "state_save": time.perf_counter() - processed})
+
+    def _compact(self, engine: ShardEngine, meta: dict[str, Any], version: int,
+                 token: str) -> int:
+        """Snapshot at ``version``; drop the segments and the snapshot it supersedes."""
+        state = engine.state_bytes()
+        written = self._write(SNAPSHOT, version, {"engine": state, "token": token})
+        old_snap = meta["snapshot"]
+        first = 1 if old_snap is None else old_snap + 1
+        for v in range(first, version + 1):
+            self._remove(SEGMENT, v)
+        if old_snap is not None:
+            self._remove(SNAPSHOT, old_snap)
+        meta.update(snapshot=version, snapshot_bytes=written, since_snapshot=0, segments=0)
+        return written

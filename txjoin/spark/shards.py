@@ -1,0 +1,231 @@
+"""The Spark side of the partitioned engine: decode on the executors, one stateful shard per key.
+
+Two stages, both run where the data is:
+
+1. :func:`make_decoder` (``mapInArrow``, before any shuffle, in parallel per
+   source partition): Debezium JSON -> events and markers (orjson), routed to
+   shards (``core/routing.py``) as small pickled records. Decode errors name
+   topic/partition/offset.
+2. :class:`ShardProcessor` (``groupBy(shard).transformWithStateInPandas``):
+   one call per shard per micro-batch; the shard's engine is cached in the
+   Python worker and kept in Spark's state store as a log of micro-batches
+   (``core/state_log.py``): a batch writes what it brought, not the state.
+
+Shard labels: Spark hash-partitions the grouping key into
+``spark.sql.shuffle.partitions`` partitions; :func:`shard_labels` picks, for
+each shard, an integer label that lands in a partition of its own, so ``n``
+shards really run as ``n`` parallel tasks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pickle
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+
+from txjoin.core.assembly import IncompletePolicy
+from txjoin.core.engine import TRANSACTION_STREAM
+from txjoin.core.join import OutputChange
+from txjoin.core.output import row_to_json
+from txjoin.core.routing import Router
+from txjoin.core.shard import ShardEngine
+from txjoin.core.state_log import ShardLog
+from txjoin.debezium import Position, decode
+from txjoin.job import Job
+
+ROUTED_SCHEMA = "shard int, topic string, partition int, offset long, wire binary, counted boolean"
+ROUTED_ARROW = pa.schema([("shard", pa.int32()), ("topic", pa.string()),
+                          ("partition", pa.int32()), ("offset", pa.int64()),
+                          ("wire", pa.binary()), ("counted", pa.bool_())])
+OUTPUT_SCHEMA = ("kind string, seq long, key string, row string, op string, commit_seq long, "
+                 "xid long, commit_ts_ms long, info string")
+
+# Engines cached in this Python worker: (query token, shard) -> engine. Only a cache
+# (state_log.ShardLog validates it against the checkpoint's version and token).
+_CACHE: OrderedDict[tuple[str, int], ShardEngine] = OrderedDict()
+_CACHE_SIZE = 16
+
+
+def shard_labels(spark: SparkSession, n_shards: int, partitions: int) -> list[int]:
+    """An int label per shard such that the labels hash into distinct shuffle partitions."""
+    from pyspark.sql import functions as F
+
+    rows = (spark.range(0, 64 * max(n_shards, partitions))
+            .select(F.col("id").cast("int").alias("label"),
+                    F.expr(f"pmod(hash(cast(id as int)), {partitions})").alias("part"))
+            .collect())
+    labels: dict[int, int] = {}
+    for row in rows:
+        labels.setdefault(row["part"], row["label"])
+        if len(labels) == min(n_shards, partitions):
+            break
+    ordered = [labels[p] for p in sorted(labels)]
+    # More shards than partitions: the extra ones share partitions (still correct).
+    extra = iter(r["label"] for r in rows if r["label"] not in ordered)
+    while len(ordered) < n_shards:
+        ordered.append(next(extra))
+    return ordered
+
+
+def make_decoder(job: Job, labels: Sequence[int]) -> Any:
+    """The ``mapInArrow`` function: source rows -> routed rows (``ROUTED_SCHEMA``)."""
+    router = Router(job, len(labels))
+    all_labels = list(labels)
+
+    def decode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            out = _Routed()
+            cols = batch.to_pydict()
+            for topic, partition, offset, value in zip(cols["topic"], cols["partition"],
+                                                       cols["offset"], cols["value"],
+                                                       strict=True):
+                if offset < 0:  # caught-up marker: every shard
+                    for label in all_labels:
+                        out.emit(label, topic, partition, offset, None, False)
+                    continue
+                item = decode(value, Position(topic, partition, offset))
+                owners, wire, meta = (set(), b"", None) if item is None else router.route(item)
+                if not owners:  # a tombstone, or a table the job does not read: count it
+                    out.emit(all_labels[0], topic, partition, offset, None, True)
+                    continue
+                first = min(owners)
+                for i, label in enumerate(all_labels):
+                    if i in owners:
+                        out.emit(label, topic, partition, offset, wire, i == first)
+                    else:
+                        out.emit(label, topic, partition, offset, meta, False)
+            yield out.batch()
+
+    return decode_batches
+
+
+class _Routed:
+    """Columns of routed rows being built."""
+
+    def __init__(self) -> None:
+        self.shards: list[int] = []
+        self.topics: list[str] = []
+        self.parts: list[int] = []
+        self.offsets: list[int] = []
+        self.wires: list[bytes | None] = []
+        self.counted: list[bool] = []
+
+    def emit(self, shard: int, topic: str, partition: int, offset: int, wire: bytes | None,
+             counted: bool) -> None:
+        self.shards.append(shard)
+        self.topics.append(topic)
+        self.parts.append(partition)
+        self.offsets.append(offset)
+        self.wires.append(wire)
+        self.counted.append(counted)
+
+    def batch(self) -> pa.RecordBatch:
+        return pa.RecordBatch.from_arrays(
+            [pa.array(self.shards, pa.int32()), pa.array(self.topics, pa.string()),
+             pa.array(self.parts, pa.int32()), pa.array(self.offsets, pa.int64()),
+             pa.array(self.wires, pa.binary()), pa.array(self.counted, pa.bool_())],
+            schema=ROUTED_ARROW)
+
+
+class _SparkBlobStore:
+    """``state_log.BlobStore`` over a ValueState (meta) and a MapState (log entries)."""
+
+    def __init__(self, meta: Any, log: Any) -> None:
+        self.meta_state = meta
+        self.log = log
+        self.written = 0
+
+    def get_meta(self) -> dict[str, Any] | None:
+        value = self.meta_state.get()
+        return None if value is None else pickle.loads(value[0])
+
+    def put_meta(self, meta: dict[str, Any]) -> None:
+        blob = pickle.dumps(meta)
+        self.written += len(blob)
+        self.meta_state.update((blob,))
+
+    def get(self, kind: int, version: int, chunk: int) -> bytes | None:
+        value = self.log.getValue((kind, version, chunk))
+        return None if value is None else bytes(value[0])
+
+    def put(self, kind: int, version: int, chunk: int, blob: bytes) -> None:
+        self.written += len(blob)
+        self.log.updateValue((kind, version, chunk), (blob,))
+
+    def remove(self, kind: int, version: int, chunk: int) -> None:
+        self.log.removeKey((kind, version, chunk))
+
+    def contains(self, kind: int, version: int, chunk: int) -> bool:
+        return bool(self.log.containsKey((kind, version, chunk)))
+
+
+class ShardProcessor(StatefulProcessor):
+    """One shard: restore or reuse its engine, process the batch, log it, emit changes."""
+
+    def __init__(self, job: Job, labels: Sequence[int], policy: IncompletePolicy, prefix: str,
+                 query_token: str, always_caught_up: bool = False) -> None:
+        self.job = job
+        self.labels = list(labels)
+        self.policy = policy
+        self.prefix = prefix
+        self.query_token = query_token
+        self.always_caught_up = always_caught_up
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        meta = handle.getValueState("meta", "blob binary")
+        log = handle.getMapState("log", "kind int, version long, chunk int", "blob binary")
+        self.store = _SparkBlobStore(meta, log)
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
+                        timerValues: Any) -> Iterator[pd.DataFrame]:
+        started = time.perf_counter()
+        shard = self.labels.index(int(key[0]))
+        frame = pd.concat([f for f in rows if len(f)], ignore_index=True)
+        markers = frame["offset"] < 0
+        every = {*self.job.table_names, TRANSACTION_STREAM}
+        caught = every if self.always_caught_up else {
+            t.removeprefix(self.prefix + ".") for t in frame.loc[markers, "topic"]}
+        wires = [w for w in frame.loc[~markers, "wire"] if w is not None]
+        cache: OrderedDict[tuple[str, int], ShardEngine] = importlib.import_module(
+            __name__)._CACHE
+        cache_key = (self.query_token, shard)
+        cached = cache.pop(cache_key, None)
+        self.store.written = 0
+        log = ShardLog(self.store, self.job, shard, len(self.labels), self.policy,
+                       where=f"shard {shard} of {len(self.labels)}")
+        result = log.process(cached, wires, caught)
+        engine = result.engine
+        cache[cache_key] = engine
+        while len(cache) > _CACHE_SIZE:
+            cache.popitem(last=False)
+        info = {"shard": shard, "records": int(frame.loc[~markers, "counted"].sum()),
+                "commit_seq": engine.commit_seq, "snapshot_done": engine.assembler.snapshot.done,
+                "snapshot_released": engine.snapshot_released, "waiting": engine.waiting,
+                "released": result.released, "duplicates": engine.assembler.duplicates,
+                "skipped": list(engine.frontier.skipped), "state": result.restored,
+                "state_bytes_written": self.store.written,
+                "snapshot_rows": engine.batch_snapshot_rows,
+                "seconds": {**result.seconds, "shard_total": time.perf_counter() - started}}
+        yield changes_frame(result.changes, info)
+
+    def close(self) -> None:
+        pass
+
+
+def changes_frame(changes: list[OutputChange], info: dict[str, Any]) -> pd.DataFrame:
+    rows: list[tuple[Any, ...]] = [
+        ("change", n, json.dumps(list(ch.key), default=str), row_to_json(ch.row), ch.op,
+         ch.commit_seq, ch.xid, ch.commit_ts_ms, None) for n, ch in enumerate(changes)]
+    rows.append(("progress", len(changes), None, None, None, info["commit_seq"], None, None,
+                 json.dumps(info)))
+    return pd.DataFrame(rows, columns=["kind", "seq", "key", "row", "op", "commit_seq", "xid",
+                                       "commit_ts_ms", "info"])
