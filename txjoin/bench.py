@@ -1,15 +1,18 @@
 """``txjoin bench``: throughput and latency of the whole pipeline, and of its ceiling.
 
 1. Generate a pizzeria workload of N transactions (mixed sizes, ~5 events
-   each), synthesize the Debezium records and produce them into a fresh tansu
-   broker (one record per produce batch: tansu's watermark defect).
-2. Full pipeline: Kafka source -> core engine (applyInPandasWithState) ->
-   Delta + PostgreSQL sinks, ``availableNow`` with ``--max-events-per-trigger``.
-3. Ceiling: the same topics through the Kafka source and Debezium decoding
-   only (``mapInPandas``), counted.
+   each) after a snapshot of ``--snapshot-orders`` orders, and synthesize the
+   Debezium records. ``--source kafka`` produces them into a fresh tansu broker
+   (one record per produce batch: tansu's watermark defect); ``--source
+   replay`` writes them as a replay schedule of ``--max-events-per-trigger``
+   records per micro-batch (no broker: the engine measured apart from it).
+2. Full pipeline: source -> decode on the executors -> ``--shards`` shards
+   (transformWithStateInPandas) -> Delta + PostgreSQL sinks, ``availableNow``.
+3. Ceiling: the same source and the same decode stage only, counted.
 
 Prints and writes to a JSON file: source events/s, transactions/s,
-micro-batch latency p50/p99, peak RSS of the driver (Python + JVM) and of the
+micro-batch latency p50/p99 (and p50 of batches without snapshot rows), state
+bytes written per batch, peak RSS of the driver (Python + JVM) and of the
 Python workers, and the ratio to the ceiling. Not a test: numbers, not verdicts.
 """
 
@@ -26,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import pandas as pd
 import psutil
 
 from txjoin.core.engine import Engine
@@ -93,95 +95,121 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def replay_schedule(produced: list[Any], max_events: int) -> Iterator[tuple[list, list]]:
+    """The produced records in production order, ``max_events`` per micro-batch; a topic is
+    caught up in a batch when none of its records comes later."""
+    last: dict[str, int] = {}
+    for i, r in enumerate(produced):
+        last[r.topic] = i
+    for start in range(0, len(produced), max_events):
+        chunk = produced[start:start + max_events]
+        end = start + len(chunk)
+        yield ([(r.topic, 0, r.offset, r.key, r.value) for r in chunk],
+               sorted(t for t, i in last.items() if i < end))
+
+
 def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: str,
-              keep: bool = False) -> dict[str, Any]:
+              keep: bool = False, snapshot_orders: int = 0, source_kind: str = "kafka",
+              shards: int | None = None) -> dict[str, Any]:
+    from pyspark.sql import DataFrame
+
     from txjoin.spark.pipeline import Pipeline, RunConfig, build_sinks
     from txjoin.spark.session import get_session
+    from txjoin.spark.shards import ROUTED_SCHEMA, make_decoder, shard_labels
     from txjoin.spark.sources.kafka import read_stream, register_kafka_source
+    from txjoin.spark.sources.replay import SOURCE_NAME, ReplaySource, write_schedule_dir
     from txjoin.stack.broker import create_topics, start_broker, stop_broker
     from txjoin.stack.postgres import data_root, dsn, start_postgres, stop_postgres
     from txjoin.stack.processes import free_port
 
     job = load_job(JOB)
     work = Path(tempfile.mkdtemp(prefix="txjoin-bench-"))
-    snapshot, txs = pizzeria_workload(transactions, seed)
+    snapshot, txs = pizzeria_workload(transactions, seed, snapshot_orders=snapshot_orders)
     synth = Synthesizer(job)
     produced = list(synth.snapshot(snapshot))
     for tx in txs:
         produced.extend(synth.transaction(tx))
-    records = [(r.topic, r.key, r.value) for r in produced]
     data_events = sum(1 for r in produced if r.kind in ("data", "snapshot"))
-    click.echo(f"workload: {len(txs)} transactions, {data_events} data events, "
-               f"{len(records)} records (with BEGIN/END and tombstones)")
+    click.echo(f"workload: {len(txs)} transactions after a snapshot of {snapshot_orders} orders, "
+               f"{data_events} data events, {len(produced)} records (with BEGIN/END and "
+               f"tombstones)")
 
-    broker = start_broker(free_port(), work / "logs" / "broker.log")
+    broker = None
+    bootstrap: str | None = None
     pg_root = data_root(work)
     pg = start_postgres(pg_root, free_port(), work / "logs" / "postgres.log")
     result: dict[str, Any] = {"transactions": len(txs), "data_events": data_events,
-                              "records": len(records), "max_events_per_trigger": max_events,
-                              "master": master}
+                              "records": len(produced), "max_events_per_trigger": max_events,
+                              "master": master, "source": source_kind,
+                              "snapshot_orders": snapshot_orders}
     try:
-        bootstrap = broker.bootstrap_servers
-        topics = list(synth.topics)
-        create_topics(bootstrap, topics)
-        produce_s = produce(bootstrap, records)
-        result["produce_records_per_s"] = round(len(records) / produce_s)
-        click.echo(f"produced in {produce_s:.1f}s")
         spark = get_session(master, app_name="txjoin-bench")
-        register_kafka_source(spark)
+        n_shards = shards or spark.sparkContext.defaultParallelism
+        result["shards"] = n_shards
+        topics = list(synth.topics)
+        tx_topic = f"{synth.prefix}.transaction"
+        if source_kind == "kafka":
+            broker = start_broker(free_port(), work / "logs" / "broker.log")
+            bootstrap = broker.bootstrap_servers
+            create_topics(bootstrap, topics)
+            produce_s = produce(bootstrap, [(r.topic, r.key, r.value) for r in produced])
+            result["produce_records_per_s"] = round(len(produced) / produce_s)
+            click.echo(f"produced in {produce_s:.1f}s")
+            register_kafka_source(spark)
+
+            def source(limit: int | None = max_events) -> DataFrame:
+                return read_stream(spark, bootstrap, topics, tx_topic, "earliest", limit)
+        else:
+            schedule = str(work / "schedule")
+            batches = write_schedule_dir(schedule, replay_schedule(produced, max_events))
+            click.echo(f"replay schedule: {batches} micro-batches of <= {max_events} records")
+            spark.dataSource.register(ReplaySource)
+
+            def source(limit: int | None = max_events) -> DataFrame:
+                return spark.readStream.format(SOURCE_NAME).option("schedule", schedule).load()
 
         # Warm up (JVM, Python workers) so neither measurement pays the first-query cost.
-        warm = read_stream(spark, bootstrap, [f"{synth.prefix}.transaction"], None, "earliest",
-                           1000)
-        def count(df: Any, _id: int) -> None:
-            df.count()
+        (spark.range(1000).selectExpr("id % 7 AS k").groupBy("k").count().collect())
 
-        (warm.writeStream.foreachBatch(count)
-         .option("checkpointLocation", str(work / "warmup-ckpt"))
-         .trigger(availableNow=True).start().awaitTermination())
-
-        # -- ceiling: source + decode only -------------------------------------
-        def decode_only(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-            from txjoin.debezium import Position, decode
-
-            for frame in frames:
-                n = 0
-                for t, p, o, v in zip(frame["topic"], frame["partition"], frame["offset"],
-                                      frame["value"], strict=True):
-                    if o >= 0 and decode(v, Position(t, p, o)) is not None:
-                        n += 1
-                yield pd.DataFrame({"n": [n]})
-
+        # -- ceiling: source + decode (the pipeline's own decode stage) only ---------
+        labels = shard_labels(spark, n_shards, n_shards)
         counted: list[int] = []
-        source = read_stream(spark, bootstrap, topics, f"{synth.prefix}.transaction",
-                             "earliest", max_events)
         started = time.monotonic()
-        query = (source.mapInPandas(decode_only, "n long").writeStream
-                 .foreachBatch(lambda df, _id: counted.append(int(df.groupBy().sum("n")
-                                                                  .collect()[0][0] or 0)))
+        query = (source().mapInArrow(make_decoder(job, labels), ROUTED_SCHEMA)
+                 .writeStream
+                 .foreachBatch(lambda df, _id: counted.append(df.count()))
                  .option("checkpointLocation", str(work / "ceiling-ckpt"))
                  .trigger(availableNow=True).start())
         query.awaitTermination()
         ceiling_s = time.monotonic() - started
-        result["ceiling_events_per_s"] = round(len(records) / ceiling_s)
-        result["ceiling_decoded"] = sum(counted)
+        result["ceiling_events_per_s"] = round(len(produced) / ceiling_s)
+        result["ceiling_routed_rows"] = sum(counted)
         click.echo(f"ceiling (source + decode): {result['ceiling_events_per_s']} records/s")
 
         # -- the full pipeline -----------------------------------------------------
-        config = RunConfig(topic_prefix=synth.prefix, bootstrap_servers=bootstrap,
+        config = RunConfig(topic_prefix=synth.prefix,
+                           bootstrap_servers=bootstrap,
                            max_events_per_trigger=max_events,
                            checkpoint_dir=str(work / "ckpt"), output_dir=str(work / "out"),
-                           postgres_dsn=dsn(pg.port, "sink"), master=master)
+                           postgres_dsn=dsn(pg.port, "sink"), master=master, shards=n_shards)
         sinks = build_sinks(job, config, spark)
         pipeline = Pipeline(spark, job, config, sinks)
         with RssSampler() as rss:
             started = time.monotonic()
-            query = pipeline.start(pipeline.kafka_source(), available_now=True)
+            query = pipeline.start(source(), available_now=True)
             query.awaitTermination()
             total_s = time.monotonic() - started
         reports = pipeline.reports
-        durations = [p["durationMs"]["triggerExecution"] / 1000 for p in query.recentProgress
-                     if p.get("numInputRows")]
+        progress = {p["batchId"]: p for p in query.recentProgress if p.get("numInputRows")}
+        durations = [p["durationMs"]["triggerExecution"] / 1000 for p in progress.values()]
+        steady = [r for r in reports if r.snapshot_rows == 0 and r.batch_id in progress]
+        steady_durations = [progress[r.batch_id]["durationMs"]["triggerExecution"] / 1000
+                            for r in steady]
+        memory = [sum(op.get("memoryUsedBytes", 0) for op in progress[r.batch_id]
+                      .get("stateOperators", [])) for r in steady]
+        updated = [sum(op.get("numRowsUpdated", 0) for op in progress[r.batch_id]
+                       .get("stateOperators", [])) for r in steady]
+        records = produced
         result.update({
             "pipeline_seconds": round(total_s, 2),
             "events_per_s": round(len(records) / total_s),
@@ -197,6 +225,16 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                 for k in (reports[0].breakdown if reports else {})},
             "peak_rss_driver_mb": round(rss.driver / 2**20),
             "peak_rss_python_workers_mb": round(rss.workers / 2**20),
+            "steady_batches": len(steady),
+            "steady_batch_p50_s": round(_percentile(steady_durations, 0.5), 3),
+            # Bytes the shards handed to Spark's state store (segments, meta, and the
+            # amortised snapshots), per batch without snapshot rows; Spark's own figures
+            # for the same batches: rows updated and the store's memory.
+            "state_bytes_written_per_batch": round(statistics.mean(
+                r.state_bytes_written for r in steady)) if steady else 0,
+            "state_rows_updated_per_batch": round(statistics.mean(updated)) if updated else 0,
+            "state_memory_used_bytes_p50": round(_percentile([float(m) for m in memory], 0.5)),
+            "shard_states": sorted({s for r in reports for s in r.shard_states}),
         })
         result["ratio_to_ceiling"] = round(result["events_per_s"] /
                                            max(1, result["ceiling_events_per_s"]), 3)
@@ -212,7 +250,8 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
         for sink in sinks:
             sink.close()
     finally:
-        stop_broker(broker.process)
+        if broker is not None:
+            stop_broker(broker.process)
         stop_postgres(pg.process)
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -231,11 +270,20 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
               default=Path("bench-results.json"), show_default=True,
               help="Where to write the results (JSON).")
 @click.option("--master", default="local[2]", show_default=True, help="Spark master URL.")
+@click.option("--snapshot-orders", type=int, default=0, show_default=True,
+              help="Orders in the initial snapshot (with a quarter as many clients and table "
+                   "assignments), before the transactions.")
+@click.option("--source", "source_kind", type=click.Choice(["kafka", "replay"]), default="kafka",
+              show_default=True, help="kafka: through a tansu broker; replay: the same records "
+                                      "without a broker (the engine apart from the broker).")
+@click.option("--shards", type=click.IntRange(min=1), default=None,
+              help="Shards of the join (default: Spark's default parallelism).")
 @click.option("--keep", is_flag=True, help="Keep the work directory (checkpoints, Delta, logs).")
 def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, master: str,
-          keep: bool) -> None:
-    """Benchmark the full pipeline (Kafka -> core -> Delta + PostgreSQL) against its ceiling."""
-    result = run_bench(transactions, max_events_per_trigger, seed, out, master, keep)
+          snapshot_orders: int, source_kind: str, shards: int | None, keep: bool) -> None:
+    """Benchmark the full pipeline (source -> shards -> Delta + PostgreSQL) against its ceiling."""
+    result = run_bench(transactions, max_events_per_trigger, seed, out, master, keep,
+                       snapshot_orders=snapshot_orders, source_kind=source_kind, shards=shards)
     width = max(len(k) for k in result)
     for key, value in result.items():
         click.echo(f"{key:<{width}}  {value}")

@@ -72,6 +72,9 @@ def _env(name: str) -> str:
 @click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
               help="Extra Spark setting (repeatable), e.g. to enable delta-spark's writer "
                    "(see README).")
+@click.option("--shards", envvar=_env("SHARDS"), show_envvar=True, type=click.IntRange(min=1),
+              default=None, help="Shards the join's state and work are split into (fixed for "
+                                 "a checkpoint). Default: Spark's default parallelism.")
 @click.option("--dir", "directory", envvar=_env("DIR"), show_envvar=True, default=DEFAULT_DIR,
               show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Local stack directory (state, logs, default checkpoints and output).")
@@ -80,7 +83,8 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         starting_offsets: str, trigger_interval: str, max_events_per_trigger: int | None,
         checkpoint_dir: str | None, output_dir: str | None, master: str,
         postgres_dsn: str | None, no_postgres: bool, until_idle: bool, on_incomplete: str,
-        incomplete_timeout: float, spark_conf: tuple[str, ...], directory: Path) -> None:
+        incomplete_timeout: float, spark_conf: tuple[str, ...], shards: int | None,
+        directory: Path) -> None:
     """Run JOB_FILE as a streaming query: Kafka -> transactions -> join -> Delta + PostgreSQL."""
     from txjoin.job import load_job
     from txjoin.spark.pipeline import RunConfig
@@ -111,7 +115,7 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         output_dir=output_dir or str(directory / "output"), master=master,
         postgres_dsn=None if no_postgres else postgres_dsn, until_idle=until_idle,
         on_incomplete=on_incomplete, incomplete_timeout_s=incomplete_timeout,
-        spark_conf=_parse_conf(spark_conf))
+        spark_conf=_parse_conf(spark_conf), shards=shards)
     run_job(job, config)
 
 
@@ -137,8 +141,10 @@ def _parse_conf(items: tuple[str, ...]) -> dict[str, str]:
               help="Run the transactional core without Spark (milliseconds; no sinks).")
 @click.option("--master", envvar=_env("MASTER"), show_envvar=True, default="local[2]",
               show_default=True, help="Spark master URL.")
+@click.option("--shards", type=click.IntRange(min=1), default=None,
+              help="Shards of the join (default: Spark's default parallelism).")
 def replay(files: tuple[Path, ...], as_json: bool, postgres_dsn: str | None,
-           workdir: Path | None, core_only: bool, master: str) -> None:
+           workdir: Path | None, core_only: bool, master: str, shards: int | None) -> None:
     """Replay scenario FILES through the real pipeline and check the sinks after every batch.
 
     Exit code 0: every check held; 1: a check failed; 2: a file is invalid.
@@ -171,7 +177,7 @@ def replay(files: tuple[Path, ...], as_json: bool, postgres_dsn: str | None,
 
             report = run_scenario_spark(
                 spark, scenario, None if workdir is None else str(workdir / scenario.name),
-                postgres_dsn=postgres_dsn)
+                postgres_dsn=postgres_dsn, shards=shards)
         failed = failed or not report.passed
         if as_json:
             click.echo(jsonlib.dumps(report.to_json()))

@@ -1,6 +1,6 @@
 """A pipeline process for the kill -9 test: replays a schedule into both sinks.
 
-Usage: python -m tests.spark.kill_target SCHEDULE WORKDIR PG_DSN JOB [--until-idle]
+Usage: python -m tests.spark.kill_target SCHEDULE WORKDIR PG_DSN JOB [--shards=N] [--until-idle]
 Without --until-idle it keeps triggering (one schedule batch per micro-batch)
 until it is killed.
 """
@@ -17,11 +17,12 @@ from txjoin.spark.sources.replay import SOURCE_NAME, ReplaySource
 def main() -> None:
     schedule, workdir, dsn, job_path = sys.argv[1:5]
     until_idle = "--until-idle" in sys.argv
+    shards = next((int(a.split("=", 1)[1]) for a in sys.argv if a.startswith("--shards=")), None)
     job = load_job(job_path)
     spark = get_session("local[2]", app_name="txjoin-kill-target")
     spark.dataSource.register(ReplaySource)
     config = RunConfig(checkpoint_dir=f"{workdir}/ckpt", output_dir=f"{workdir}/out",
-                       postgres_dsn=dsn, trigger_interval="100 milliseconds")
+                       postgres_dsn=dsn, trigger_interval="100 milliseconds", shards=shards)
     sinks = build_sinks(job, config, spark)
     pipeline = Pipeline(spark, job, config, sinks,
                         on_batch=lambda r: print(f"batch {r.batch_id} done", flush=True))

@@ -39,10 +39,15 @@ SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
 ORDERS = ROOT / "jobs" / "orders.py"
 
 
+SHARDS = [1, 2, 4]
+
+
+@pytest.mark.parametrize("shards", SHARDS, ids=[f"shards{n}" for n in SHARDS])
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_every_scenario_holds_in_both_sinks(spark: SparkSession, pg_dsn: str, path: Path,
-                                            tmp_path: Path) -> None:
-    report = run_scenario_spark(spark, load_scenario(path), str(tmp_path), postgres_dsn=pg_dsn)
+                                            shards: int, tmp_path: Path) -> None:
+    report = run_scenario_spark(spark, load_scenario(path), str(tmp_path), postgres_dsn=pg_dsn,
+                                shards=shards)
     assert report.passed, "\n".join(report.failures)
     assert report.batches > 0
 
@@ -62,8 +67,9 @@ def _scenario_yaml(snapshot: dict[str, Any], txs: list[Any], delivery: list[Any]
     }
 
 
+@pytest.mark.parametrize("shards", SHARDS, ids=[f"shards{n}" for n in SHARDS])
 def test_restart_at_every_batch_boundary_changes_nothing(spark: SparkSession, pg_dsn: str,
-                                                         tmp_path: Path) -> None:
+                                                         shards: int, tmp_path: Path) -> None:
     snapshot, txs = pizzeria_workload(12, seed=7)
     delivery: list[Any] = [["snapshot:*"], "restart"]
     rnd = random.Random(3)
@@ -79,7 +85,7 @@ def test_restart_at_every_batch_boundary_changes_nothing(spark: SparkSession, pg
     path = tmp_path / "restart_every_batch.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     report = run_scenario_spark(spark, load_scenario(path), str(tmp_path / "run"),
-                                postgres_dsn=pg_dsn)
+                                postgres_dsn=pg_dsn, shards=shards)
     assert report.passed, "\n".join(report.failures)
     assert report.batches == sum(1 for d in delivery if d != "restart")
 
@@ -121,12 +127,13 @@ def _wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> None:
     raise AssertionError(f"no {needle!r} within {timeout}s")
 
 
-def test_kill_9_and_restart_loses_nothing_and_applies_nothing_twice(pg_dsn: str,
+@pytest.mark.parametrize("shards", [1, 4], ids=["shards1", "shards4"])
+def test_kill_9_and_restart_loses_nothing_and_applies_nothing_twice(pg_dsn: str, shards: int,
                                                                    tmp_path: Path) -> None:
     schedule, snapshot, txs = _kill_schedule(tmp_path, 150)
     work = tmp_path / "work"
     cmd = [sys.executable, "-m", "tests.spark.kill_target", str(schedule), str(work), pg_dsn,
-           str(ORDERS)]
+           str(ORDERS), f"--shards={shards}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     for batch_marker in ("batch 2 done", "batch 9 done"):
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

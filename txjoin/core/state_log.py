@@ -56,7 +56,8 @@ SNAPSHOT_MIN_BYTES = 32 << 20  # below this, segments are cheap to re-apply: no 
 MAX_SEGMENTS = 256
 SEGMENT, SNAPSHOT = 0, 1  # kinds of log entries
 _CODEC = "lz4"
-_HEADER = struct.Struct("<Q")
+_HEADER = struct.Struct("<Q")  # uncompressed size
+_COUNT = struct.Struct("<I")  # chunks of an entry, at the start of its chunk 0
 
 
 class BlobStore(Protocol):
@@ -67,7 +68,6 @@ class BlobStore(Protocol):
     def get(self, kind: int, version: int, chunk: int) -> bytes | None: ...
     def put(self, kind: int, version: int, chunk: int, blob: bytes) -> None: ...
     def remove(self, kind: int, version: int, chunk: int) -> None: ...
-    def contains(self, kind: int, version: int, chunk: int) -> bool: ...
 
 
 class MemoryStore:
@@ -93,9 +93,6 @@ class MemoryStore:
 
     def remove(self, kind: int, version: int, chunk: int) -> None:
         self.blobs.pop((kind, version, chunk), None)
-
-    def contains(self, kind: int, version: int, chunk: int) -> bool:
-        return (kind, version, chunk) in self.blobs
 
     def copy(self) -> MemoryStore:
         """A snapshot of the store (what a checkpoint holds at this point)."""
@@ -174,31 +171,36 @@ class ShardLog:
         return meta
 
     def _read(self, kind: int, version: int) -> Any:
-        parts = []
-        chunk = 0
-        while True:
-            blob = self.store.get(kind, version, chunk)
-            if blob is None:
-                break
-            parts.append(blob)
-            chunk += 1
-        if not parts:
-            raise ConfigError(f"{self.where}: the checkpoint's state lacks "
+        first = self.store.get(kind, version, 0)
+        if first is not None:
+            (count,) = _COUNT.unpack_from(first)
+            parts = [first[_COUNT.size:]]
+            for chunk in range(1, count):
+                part = self.store.get(kind, version, chunk)
+                if part is None:
+                    break
+                parts.append(part)
+            if len(parts) == count:
+                return _unpack(b"".join(parts))
+        raise ConfigError(f"{self.where}: the checkpoint's state lacks "
                               f"{'segment' if kind == SEGMENT else 'snapshot'} {version}; it "
                               f"is damaged: start from a new checkpoint and rebuild the sinks")
-        return _unpack(b"".join(parts))
 
     def _write(self, kind: int, version: int, obj: Any) -> int:
         blob = _pack(obj)
-        for i, part in enumerate(_chunks(blob)):
+        chunks = _chunks(blob)
+        chunks[0] = _COUNT.pack(len(chunks)) + chunks[0]
+        for i, part in enumerate(chunks):
             self.store.put(kind, version, i, part)
         return len(blob)
 
     def _remove(self, kind: int, version: int) -> None:
-        chunk = 0
-        while self.store.contains(kind, version, chunk):
+        first = self.store.get(kind, version, 0)
+        if first is None:
+            return
+        (count,) = _COUNT.unpack_from(first)
+        for chunk in range(count):
             self.store.remove(kind, version, chunk)
-            chunk += 1
 
     def load(self, cached: ShardEngine | None, meta: dict[str, Any] | None = None
              ) -> tuple[ShardEngine, str]:

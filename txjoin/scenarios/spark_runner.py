@@ -28,8 +28,12 @@ from txjoin.spark.sources.replay import SOURCE_NAME, ReplaySource, write_schedul
 
 
 def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | None = None,
-                       postgres_dsn: str | None = None) -> ScenarioReport:
-    """Replay one scenario through Spark; check every sink after every batch."""
+                       postgres_dsn: str | None = None, shards: int | None = None
+                       ) -> ScenarioReport:
+    """Replay one scenario through Spark; check every sink after every batch.
+
+    ``shards``: how many shards the join runs in (default: Spark's default parallelism).
+    """
     started = time.perf_counter()
     schedule = compile_schedule(scenario)
     job = scenario.job
@@ -51,7 +55,7 @@ def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | N
     pg_schema = "s" + hashlib.sha1(scenario.name.encode()).hexdigest()[:8]
     config = RunConfig(topic_prefix=scenario.topic_prefix,
                        checkpoint_dir=str(work / "checkpoints"), output_dir=str(work / "output"),
-                       postgres_dsn=postgres_dsn)
+                       postgres_dsn=postgres_dsn, shards=shards)
     spark.dataSource.register(ReplaySource)
     seen: dict[str, RunObservation] = {}
     error: str | None = None

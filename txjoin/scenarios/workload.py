@@ -15,9 +15,14 @@ from txjoin.core.oracle import RowChange, SourceTransaction
 PIZZAS = [("Margherita", "8.50"), ("Diavola", "9.00"), ("Napoli", "9.50"), ("Quattro", "11.25")]
 
 
-def pizzeria_workload(n_transactions: int, seed: int = 0
+def pizzeria_workload(n_transactions: int, seed: int = 0, snapshot_orders: int = 0
                       ) -> tuple[dict[str, list[dict[str, Any]]], list[SourceTransaction]]:
-    """(snapshot rows, transactions) of a random but reproducible pizzeria day."""
+    """(snapshot rows, transactions) of a random but reproducible pizzeria day.
+
+    ``snapshot_orders``: orders already in the database when the snapshot is
+    taken (with a quarter as many clients and table assignments), so that the
+    state a job carries can be made realistic before the first transaction.
+    """
     rnd = random.Random(seed)
     snapshot: dict[str, list[dict[str, Any]]] = {
         "public.pizzas": [{"id": i + 1, "name": n, "price": p} for i, (n, p) in enumerate(PIZZAS)],
@@ -32,6 +37,20 @@ def pizzeria_workload(n_transactions: int, seed: int = 0
     next_id = {"clients": 4, "table_assignment": 4, "orders": 1}
     orders: dict[int, dict[str, Any]] = {}
     assignments = [1, 2, 3]
+    extra = snapshot_orders // 4
+    for i in range(4, 4 + extra):
+        snapshot["public.clients"].append({"id": i, "name": f"client-{i}"})
+        snapshot["public.table_assignment"].append({
+            "id": i, "client_id": i, "table_id": rnd.randint(1, 8),
+            "time_in": "2023-09-22T20:00:00", "time_out": "2023-09-22T22:00:00"})
+    next_id["clients"] = next_id["table_assignment"] = 4 + extra
+    for oid in range(1, snapshot_orders + 1):
+        row = {"id": oid, "table_assignment_id": rnd.randint(1, 3 + extra),
+               "order_time": "2023-09-22T21:00:00",
+               "pizzas": [rnd.randint(1, len(PIZZAS)) for _ in range(rnd.randint(1, 4))]}
+        orders[oid] = row
+        snapshot["public.orders"].append(row)
+    next_id["orders"] = snapshot_orders + 1
     txs: list[SourceTransaction] = []
     minute = 0
 

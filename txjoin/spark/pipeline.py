@@ -1,32 +1,31 @@
-"""The streaming pipeline: source -> decode/assemble/order/join (stateful) -> sinks.
+"""The streaming pipeline: source -> decode (executors) -> shards (stateful) -> sinks.
 
 Shape of the query::
 
     source (txjoin_kafka | txjoin_replay): topic, partition, offset, key, value
-      -> groupBy(constant).applyInPandasWithState(core Engine)   # one Python call per batch
+      -> mapInArrow(decode + route)                    # executors, before the shuffle
+      -> groupBy(shard).transformWithStateInPandas(ShardProcessor)   # n shards in parallel
       -> foreachBatch: Delta + PostgreSQL sinks, each one commit per batch
 
-Why one state group: the frontier and the join need every transaction in
-commit order, so their state is global; keying assembly by an xid bucket would
-only move the same events through a second stateful stage. One group means
-Python is called exactly once per micro-batch (the per-call cost measured in
-DESIGN §4 is paid once), and the core processes the whole batch vectorised.
-The engine's state (open transactions, frontier, current rows, last outputs)
-is one binary value in Spark's state store, checkpointed with the source
-offsets; the sinks are idempotent by batch id. After a crash at any point
-Spark re-runs the last batch from the previous state with the same input and
-the engine, being deterministic, produces the same changes, which the sinks
-skip if they already hold them: nothing lost, nothing applied twice.
+Every shard sees the metadata of every event and marker, so every shard
+assembles every transaction and releases the same ones in the same micro-batch
+(commit order stays global); each shard joins only the facts it owns, with
+full copies of the looked-up tables (``txjoin/core/routing.py``). A shard's
+state is its own log in Spark's state store (RocksDB): each micro-batch writes
+only what it brought, snapshots are amortised (``txjoin/core/state_log.py``).
+The sinks get the union of the shards' output changes in commit order and
+commit it once per sink. After a crash at any point Spark re-runs the last
+batch from the previous state with the same input; the shards, being
+deterministic, produce the same changes, which the sinks skip if they already
+hold them: nothing lost, nothing applied twice.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,31 +33,22 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from txjoin.core.assembly import IncompletePolicy
-from txjoin.core.engine import TRANSACTION_STREAM, Engine
 from txjoin.core.join import OutputChange
-from txjoin.core.output import changes_to_table, output_schema, row_from_json, row_to_json
+from txjoin.core.output import changes_to_table, output_schema, row_from_json
+from txjoin.core.state_log import LAYOUT_VERSION
+from txjoin.errors import ConfigError
 from txjoin.job import Job
 from txjoin.sinks import Sink
-
-STATE_SCHEMA = "engine binary"
-
-# Python workers are reused between micro-batches: keep the engine of the last
-# batch, keyed by the query's state function, with the digest of the state it
-# saved. When Spark hands back exactly that state (the normal case) the engine
-# is reused instead of unpickled; after a failure or a re-run the digests differ
-# and the engine is restored from the checkpointed state as usual.
-_ENGINES: dict[str, tuple[bytes, Engine]] = {}
-
-
-def _digest(blob: bytes) -> bytes:
-    return hashlib.blake2b(blob, digest_size=16).digest()
-OUTPUT_SCHEMA = ("kind string, seq long, key string, row string, op string, commit_seq long, "
-                 "xid long, commit_ts_ms long, info string")
+from txjoin.spark.shards import (
+    OUTPUT_SCHEMA,
+    ROUTED_SCHEMA,
+    ShardProcessor,
+    make_decoder,
+    shard_labels,
+)
 
 
 @dataclass
@@ -78,6 +68,7 @@ class RunConfig:
     on_incomplete: str = "fail"
     incomplete_timeout_s: float = 300.0
     spark_conf: dict[str, str] = field(default_factory=dict)
+    shards: int | None = None  # None: Spark's default parallelism
 
     @property
     def policy(self) -> IncompletePolicy:
@@ -101,76 +92,15 @@ class BatchReport:
     breakdown: dict[str, float] = field(default_factory=dict)  # where the seconds went
     commit_ts_ms: list[int] = field(default_factory=list)
     finished_at: float = 0.0
-
-
-def make_state_function(job: Job, policy: IncompletePolicy, prefix: str,
-                        always_caught_up: bool = False
-                        ) -> Callable[[Any, Iterator[pd.DataFrame], GroupState],
-                                      Iterator[pd.DataFrame]]:
-    """The function Spark calls (once per micro-batch) with all the batch's records.
-
-    ``always_caught_up``: the source reads every topic to its end in every batch
-    but sends no caught-up markers (Spark's native ``kafka`` format without a
-    per-trigger limit).
-    """
-    every_stream = {*job.table_names, TRANSACTION_STREAM}
-
-    token = uuid.uuid4().hex  # one per query start: a restarted query never reuses a cache
-
-    def tables_of(topics: Any) -> set[str]:
-        return {t.removeprefix(prefix + ".") for t in topics}
-
-    def process(key: Any, frames: Iterator[pd.DataFrame], state: GroupState
-                ) -> Iterator[pd.DataFrame]:
-        started = time.perf_counter()
-        # Through the imported module: a global captured by this (pickled) closure
-        # would arrive as a fresh copy with every task.
-        engines: dict[str, tuple[bytes, Engine]] = importlib.import_module(__name__)._ENGINES
-        blob = state.get[0] if state.exists else None
-        cached = engines.pop(token, None)
-        reused = cached is not None and blob is not None and cached[0] == _digest(blob)
-        if reused:
-            engine = cached[1]  # type: ignore[index]
-        else:
-            engine = Engine.from_state(job, blob) if blob is not None else Engine(job, policy)
-        restored = time.perf_counter()
-        frame = pd.concat(list(frames), ignore_index=True)
-        markers = frame["offset"] < 0
-        caught = every_stream if always_caught_up else tables_of(frame.loc[markers, "topic"])
-        released_before = engine.stats.transactions_released
-        processing = time.perf_counter()
-        changes = engine.process(frame.loc[~markers], caught_up=caught)
-        processed = time.perf_counter()
-        saved = engine.state_bytes()
-        state.update((saved,))
-        engines[token] = (_digest(saved), engine)
-        info = {"records": int((~markers).sum()), "commit_seq": engine.commit_seq,
-                "snapshot_done": engine.assembler.snapshot.done,
-                "snapshot_released": engine.snapshot_released, "waiting": engine.waiting,
-                "released": engine.stats.transactions_released - released_before,
-                "duplicates": engine.assembler.duplicates,
-                "skipped": list(engine.frontier.skipped), "engine_reused": reused,
-                "seconds": {"state_restore": restored - started, "engine": processed - processing,
-                            "state_save": time.perf_counter() - processed}}
-        yield _changes_frame(changes, info)
-
-    return process
-
-
-def _changes_frame(changes: list[OutputChange], info: dict[str, Any]) -> pd.DataFrame:
-    rows: list[tuple[Any, ...]] = [
-        ("change", n, json.dumps(list(ch.key), default=str), row_to_json(ch.row), ch.op,
-         ch.commit_seq, ch.xid, ch.commit_ts_ms, None) for n, ch in enumerate(changes)]
-    rows.append(("progress", len(changes), None, None, None, info["commit_seq"], None, None,
-                 json.dumps(info)))
-    return pd.DataFrame(rows, columns=["kind", "seq", "key", "row", "op", "commit_seq", "xid",
-                                       "commit_ts_ms", "info"])
+    snapshot_rows: int = 0  # snapshot (op=r) rows the batch brought
+    state_bytes_written: int = 0  # bytes the shards handed to the state store
+    shard_states: list[str] = field(default_factory=list)  # cached/caught-up/restored/new
 
 
 def decode_batch(job: Job, frame: pd.DataFrame) -> tuple[pa.Table, dict[str, Any]]:
-    """The stateful stage's output for one batch -> (changes table, progress info)."""
+    """The shards' output for one batch -> (changes table, progress info of all shards)."""
     progress = frame[frame["kind"] == "progress"]
-    info: dict[str, Any] = json.loads(progress["info"].iloc[0]) if len(progress) else {}
+    info = merge_infos([json.loads(v) for v in progress["info"]])
     data = frame[frame["kind"] == "change"].sort_values(["commit_seq", "seq"])
     changes, rows = [], []
     for key, row, op, seq, xid, ts in zip(data["key"], data["row"], data["op"],
@@ -180,6 +110,22 @@ def decode_batch(job: Job, frame: pd.DataFrame) -> tuple[pa.Table, dict[str, Any
                                     None if pd.isna(ts) else int(ts)))
         rows.append(row_from_json(row))
     return changes_to_table(job, changes, rows), info
+
+
+def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
+    """One progress record from the shards' (the frontier is the same in every shard)."""
+    if not infos:
+        return {}
+    merged = dict(max(infos, key=lambda i: i["commit_seq"]))
+    merged["records"] = sum(i["records"] for i in infos)
+    merged["state_bytes_written"] = sum(i.get("state_bytes_written", 0) for i in infos)
+    merged["snapshot_rows"] = sum(i.get("snapshot_rows", 0) for i in infos)
+    merged["shards"] = len(infos)
+    merged["states"] = sorted(i.get("state", "") for i in infos)
+    # the slowest shard sets the pace; per stage: the max over shards
+    merged["seconds"] = {k: max(i.get("seconds", {}).get(k, 0.0) for i in infos)
+                         for k in infos[0].get("seconds", {})}
+    return merged
 
 
 def native_kafka_available(spark: SparkSession) -> bool:
@@ -219,6 +165,42 @@ def build_sinks(job: Job, config: RunConfig, spark: SparkSession | None = None,
     return sinks
 
 
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+LAYOUT_FILE = "txjoin-layout.json"
+
+
+def check_layout(checkpoint: Path, n_shards: int) -> int:
+    """Check (or record) the checkpoint's state layout and shard count; its shuffle partitions.
+
+    A checkpoint written by txjoin 0.1 (one engine value per query) has Spark
+    state but no layout file: refused with what to do, like one with another
+    shard count (the state is split by shard).
+    """
+    marker = checkpoint / LAYOUT_FILE
+    if marker.exists():
+        recorded = json.loads(marker.read_text())
+        if recorded.get("layout") != LAYOUT_VERSION:
+            raise ConfigError(
+                f"checkpoint {checkpoint} has state layout {recorded.get('layout')}, this txjoin "
+                f"needs {LAYOUT_VERSION}: start from a new checkpoint (another --checkpoint-dir "
+                f"or delete it) and rebuild the sinks")
+        if recorded.get("shards") != n_shards:
+            raise ConfigError(
+                f"checkpoint {checkpoint} was written with --shards {recorded.get('shards')}, "
+                f"not {n_shards}: run with --shards {recorded.get('shards')} (the state is split "
+                f"by shard), or start from a new checkpoint")
+        return int(recorded.get("partitions", n_shards))
+    if (checkpoint / "offsets").exists() or (checkpoint / "state").exists():
+        raise ConfigError(
+            f"checkpoint {checkpoint} was written by an older txjoin (state layout 1: one "
+            f"engine value); this txjoin needs layout {LAYOUT_VERSION}: start from a new "
+            f"checkpoint (another --checkpoint-dir or delete it) and rebuild the sinks")
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"layout": LAYOUT_VERSION, "shards": n_shards,
+                                  "partitions": n_shards}) + "\n")
+    return n_shards
+
+
 class Pipeline:
     """Builds and runs the streaming query for one job."""
 
@@ -241,7 +223,6 @@ class Pipeline:
         from txjoin.spark.sources.kafka import read_stream
 
         if not self.config.bootstrap_servers:
-            from txjoin.errors import ConfigError
             raise ConfigError("no bootstrap servers: pass --bootstrap-servers (or set "
                               "TXJOIN_BOOTSTRAP_SERVERS), or start the local stack with "
                               "`txjoin up`")
@@ -277,13 +258,28 @@ class Pipeline:
                 .selectExpr("topic", "partition", "offset", "CAST(key AS STRING) AS key",
                             "CAST(value AS STRING) AS value", "timestamp"))
 
+    def n_shards(self) -> int:
+        return self.config.shards or self.spark.sparkContext.defaultParallelism
+
     def build(self, source: DataFrame) -> DataFrame:
-        fn = make_state_function(self.job, self.config.policy, self.config.topic_prefix,
-                                 always_caught_up=self.always_caught_up)
-        return (source.withColumn("_group", F.lit(0))
-                .groupBy("_group")
-                .applyInPandasWithState(fn, OUTPUT_SCHEMA, STATE_SCHEMA, "append",
-                                        GroupStateTimeout.NoTimeout))
+        n = self.n_shards()
+        if n < 1:
+            raise ConfigError(f"--shards must be at least 1, got {n}")
+        partitions = check_layout(Path(self.checkpoint), n)
+        # Stateful operators: RocksDB (transformWithState needs it) with changelog
+        # checkpointing (a batch uploads its puts, not the store). The shuffle gets one
+        # partition per shard; a restarted checkpoint keeps its own partition count.
+        self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+        self.spark.conf.set(
+            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+        labels = shard_labels(self.spark, n, partitions)
+        processor = ShardProcessor(self.job, labels, self.config.policy,
+                                   self.config.topic_prefix, uuid.uuid4().hex,
+                                   always_caught_up=self.always_caught_up)
+        return (source.mapInArrow(make_decoder(self.job, labels), ROUTED_SCHEMA)
+                .groupBy("shard")
+                .transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "None"))
 
     def _write(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -309,7 +305,9 @@ class Pipeline:
             seconds=time.monotonic() - started, breakdown=breakdown,
             commit_ts_ms=[int(v.timestamp() * 1000) for v in
                           table.column("_commit_ts").to_pylist() if v is not None],
-            finished_at=time.time())
+            finished_at=time.time(), snapshot_rows=int(info.get("snapshot_rows", 0)),
+            state_bytes_written=int(info.get("state_bytes_written", 0)),
+            shard_states=list(info.get("states", [])))
         self.reports.append(report)
         if self.on_batch is not None:
             self.on_batch(report)

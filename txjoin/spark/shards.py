@@ -145,6 +145,8 @@ class _SparkBlobStore:
         self.written = 0
 
     def get_meta(self) -> dict[str, Any] | None:
+        if not self.meta_state.exists():  # (a get would log a warning on a new shard)
+            return None
         value = self.meta_state.get()
         return None if value is None else pickle.loads(value[0])
 
@@ -163,9 +165,6 @@ class _SparkBlobStore:
 
     def remove(self, kind: int, version: int, chunk: int) -> None:
         self.log.removeKey((kind, version, chunk))
-
-    def contains(self, kind: int, version: int, chunk: int) -> bool:
-        return bool(self.log.containsKey((kind, version, chunk)))
 
 
 class ShardProcessor(StatefulProcessor):

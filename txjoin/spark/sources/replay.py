@@ -13,7 +13,8 @@ rows with offset -1), so everything after the source is the same code path.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -34,10 +35,36 @@ def write_schedule(path: str, batches: Sequence[tuple[Sequence[Sequence[Any]], S
         json.dump(doc, fh)
 
 
+def write_schedule_dir(path: str, batches: Iterable[tuple[Sequence[Sequence[Any]],
+                                                          Sequence[str]]]) -> int:
+    """Like :func:`write_schedule`, one file per batch in directory ``path`` (large replays:
+    each read task loads only its batch). Returns the number of batches."""
+    os.makedirs(path, exist_ok=True)
+    topics: list[list[str]] = []
+    for records, caught in batches:
+        with open(os.path.join(path, f"batch-{len(topics):06d}.json"), "w",
+                  encoding="utf-8") as fh:
+            json.dump({"records": [list(r) for r in records], "caught_up": sorted(caught)}, fh)
+        topics.append(sorted({r[0] for r in records}))
+    with open(os.path.join(path, "index.json"), "w", encoding="utf-8") as fh:
+        json.dump({"batches": len(topics), "topics": topics}, fh)
+    return len(topics)
+
+
+def _load_batch(path: str, index: int) -> dict[str, Any]:
+    with open(os.path.join(path, f"batch-{index:06d}.json"), encoding="utf-8") as fh:
+        batch: dict[str, Any] = json.load(fh)
+    return batch
+
+
 class ReplayPartition(InputPartition):
-    def __init__(self, index: int) -> None:
+    """Schedule batch ``index``; ``topic``: only that topic's records ("" = the caught-up
+    markers) when the schedule is a directory, read one partition per topic."""
+
+    def __init__(self, index: int, topic: str | None = None) -> None:
         super().__init__(index)
         self.index = index
+        self.topic = topic
 
 
 class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -45,9 +72,18 @@ class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, path: str, until: int | None) -> None:
         self.path = path
-        with open(path, encoding="utf-8") as fh:
-            self.batches = json.load(fh)
-        self.until = len(self.batches) if until is None else min(until, len(self.batches))
+        self.is_dir = os.path.isdir(path)
+        if self.is_dir:
+            with open(os.path.join(path, "index.json"), encoding="utf-8") as fh:
+                index = json.load(fh)
+            count = int(index["batches"])
+            self.batches: list[Any] = []
+            self.topics: list[list[str]] = index["topics"]
+        else:
+            with open(path, encoding="utf-8") as fh:
+                self.batches = json.load(fh)
+            count = len(self.batches)
+        self.until = count if until is None else min(until, count)
 
     def initialOffset(self) -> dict[str, int]:
         return {"batch": 0}
@@ -59,11 +95,25 @@ class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"batch": min(start["batch"] + 1, self.until)} if start else {"batch": 0}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
-        return [ReplayPartition(i) for i in range(start["batch"], end["batch"])]
+        if not self.is_dir:
+            return [ReplayPartition(i) for i in range(start["batch"], end["batch"])]
+        # One input partition per topic, read (and decoded) in parallel, as Kafka's are.
+        parts: list[InputPartition] = []
+        for i in range(start["batch"], end["batch"]):
+            parts += [ReplayPartition(i, t) for t in [*self.topics[i], ""]]
+        return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ReplayPartition)
-        batch = self.batches[partition.index]
+        if partition.topic is not None:
+            batch = _load_batch(self.path, partition.index)
+            if partition.topic == "":
+                yield caught_up_batch(batch["caught_up"])
+                return
+            batch = {"records": [r for r in batch["records"] if r[0] == partition.topic],
+                     "caught_up": []}
+        else:
+            batch = self.batches[partition.index]
         records = batch["records"]
         yield pa.RecordBatch.from_arrays([
             pa.array([r[0] for r in records], pa.string()),
@@ -73,14 +123,16 @@ class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             pa.array([r[4] for r in records], pa.string()),
             pa.array([None] * len(records), pa.timestamp("us", tz="UTC")),
         ], schema=ARROW_SCHEMA)
-        yield caught_up_batch(batch["caught_up"])
+        if partition.topic is None:
+            yield caught_up_batch(batch["caught_up"])
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to release."""
 
 
 class ReplaySource(DataSource):
-    """Options: ``schedule`` (path of the JSON schedule), ``until`` (batch count, optional)."""
+    """Options: ``schedule`` (a JSON schedule file, or a directory written by
+    :func:`write_schedule_dir`), ``until`` (batch count, optional)."""
 
     @classmethod
     def name(cls) -> str:
