@@ -22,6 +22,7 @@ hold them: nothing lost, nothing applied twice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -32,12 +33,12 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from txjoin.core.assembly import IncompletePolicy
-from txjoin.core.join import OutputChange
-from txjoin.core.output import changes_to_table, output_schema, row_from_json
+from txjoin.core.output import output_schema
 from txjoin.core.state_log import LAYOUT_VERSION
 from txjoin.errors import ConfigError
 from txjoin.job import Job
@@ -98,18 +99,18 @@ class BatchReport:
 
 
 def decode_batch(job: Job, frame: pd.DataFrame) -> tuple[pa.Table, dict[str, Any]]:
-    """The shards' output for one batch -> (changes table, progress info of all shards)."""
-    progress = frame[frame["kind"] == "progress"]
-    info = merge_infos([json.loads(v) for v in progress["info"]])
-    data = frame[frame["kind"] == "change"].sort_values(["commit_seq", "seq"])
-    changes, rows = [], []
-    for key, row, op, seq, xid, ts in zip(data["key"], data["row"], data["op"],
-                                          data["commit_seq"], data["xid"], data["commit_ts_ms"],
-                                          strict=True):
-        changes.append(OutputChange(tuple(json.loads(key)), op, None, int(seq), int(xid),
-                                    None if pd.isna(ts) else int(ts)))
-        rows.append(row_from_json(row))
-    return changes_to_table(job, changes, rows), info
+    """The shards' output for one batch -> (changes table in commit order, progress info).
+
+    Each shard sends its changes as one Arrow table (built on the executor); keys are
+    disjoint between shards, so a stable sort by commit sequence is the commit order.
+    """
+    info = merge_infos([json.loads(v) for v in frame["info"]])
+    tables = [pa.ipc.open_stream(blob).read_all() for blob in frame["changes"]
+              if blob is not None]
+    if not tables:
+        return pa.Table.from_pylist([], schema=output_schema(job)), info
+    table = pa.concat_tables(tables)
+    return table.take(pc.sort_indices(table, [("_commit_seq", "ascending")])), info
 
 
 def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
@@ -259,7 +260,14 @@ class Pipeline:
                             "CAST(value AS STRING) AS value", "timestamp"))
 
     def n_shards(self) -> int:
-        return self.config.shards or self.spark.sparkContext.defaultParallelism
+        """``--shards``, else what the checkpoint was started with, else Spark's parallelism."""
+        if self.config.shards:
+            return self.config.shards
+        marker = Path(self.checkpoint) / LAYOUT_FILE
+        if marker.exists():
+            with contextlib.suppress(ValueError, KeyError):
+                return int(json.loads(marker.read_text())["shards"])
+        return int(self.spark.sparkContext.defaultParallelism)
 
     def build(self, source: DataFrame) -> DataFrame:
         n = self.n_shards()

@@ -35,7 +35,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from txjoin.core.assembly import IncompletePolicy
 from txjoin.core.engine import TRANSACTION_STREAM
 from txjoin.core.join import OutputChange
-from txjoin.core.output import row_to_json
+from txjoin.core.output import changes_to_table
 from txjoin.core.routing import Router
 from txjoin.core.shard import ShardEngine
 from txjoin.core.state_log import ShardLog
@@ -46,8 +46,8 @@ ROUTED_SCHEMA = "shard int, topic string, partition int, offset long, wire binar
 ROUTED_ARROW = pa.schema([("shard", pa.int32()), ("topic", pa.string()),
                           ("partition", pa.int32()), ("offset", pa.int64()),
                           ("wire", pa.binary()), ("counted", pa.bool_())])
-OUTPUT_SCHEMA = ("kind string, seq long, key string, row string, op string, commit_seq long, "
-                 "xid long, commit_ts_ms long, info string")
+OUTPUT_SCHEMA = "shard int, changes binary, info string"
+"""Per shard and batch: its output changes as an Arrow IPC stream, and its progress (JSON)."""
 
 # Engines cached in this Python worker: (query token, shard) -> engine. Only a cache
 # (state_log.ShardLog validates it against the checkpoint's version and token).
@@ -214,17 +214,20 @@ class ShardProcessor(StatefulProcessor):
                 "state_bytes_written": self.store.written,
                 "snapshot_rows": engine.batch_snapshot_rows,
                 "seconds": {**result.seconds, "shard_total": time.perf_counter() - started}}
-        yield changes_frame(result.changes, info)
+        yield changes_frame(self.job, shard, result.changes, info)
 
     def close(self) -> None:
         pass
 
 
-def changes_frame(changes: list[OutputChange], info: dict[str, Any]) -> pd.DataFrame:
-    rows: list[tuple[Any, ...]] = [
-        ("change", n, json.dumps(list(ch.key), default=str), row_to_json(ch.row), ch.op,
-         ch.commit_seq, ch.xid, ch.commit_ts_ms, None) for n, ch in enumerate(changes)]
-    rows.append(("progress", len(changes), None, None, None, info["commit_seq"], None, None,
-                 json.dumps(info)))
-    return pd.DataFrame(rows, columns=["kind", "seq", "key", "row", "op", "commit_seq", "xid",
-                                       "commit_ts_ms", "info"])
+def changes_frame(job: Job, shard: int, changes: list[OutputChange],
+                  info: dict[str, Any]) -> pd.DataFrame:
+    """The shard's output row: its changes as an Arrow table (typed here, on the executor)."""
+    blob = None
+    if changes:
+        table = changes_to_table(job, changes)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        blob = sink.getvalue().to_pybytes()
+    return pd.DataFrame({"shard": [shard], "changes": [blob], "info": [json.dumps(info)]})
