@@ -188,7 +188,10 @@ class ShardProcessor(StatefulProcessor):
                         timerValues: Any) -> Iterator[pd.DataFrame]:
         started = time.perf_counter()
         shard = self.labels.index(int(key[0]))
-        frame = pd.concat([f for f in rows if len(f)], ignore_index=True)
+        frames = [f for f in rows if len(f)]
+        if not frames:
+            return
+        frame = pd.concat(frames, ignore_index=True)
         markers = frame["offset"] < 0
         every = {*self.job.table_names, TRANSACTION_STREAM}
         caught = every if self.always_caught_up else {
