@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from txjoin.errors import DecodeError
 
 DATA_OPS = frozenset({"c", "u", "d", "r", "t"})
@@ -88,8 +90,19 @@ class TxMarker:
 Decoded = ChangeEvent | TxMarker | None
 
 
-def _canonical(row: dict[str, Any] | None) -> str | None:
-    return None if row is None else json.dumps(row, sort_keys=True, separators=(",", ":"))
+def _loads(value: str | bytes) -> Any:
+    """Parse JSON with orjson (several times faster than ``json``, bytes without decoding).
+
+    orjson refuses ``NaN`` and ``Infinity``, which Jackson may write for doubles:
+    such records go through ``json``, whose error message is the one reported
+    when both refuse (so messages are those of ``json``). Integers beyond 64 bits
+    would become floats, but Debezium writes none (``numeric`` arrives as a
+    string, base64 bytes or a double, per ``decimal.handling.mode``).
+    """
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return json.loads(value)
 
 
 def split_transaction_id(tx_id: Any, pos: Position) -> tuple[int, int | None]:
@@ -114,7 +127,7 @@ def decode(value: str | bytes | None, pos: Position) -> Decoded:
         return DecodeError(what, topic=pos.topic, partition=pos.partition, offset=pos.offset)
 
     try:
-        doc = json.loads(value)
+        doc = _loads(value)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"value is not JSON ({exc}); is the JSON converter configured?") from None
     if not isinstance(doc, dict):
