@@ -90,6 +90,18 @@ class TxMarker:
 Decoded = ChangeEvent | TxMarker | None
 
 
+class SchemaRow(dict[str, Any]):
+    """A row image from a record that carried its schema (``schemas.enable=true``).
+
+    Decoding has already turned every ``Decimal``-typed value into the
+    ``{"scale", "value"}`` form, so a string in a decimal column is a decimal
+    literal (``decimal.handling.mode=string``) whatever the job says
+    (:meth:`txjoin.job.Table.convert_row`).
+    """
+
+    __slots__ = ()
+
+
 def _loads(value: str | bytes) -> Any:
     """Parse JSON with orjson (several times faster than ``json``, bytes without decoding).
 
@@ -132,8 +144,9 @@ def decode(value: str | bytes | None, pos: Position) -> Decoded:
         raise bad(f"value is not JSON ({exc}); is the JSON converter configured?") from None
     if not isinstance(doc, dict):
         raise bad(f"value is a JSON {type(doc).__name__}, expected an object")
+    schema: Any = None
     if "payload" in doc and "schema" in doc:  # schemas.enable=true
-        doc = doc["payload"]
+        schema, doc = doc["schema"], doc["payload"]
         if doc is None:
             return None
         if not isinstance(doc, dict):
@@ -142,6 +155,8 @@ def decode(value: str | bytes | None, pos: Position) -> Decoded:
     if "status" in doc:
         return _decode_marker(doc, pos, bad)
     if "op" in doc:
+        if schema is not None:
+            _apply_schema(schema, doc, bad)
         return _decode_change(doc, pos, bad)
     raise bad(f"neither a change event (`op`) nor a transaction marker (`status`); "
               f"keys: {sorted(doc)[:8]}")
@@ -172,6 +187,59 @@ def _decode_marker(doc: dict[str, Any], pos: Position, bad: Any) -> TxMarker:
                       f"of data_collections {sum(counts.values())}")
     return TxMarker(status=status, xid=xid, id=str(doc["id"]), commit_lsn=lsn,
                     event_count=event_count, counts=counts, ts_ms=doc.get("ts_ms"), position=pos)
+
+
+DECIMAL = "org.apache.kafka.connect.data.Decimal"
+VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+
+
+def _apply_schema(schema: Any, doc: dict[str, Any], bad: Any) -> None:
+    """Mark ``before``/``after`` as :class:`~txjoin.job.SchemaRow` and make decimals exact.
+
+    With ``decimal.handling.mode=precise`` a ``Decimal`` value is base64 of the
+    unscaled number and only the schema's ``scale`` parameter says where the
+    point goes: rewrite it as Debezium's variable-scale form ``{"scale", "value"}``,
+    which reads the same in every mode. ``VariableScaleDecimal`` already has that
+    form; strings (``string`` mode) and numbers (``double``) need nothing.
+    """
+    fields = schema.get("fields") if isinstance(schema, dict) else None
+    if not isinstance(fields, list):
+        return  # no row schemas to go by: read the rows like schemaless ones
+    by_name = {f.get("field"): f for f in fields if isinstance(f, dict)}
+    for name in ("before", "after"):
+        envelope_field, row = by_name.get(name), doc.get(name)
+        if not isinstance(envelope_field, dict) or not isinstance(row, dict):
+            continue
+        for column in envelope_field.get("fields") or ():
+            if not isinstance(column, dict) or column.get("field") not in row:
+                continue
+            col = column["field"]
+            scale = _decimal_scale(column, bad, f"{name}.{col}")
+            if scale is not None:
+                row[col] = _with_scale(row[col], scale, bad, f"{name}.{col}")
+            elif column.get("type") == "array" and isinstance(column.get("items"), dict):
+                scale = _decimal_scale(column["items"], bad, f"{name}.{col}[]")
+                if scale is not None and isinstance(row[col], list):
+                    row[col] = [_with_scale(v, scale, bad, f"{name}.{col}[]") for v in row[col]]
+        doc[name] = SchemaRow(row)
+
+
+def _decimal_scale(field_schema: dict[str, Any], bad: Any, where: str) -> int | None:
+    if field_schema.get("name") != DECIMAL:
+        return None
+    params = field_schema.get("parameters")
+    try:
+        return int(params["scale"])  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        raise bad(f"{where}: Decimal schema without a `scale` parameter: {params!r}") from None
+
+
+def _with_scale(value: Any, scale: int, bad: Any, where: str) -> Any:
+    if value is None or isinstance(value, dict):
+        return value
+    if not isinstance(value, str):
+        raise bad(f"{where}: Decimal value {value!r} is not base64 bytes")
+    return {"scale": scale, "value": value}
 
 
 def _decode_change(doc: dict[str, Any], pos: Position, bad: Any) -> ChangeEvent:
