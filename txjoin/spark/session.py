@@ -20,6 +20,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,14 +84,20 @@ def get_session(
     # venv (no confluent-kafka, deltalake...). PySpark 4.2 takes the workers'
     # interpreter from this variable, not from spark.pyspark.python.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    warnings = os.environ.get("PYTHONWARNINGS", "")
-    if _WORKER_WARNINGS not in warnings:
-        os.environ["PYTHONWARNINGS"] = ",".join(w for w in (warnings, _WORKER_WARNINGS) if w)
+    inherited = os.environ.get("PYTHONWARNINGS", "")
+    if _WORKER_WARNINGS not in inherited:
+        os.environ["PYTHONWARNINGS"] = ",".join(w for w in (inherited, _WORKER_WARNINGS) if w)
     conf = default_conf()
     conf.update(extra_conf or {})
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
+    if not verbose():
+        # When a micro-batch fails inside toPandas (an error in a Python worker, or the
+        # query stopped meanwhile), PySpark warns with the whole error, JVM stack trace
+        # included, then raises it: the error is reported once, by txjoin, in one line.
+        warnings.filterwarnings("ignore", message="toPandas attempted Arrow optimization",
+                                category=UserWarning)
     with _jvm_output(log_file):
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
