@@ -8,16 +8,17 @@ Python data sources and pandas UDFs fast, and a 16 MB thread stack stops
 
 Spark's own output (the JVM's start-up notices, log4j warnings, a failed task's
 Java and Python stack traces, the Python workers' warnings) goes to a log file
-unless ``txjoin --verbose`` is set: txjoin reports what a user needs in one line
-(``txjoin.errors``). The JVM writes all of it to the file descriptor 2 it
-inherits at launch, so that is what the session points at the log file while it
-starts the JVM.
+unless ``txjoin --verbose`` is set or stderr already goes to a file: txjoin
+reports what a user needs in one line (``txjoin.errors``). The JVM writes all
+of it to the file descriptor 2 it inherits at launch, so that is what the
+session points at the log file while it starts the JVM.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import sys
 import tempfile
 import warnings
@@ -114,8 +115,13 @@ def spark_log_file(log_file: str | os.PathLike[str] | None = None) -> Path:
 
 @contextlib.contextmanager
 def _jvm_output(log_file: str | os.PathLike[str] | None) -> Iterator[None]:
-    """Launch the JVM (if this call does) with its stderr on the log file, unless verbose."""
-    if verbose() or SparkContext._gateway is not None:  # the JVM's stderr is already chosen
+    """Launch the JVM (if this call does) with its stderr on the log file, unless verbose.
+
+    Nothing changes when stderr already is a file: the caller chose where it goes
+    (``2>run.log``, the demo's own log, pytest's capture).
+    """
+    if (verbose() or SparkContext._gateway is not None  # the JVM's stderr is already chosen
+            or stat.S_ISREG(os.fstat(2).st_mode)):
         yield
         return
     path = spark_log_file(log_file)
