@@ -242,7 +242,7 @@ def _decimal(value: Any, scale: int, mode: str) -> Decimal:
     exponent = Decimal(1).scaleb(-scale)
     if isinstance(value, int | float):  # double mode (or a JSON number in any mode)
         number = Decimal(repr(value))
-        if mode == "double":
+        if mode in ("double", _SCHEMA_MODE):  # with a schema, a number is a double
             return number.quantize(exponent)  # a double is approximate: round to the scale
         return _exact(number, exponent)
     if not isinstance(value, str):

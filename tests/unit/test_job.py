@@ -16,7 +16,7 @@ import pytest
 import txjoin.job as job_module
 from tests.unit.delivery import Pipeline, insert, only, update
 from txjoin.core.oracle import outputs_after_each
-from txjoin.debezium import Position, decode
+from txjoin.debezium import ChangeEvent, Position, decode
 from txjoin.errors import DecodeError, JobError
 from txjoin.job import (
     DEFAULT_DECIMAL_HANDLING_MODE,
@@ -445,6 +445,17 @@ def test_with_schemas_the_record_decides_whatever_the_job_says() -> None:
                                 order_time="2023-09-23T22:30:00", pizzas=[1]))
     pipe.deliver_rest()
     assert pipe.output[(1,)]["pizzas"][0]["price"] == Decimal("1234.00")
+
+
+def test_with_schemas_a_double_decimal_is_rounded_to_the_declared_scale() -> None:
+    doc = {"schema": {"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": [
+        {"field": "price", "type": "double", "optional": True}]}]},
+        "payload": {"before": None, "after": {"id": 1, "price": 0.1 + 0.2}, "op": "r",
+                    "source": {"schema": "public", "table": "pizzas"}, "transaction": None}}
+    event = decode(json.dumps(doc), Position("shop.public.pizzas", 0, 7))
+    assert isinstance(event, ChangeEvent) and event.after is not None
+    pizzas = ORDERS.with_decimal_handling_mode("string").table("public.pizzas")
+    assert pizzas.convert_row(event.after)["price"] == Decimal("0.30")
 
 
 def test_a_schema_decimal_without_a_scale_is_a_decode_error() -> None:
