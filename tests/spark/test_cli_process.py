@@ -103,3 +103,40 @@ def test_schema_drift_on_the_source_is_seed_000s_story_with_a_way_out(
     rows = sorted(read_table(current).to_pylist(), key=lambda r: r["id"])
     assert [(r["id"], r["full_name"]) for r in rows] == [
         (1, "susanna smith"), (2, "fred smith"), (3, "sally"), (4, None)]
+
+
+# -- txjoin replay as a process -------------------------------------------------------------
+
+SCENARIO = ROOT / "scenarios" / "torn_transaction.yaml"
+ABORT = "terminate called without an active exception\n"
+
+
+def _sinks_read_delta_natively() -> bool:
+    import inspect
+
+    import txjoin.sinks.delta as delta_sink
+
+    return "delta_tables" in inspect.getsource(delta_sink)
+
+
+def test_replay_prints_only_its_result_and_leaves_no_temporary_directory(tmp_path: Path) -> None:
+    done = txjoin("replay", str(SCENARIO), env={"TMPDIR": str(tmp_path)})
+    assert done.stdout.startswith("torn_transaction  PASS") and done.stdout.count("\n") == 1
+    # No Spark or library noise (the abort at exit is the next test's subject).
+    assert done.stderr.replace(ABORT, "") == "", done.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"txjoin-spark-{os.getuid()}.log"]
+    assert "WARN" in (tmp_path / f"txjoin-spark-{os.getuid()}.log").read_text()
+
+
+@pytest.mark.xfail(not _sinks_read_delta_natively(), strict=False, reason=(
+    "the Delta sink still reads with deltalake's to_pyarrow_table(), whose Python filesystem "
+    "aborts some exits; it must read through txjoin.delta_tables.read_table"))
+def test_consecutive_replay_processes_all_exit_0(tmp_path: Path) -> None:
+    # 20 in a row would take ~10 min here; tests/unit/test_exit.py runs the reading part
+    # of the race (the cause) 20 times in seconds.
+    codes = []
+    for _ in range(3):
+        done = txjoin("replay", str(SCENARIO), env={"TMPDIR": str(tmp_path)})
+        assert ABORT not in done.stderr
+        codes.append(done.returncode)
+    assert codes == [0, 0, 0]
