@@ -105,6 +105,20 @@ def test_schema_drift_on_the_source_is_seed_000s_story_with_a_way_out(
         (1, "susanna smith"), (2, "fred smith"), (3, "sally"), (4, None)]
 
 
+def test_an_unreachable_broker_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    done = txjoin("run", str(USERS_COLORS), "--bootstrap-servers", "127.0.0.1:1", "--until-idle",
+                  "--no-postgres", "--checkpoint-dir", str(tmp_path / "checkpoints"),
+                  "--output-dir", str(tmp_path / "output"), "--master", "local[1]",
+                  env={"TXJOIN_SPARK_LOG": str(tmp_path / "spark.log")})
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1, done.stderr[-2000:]
+    assert done.stderr.startswith("error: txjoin_kafka: cannot reach the Kafka brokers at "
+                                  "'127.0.0.1:1'")
+    assert "check that the broker runs" in done.stderr
+    # The details are in Spark's log, where --verbose would have shown them.
+    assert "Traceback" in (tmp_path / "spark.log").read_text()
+
+
 # -- txjoin replay as a process -------------------------------------------------------------
 
 SCENARIO = ROOT / "scenarios" / "torn_transaction.yaml"
