@@ -186,7 +186,14 @@ def _decode_marker(doc: dict[str, Any], pos: Position, bad: Any) -> TxMarker:
             raise bad(f"END of {doc.get('id')}: event_count {event_count} differs from the sum "
                       f"of data_collections {sum(counts.values())}")
     return TxMarker(status=status, xid=xid, id=str(doc["id"]), commit_lsn=lsn,
-                    event_count=event_count, counts=counts, ts_ms=doc.get("ts_ms"), position=pos)
+                    event_count=event_count, counts=counts,
+                    ts_ms=_timestamp(doc.get("ts_ms"), "ts_ms", bad), position=pos)
+
+
+def _timestamp(value: Any, name: str, bad: Any) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise bad(f"`{name}` is {value!r}, expected milliseconds since the epoch")
 
 
 DECIMAL = "org.apache.kafka.connect.data.Decimal"
@@ -210,8 +217,10 @@ def _apply_schema(schema: Any, doc: dict[str, Any], bad: Any) -> None:
         envelope_field, row = by_name.get(name), doc.get(name)
         if not isinstance(envelope_field, dict) or not isinstance(row, dict):
             continue
-        for column in envelope_field.get("fields") or ():
-            if not isinstance(column, dict) or column.get("field") not in row:
+        columns = envelope_field.get("fields")
+        for column in columns if isinstance(columns, list) else ():
+            if not isinstance(column, dict) or not isinstance(column.get("field"), str) \
+                    or column["field"] not in row:
                 continue
             col = column["field"]
             scale = _decimal_scale(column, bad, f"{name}.{col}")
@@ -244,7 +253,7 @@ def _with_scale(value: Any, scale: int, bad: Any, where: str) -> Any:
 
 def _decode_change(doc: dict[str, Any], pos: Position, bad: Any) -> ChangeEvent:
     op = doc.get("op")
-    if op not in DATA_OPS:
+    if not isinstance(op, str) or op not in DATA_OPS:
         raise bad(f"unknown op {op!r} (expected one of c, u, d, r, t; 'm' messages "
                   f"are not supported)")
     source = doc.get("source")
@@ -276,14 +285,14 @@ def _decode_change(doc: dict[str, Any], pos: Position, bad: Any) -> ChangeEvent:
         if not isinstance(tx, dict):
             raise bad("`transaction` is not an object")
         xid, _ = split_transaction_id(tx.get("id"), pos)
-        if source.get("txId") is not None and int(source["txId"]) != xid:
-            raise bad(f"transaction.id {tx.get('id')} disagrees with source.txId "
-                      f"{source['txId']}")
+        tx_id = source.get("txId")
+        if tx_id is not None and (not isinstance(tx_id, int | str) or str(tx_id) != str(xid)):
+            raise bad(f"transaction.id {tx.get('id')} disagrees with source.txId {tx_id!r}")
         dco = tx.get("data_collection_order")
     lsn = source.get("lsn")
     return ChangeEvent(
         table=f"{schema}.{table}", op=op, before=before, after=after, xid=xid,
         lsn=int(lsn) if isinstance(lsn, int | str) and str(lsn).isdigit() else None,
-        commit_ts_ms=source.get("ts_ms"), snapshot=snapshot,
+        commit_ts_ms=_timestamp(source.get("ts_ms"), "source.ts_ms", bad), snapshot=snapshot,
         data_collection_order=dco if isinstance(dco, int) else None, position=pos,
     )

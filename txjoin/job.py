@@ -28,7 +28,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -209,7 +209,7 @@ def convert_value(value: Any, sql_type: str, *, where: str = "",
         if decimal is not None:
             return _decimal(value, int(decimal.group(2)),
                             decimal_handling_mode or DEFAULT_DECIMAL_HANDLING_MODE)
-    except (ValueError, TypeError, InvalidOperation, binascii.Error) as exc:
+    except (ValueError, TypeError, ArithmeticError, binascii.Error) as exc:
         hint = _TYPE_HINT if decimal is None else _decimal_hint(value, decimal_handling_mode)
         raise ColumnValueError(f"{where}: cannot read {value!r} as {sql_type}", hint) from exc
     raise JobError(f"{where}: unsupported type {sql_type}")
