@@ -2,29 +2,65 @@
 
 Options come from flags; every flag of ``run`` also reads an environment
 variable ``TXJOIN_<NAME>`` (shown in ``--help``), so a deployment can configure
-the job without a wrapper script. Known errors (``TxjoinError``) end with a
-one-paragraph message and the error's exit code, never a traceback.
+the job without a wrapper script. Errors a user can cause end with one line and
+an exit code (0 ok, 1 a check failed, 2 a usage, configuration or data error),
+never a traceback, in every command: :class:`TxjoinCommands` reports them
+(``txjoin.errors.report``). ``txjoin --verbose`` shows tracebacks and Spark's
+own log on the terminal.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import click
 
-from txjoin.errors import ConfigError, TxjoinError, cli_errors
+from txjoin.errors import (
+    SPARK_LOG_ENV,
+    VERBOSE_ENV,
+    ConfigError,
+    TxjoinError,
+    cli_errors,
+    report,
+)
 
 DEFAULT_DIR = ".txjoin"
 
 
+class TxjoinCommands(click.Group):
+    """The command group: any subcommand's user error becomes one line and its exit code.
+
+    Commands living next to what they drive (``bench``, ``verify``, ``demo``, the
+    stack) get the same treatment as those that use ``cli_errors`` themselves.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as exc:
+            code = report(exc)
+            if code is None:
+                raise
+            sys.exit(code)
 
 
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=TxjoinCommands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="txjoin")
-def main() -> None:
+@click.option("-v", "--verbose", is_flag=True, envvar=VERBOSE_ENV, show_envvar=True,
+              help="Show tracebacks of errors and Spark's own log on the terminal "
+                   "(otherwise in a log file).")
+def main(verbose: bool) -> None:
     """Transaction-consistent streaming joins over Debezium change data capture, on Spark."""
+    if verbose:
+        # An environment variable, so Spark's Python workers and child processes see it too.
+        os.environ[VERBOSE_ENV] = "1"
 
 
 def _env(name: str) -> str:
@@ -69,6 +105,11 @@ def _env(name: str) -> str:
               type=float, default=300.0, show_default=True,
               help="Seconds of later source commits after which an incomplete transaction "
                    "triggers the policy.")
+@click.option("--decimal-handling-mode", envvar=_env("DECIMAL_HANDLING_MODE"), show_envvar=True,
+              type=click.Choice(["precise", "string", "double"]), default=None,
+              help="The connector's decimal.handling.mode, for records without a schema. "
+                   "Default: the job's decimal_handling_mode, else string (as shipped in "
+                   "config/debezium-postgres.properties).")
 @click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
               help="Extra Spark setting (repeatable), e.g. to enable delta-spark's writer "
                    "(see README).")
@@ -83,14 +124,18 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         starting_offsets: str, trigger_interval: str, max_events_per_trigger: int | None,
         checkpoint_dir: str | None, output_dir: str | None, master: str,
         postgres_dsn: str | None, no_postgres: bool, until_idle: bool, on_incomplete: str,
-        incomplete_timeout: float, spark_conf: tuple[str, ...], shards: int | None,
-        directory: Path) -> None:
+        incomplete_timeout: float, decimal_handling_mode: str | None,
+        spark_conf: tuple[str, ...], shards: int | None, directory: Path) -> None:
     """Run JOB_FILE as a streaming query: Kafka -> transactions -> join -> Delta + PostgreSQL."""
     from txjoin.job import load_job
     from txjoin.spark.pipeline import RunConfig
     from txjoin.spark.run import run_job
 
+    # Spark's own output (shown with --verbose) next to the stack's logs.
+    os.environ.setdefault(SPARK_LOG_ENV, str(directory / "logs" / "spark.log"))
     job = load_job(job_file)
+    if decimal_handling_mode is not None:
+        job = job.with_decimal_handling_mode(decimal_handling_mode)
     if not bootstrap_servers or (postgres_dsn is None and not no_postgres):
         from txjoin.stack.stack import load_stack
 
@@ -136,7 +181,10 @@ def _parse_conf(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--postgres-dsn", envvar=_env("POSTGRES_DSN"), show_envvar=True, default=None,
               help="Also write and check the PostgreSQL sink (one table per scenario).")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Keep checkpoints and Delta output here (default: a temporary directory).")
+              help="Keep checkpoints and Delta output here (default: a temporary directory, "
+                   "removed at the end).")
+@click.option("--keep", is_flag=True,
+              help="Keep the temporary directory (its path is printed).")
 @click.option("--core-only", is_flag=True,
               help="Run the transactional core without Spark (milliseconds; no sinks).")
 @click.option("--master", envvar=_env("MASTER"), show_envvar=True, default="local[2]",
@@ -144,7 +192,8 @@ def _parse_conf(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--shards", type=click.IntRange(min=1), default=None,
               help="Shards of the join (default: Spark's default parallelism).")
 def replay(files: tuple[Path, ...], as_json: bool, postgres_dsn: str | None,
-           workdir: Path | None, core_only: bool, master: str, shards: int | None) -> None:
+           workdir: Path | None, keep: bool, core_only: bool, master: str,
+           shards: int | None) -> None:
     """Replay scenario FILES through the real pipeline and check the sinks after every batch.
 
     Exit code 0: every check held; 1: a check failed; 2: a file is invalid.
@@ -166,25 +215,35 @@ def replay(files: tuple[Path, ...], as_json: bool, postgres_dsn: str | None,
         from txjoin.spark.session import get_session
 
         spark = get_session(master, app_name="txjoin-replay")
+    root = workdir
+    if root is None and not core_only:
+        root = Path(tempfile.mkdtemp(prefix="txjoin-replay-"))
     failed = False
-    for scenario in scenarios:
-        if spark is None:
-            from txjoin.scenarios.core_runner import run_scenario_core
+    try:
+        for scenario in scenarios:
+            if spark is None:
+                from txjoin.scenarios.core_runner import run_scenario_core
 
-            report = run_scenario_core(scenario)
-        else:
-            from txjoin.scenarios.spark_runner import run_scenario_spark
+                result = run_scenario_core(scenario)
+            else:
+                from txjoin.scenarios.spark_runner import run_scenario_spark
 
-            report = run_scenario_spark(
-                spark, scenario, None if workdir is None else str(workdir / scenario.name),
-                postgres_dsn=postgres_dsn, shards=shards)
-        failed = failed or not report.passed
-        if as_json:
-            click.echo(jsonlib.dumps(report.to_json()))
-        else:
-            click.secho(report.line(), fg="green" if report.passed else "red")
-            if report.failures:
-                click.echo("  " + report.failures[0].replace("\n", "\n  "))
+                assert root is not None
+                result = run_scenario_spark(spark, scenario, str(root / scenario.name),
+                                            postgres_dsn=postgres_dsn, shards=shards)
+            failed = failed or not result.passed
+            if as_json:
+                click.echo(jsonlib.dumps(result.to_json()))
+            else:
+                click.secho(result.line(), fg="green" if result.passed else "red")
+                if result.failures:
+                    click.echo("  " + result.failures[0].replace("\n", "\n  "))
+    finally:
+        if root is not None and workdir is None:
+            if keep:
+                click.echo(f"kept checkpoints and output in {root}", err=as_json)
+            else:
+                shutil.rmtree(root, ignore_errors=True)
     sys.exit(1 if failed else 0)
 
 

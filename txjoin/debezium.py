@@ -95,8 +95,31 @@ class TxMarker:
 Decoded = ChangeEvent | TxMarker | None
 
 
-def _canonical(row: dict[str, Any] | None) -> str | None:
-    return None if row is None else json.dumps(row, sort_keys=True, separators=(",", ":"))
+class SchemaRow(dict[str, Any]):
+    """A row image from a record that carried its schema (``schemas.enable=true``).
+
+    Decoding has already turned every ``Decimal``-typed value into the
+    ``{"scale", "value"}`` form, so a string in a decimal column is a decimal
+    literal (``decimal.handling.mode=string``) whatever the job says
+    (:meth:`txjoin.job.Table.convert_row`).
+    """
+
+    __slots__ = ()
+
+
+def _loads(value: str | bytes) -> Any:
+    """Parse JSON with orjson (several times faster than ``json``, bytes without decoding).
+
+    orjson refuses ``NaN`` and ``Infinity``, which Jackson may write for doubles:
+    such records go through ``json``, whose error message is the one reported
+    when both refuse (so messages are those of ``json``). Integers beyond 64 bits
+    would become floats, but Debezium writes none (``numeric`` arrives as a
+    string, base64 bytes or a double, per ``decimal.handling.mode``).
+    """
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return json.loads(value)
 
 
 def split_transaction_id(tx_id: Any, pos: Position) -> tuple[int, int | None]:
@@ -121,13 +144,14 @@ def decode(value: str | bytes | None, pos: Position) -> Decoded:
         return DecodeError(what, topic=pos.topic, partition=pos.partition, offset=pos.offset)
 
     try:
-        doc = orjson.loads(value)
+        doc = _loads(value)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"value is not JSON ({exc}); is the JSON converter configured?") from None
     if not isinstance(doc, dict):
         raise bad(f"value is a JSON {type(doc).__name__}, expected an object")
+    schema: Any = None
     if "payload" in doc and "schema" in doc:  # schemas.enable=true
-        doc = doc["payload"]
+        schema, doc = doc["schema"], doc["payload"]
         if doc is None:
             return None
         if not isinstance(doc, dict):
@@ -136,6 +160,8 @@ def decode(value: str | bytes | None, pos: Position) -> Decoded:
     if "status" in doc:
         return _decode_marker(doc, pos, bad)
     if "op" in doc:
+        if schema is not None:
+            _apply_schema(schema, doc, bad)
         return _decode_change(doc, pos, bad)
     raise bad(f"neither a change event (`op`) nor a transaction marker (`status`); "
               f"keys: {sorted(doc)[:8]}")
@@ -165,12 +191,74 @@ def _decode_marker(doc: dict[str, Any], pos: Position, bad: Any) -> TxMarker:
             raise bad(f"END of {doc.get('id')}: event_count {event_count} differs from the sum "
                       f"of data_collections {sum(counts.values())}")
     return TxMarker(status=status, xid=xid, id=str(doc["id"]), commit_lsn=lsn,
-                    event_count=event_count, counts=counts, ts_ms=doc.get("ts_ms"), position=pos)
+                    event_count=event_count, counts=counts,
+                    ts_ms=_timestamp(doc.get("ts_ms"), "ts_ms", bad), position=pos)
+
+
+def _timestamp(value: Any, name: str, bad: Any) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise bad(f"`{name}` is {value!r}, expected milliseconds since the epoch")
+
+
+DECIMAL = "org.apache.kafka.connect.data.Decimal"
+VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+
+
+def _apply_schema(schema: Any, doc: dict[str, Any], bad: Any) -> None:
+    """Mark ``before``/``after`` as :class:`~txjoin.job.SchemaRow` and make decimals exact.
+
+    With ``decimal.handling.mode=precise`` a ``Decimal`` value is base64 of the
+    unscaled number and only the schema's ``scale`` parameter says where the
+    point goes: rewrite it as Debezium's variable-scale form ``{"scale", "value"}``,
+    which reads the same in every mode. ``VariableScaleDecimal`` already has that
+    form; strings (``string`` mode) and numbers (``double``) need nothing.
+    """
+    fields = schema.get("fields") if isinstance(schema, dict) else None
+    if not isinstance(fields, list):
+        return  # no row schemas to go by: read the rows like schemaless ones
+    by_name = {f.get("field"): f for f in fields if isinstance(f, dict)}
+    for name in ("before", "after"):
+        envelope_field, row = by_name.get(name), doc.get(name)
+        if not isinstance(envelope_field, dict) or not isinstance(row, dict):
+            continue
+        columns = envelope_field.get("fields")
+        for column in columns if isinstance(columns, list) else ():
+            if not isinstance(column, dict) or not isinstance(column.get("field"), str) \
+                    or column["field"] not in row:
+                continue
+            col = column["field"]
+            scale = _decimal_scale(column, bad, f"{name}.{col}")
+            if scale is not None:
+                row[col] = _with_scale(row[col], scale, bad, f"{name}.{col}")
+            elif column.get("type") == "array" and isinstance(column.get("items"), dict):
+                scale = _decimal_scale(column["items"], bad, f"{name}.{col}[]")
+                if scale is not None and isinstance(row[col], list):
+                    row[col] = [_with_scale(v, scale, bad, f"{name}.{col}[]") for v in row[col]]
+        doc[name] = SchemaRow(row)
+
+
+def _decimal_scale(field_schema: dict[str, Any], bad: Any, where: str) -> int | None:
+    if field_schema.get("name") != DECIMAL:
+        return None
+    params = field_schema.get("parameters")
+    try:
+        return int(params["scale"])  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        raise bad(f"{where}: Decimal schema without a `scale` parameter: {params!r}") from None
+
+
+def _with_scale(value: Any, scale: int, bad: Any, where: str) -> Any:
+    if value is None or isinstance(value, dict):
+        return value
+    if not isinstance(value, str):
+        raise bad(f"{where}: Decimal value {value!r} is not base64 bytes")
+    return {"scale": scale, "value": value}
 
 
 def _decode_change(doc: dict[str, Any], pos: Position, bad: Any) -> ChangeEvent:
     op = doc.get("op")
-    if op not in DATA_OPS:
+    if not isinstance(op, str) or op not in DATA_OPS:
         raise bad(f"unknown op {op!r} (expected one of c, u, d, r, t; 'm' messages "
                   f"are not supported)")
     source = doc.get("source")
@@ -202,14 +290,14 @@ def _decode_change(doc: dict[str, Any], pos: Position, bad: Any) -> ChangeEvent:
         if not isinstance(tx, dict):
             raise bad("`transaction` is not an object")
         xid, _ = split_transaction_id(tx.get("id"), pos)
-        if source.get("txId") is not None and int(source["txId"]) != xid:
-            raise bad(f"transaction.id {tx.get('id')} disagrees with source.txId "
-                      f"{source['txId']}")
+        tx_id = source.get("txId")
+        if tx_id is not None and (not isinstance(tx_id, int | str) or str(tx_id) != str(xid)):
+            raise bad(f"transaction.id {tx.get('id')} disagrees with source.txId {tx_id!r}")
         dco = tx.get("data_collection_order")
     lsn = source.get("lsn")
     return ChangeEvent(
         table=f"{schema}.{table}", op=op, before=before, after=after, xid=xid,
         lsn=int(lsn) if isinstance(lsn, int | str) and str(lsn).isdigit() else None,
-        commit_ts_ms=source.get("ts_ms"), snapshot=snapshot,
+        commit_ts_ms=_timestamp(source.get("ts_ms"), "source.ts_ms", bad), snapshot=snapshot,
         data_collection_order=dco if isinstance(dco, int) else None, position=pos,
     )

@@ -1,37 +1,51 @@
-"""The one exception hierarchy of txjoin.
+"""The one exception hierarchy of txjoin, and how the CLI reports errors.
 
 Every error a user can cause says what was wrong, where (topic/partition/offset,
 file/line, table/column) and what to do about it. The CLI turns any
-``TxjoinError`` into a clean message and an exit code instead of a traceback.
+``TxjoinError``, and the errors of the services and libraries below it that a
+user can cause (an unreachable database, a missing file, a failed Spark query),
+into one line and an exit code instead of a traceback; ``txjoin --verbose``
+prints the traceback too.
+
+Exit codes, the same for every command: 0 ok, 1 a check or verification
+failed, 2 a usage, configuration or data error (``TxjoinError.exit_code``).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+VERBOSE_ENV = "TXJOIN_VERBOSE"
+"""Set to ``1`` by ``txjoin --verbose``; read by the error reporting and the Spark session."""
+SPARK_LOG_ENV = "TXJOIN_SPARK_LOG"
+"""The file Spark's output goes to when not verbose (``txjoin.spark.session``)."""
+
+
+def verbose() -> bool:
+    """Whether the user asked for tracebacks and the libraries' own logs."""
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
 
 class TxjoinError(Exception):
-    """Base class of every error txjoin raises on purpose."""
+    """Base class of every error txjoin raises on purpose (exit code 2: usage, config, data)."""
 
-    exit_code = 1
+    exit_code = 2
 
 
 class ConfigError(TxjoinError):
     """Wrong options, environment variables or config file."""
 
-    exit_code = 2
-
 
 class JobError(TxjoinError):
     """A job file that cannot be loaded or fails validation."""
-
-    exit_code = 2
 
 
 class DecodeError(TxjoinError):
@@ -63,7 +77,9 @@ class ServiceError(TxjoinError):
 class ScenarioError(TxjoinError):
     """An invalid scenario file (exit code 2 of `txjoin replay`)."""
 
-    exit_code = 2
+
+class SparkError(TxjoinError):
+    """A Spark failure that carries no txjoin error (bad ``--spark-conf``, master, ...)."""
 
 
 def from_worker(exc: BaseException) -> TxjoinError | None:
@@ -82,22 +98,67 @@ def from_worker(exc: BaseException) -> TxjoinError | None:
     return err
 
 
+def user_error(exc: BaseException) -> TxjoinError | None:
+    """``exc`` as the one-line error a user can act on, or ``None`` for a bug (traceback).
+
+    Covers txjoin's own errors, those raised in Spark's Python workers (they reach
+    the driver inside Java exceptions), an unreachable PostgreSQL, a missing or
+    unreadable file or refused connection, and any other failed Spark call.
+    """
+    if isinstance(exc, TxjoinError):
+        return exc
+    recovered = from_worker(exc)
+    if recovered is not None:
+        return recovered
+    kind = f"{type(exc).__module__}.{type(exc).__name__}"
+    first = _first_line(str(exc))
+    if kind.startswith("psycopg2.") and type(exc).__name__ == "OperationalError":
+        return ServiceError(f"PostgreSQL: {first}")
+    if isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError
+                  | NotADirectoryError | ConnectionError):
+        return ConfigError(first)
+    if kind.startswith(("pyspark.", "py4j.")):
+        return SparkError(f"Spark: {first}")
+    return None
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else "(no message)"
+
+
+def report(exc: BaseException) -> int | None:
+    """Print ``exc`` as one red line (with the traceback under ``--verbose``); its exit code.
+
+    ``None`` when ``exc`` is not an error a user can cause: let it propagate.
+    """
+    import click
+
+    err = user_error(exc)
+    if err is None:
+        return None
+    if verbose():
+        traceback.print_exception(exc)
+    message = str(err)
+    if isinstance(err, SparkError) and not verbose():
+        log = os.environ.get(SPARK_LOG_ENV)
+        message += f" (Spark's log: {log}; " if log else " ("
+        message += "txjoin --verbose shows the stack trace)"
+    click.secho(f"error: {message}", fg="red", err=True)
+    return err.exit_code
+
+
 def cli_errors(fn: F) -> F:
     """Known errors (also from Spark workers) end with one red line and their exit code."""
-    import click
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except TxjoinError as exc:
-            click.secho(f"error: {exc}", fg="red", err=True)
-            sys.exit(exc.exit_code)
         except Exception as exc:
-            recovered = from_worker(exc)
-            if recovered is None:
+            code = report(exc)
+            if code is None:
                 raise
-            click.secho(f"error: {recovered}", fg="red", err=True)
-            sys.exit(recovered.exit_code)
+            sys.exit(code)
 
     return wrapper  # type: ignore[return-value]

@@ -21,17 +21,20 @@ declared. Errors name the job file and the lookup.
 from __future__ import annotations
 
 import base64
+import binascii
 import datetime as dt
 import importlib.util
+import logging
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
 import networkx as nx
 
+from txjoin.debezium import SchemaRow
 from txjoin.errors import JobError
 
 Semantics = Literal["as_of_fact", "current"]
@@ -46,6 +49,10 @@ _FAST: dict[str, type] = {"int": int, "bigint": int, "smallint": int, "text": st
                           "double": float}
 _SCALARS = {"int", "bigint", "smallint", "text", "bool", "double", "timestamp", "timestamptz"}
 
+DECIMAL_HANDLING_MODES: tuple[str, ...] = ("precise", "string", "double")
+DEFAULT_DECIMAL_HANDLING_MODE = "string"
+"""What ``config/debezium-postgres.properties`` sets (a unit test keeps them equal)."""
+
 
 def _check_type(sql_type: str, where: str) -> None:
     base = sql_type[:-2] if sql_type.endswith("[]") else sql_type
@@ -58,41 +65,50 @@ def _check_type(sql_type: str, where: str) -> None:
 
 @dataclass(frozen=True)
 class Table:
-    """A captured source table: its name (``schema.table``), columns and primary key."""
+    """A captured source table: its name (``schema.table``), columns and primary key.
+
+    ``defaults`` makes columns optional: a column listed there may be missing
+    from the source's rows (dropped at the source, or not added yet) and reads as
+    the given value, e.g. ``defaults={"nickname": None}``. Every other declared
+    column must be present in every row image. Columns the source has and the
+    job does not declare are ignored (logged once per table and column).
+
+    ``decimal_handling_mode`` is set by the :class:`Job` (its own setting), not
+    by hand.
+    """
 
     name: str
     columns: Mapping[str, str]
     key: Sequence[str] = ("id",)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    decimal_handling_mode: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "columns", dict(self.columns))
         object.__setattr__(self, "key", tuple(self.key))
+        object.__setattr__(self, "defaults", dict(self.defaults))
 
-    def convert_row(self, raw: Mapping[str, Any], *,
-                    where: str = "", complete: bool = False) -> dict[str, Any]:
+    def convert_row(self, raw: Mapping[str, Any], *, where: str = "", complete: bool = False,
+                    decimal_handling_mode: str | None = None) -> dict[str, Any]:
         """Turn a Debezium JSON row into typed Python values (Decimal, datetime, list...).
 
-        Unknown columns mean the source schema changed: that is an error, not
-        something to drop silently. So are missing ones when ``complete`` (an
-        ``after`` image always carries every column of the table).
+        Columns the job does not declare are ignored: the source may add columns
+        without stopping the job (seed 000). A declared column missing from a
+        ``complete`` row (an ``after`` image always carries every column of the
+        table) is an error unless it has a default: the source dropped or renamed
+        it, and reading on would silently turn its values into nulls. ``where``
+        prefixes every message (the record's position). ``decimal_handling_mode``
+        overrides the table's (e.g. ``string`` for values written by hand).
         """
-        unknown = set(raw) - set(self.columns)
-        if unknown:
-            raise JobError(
-                f"{where}: {self.name} has column(s) {sorted(unknown)} that the job does not "
-                f"declare (source schema change?). Declare them in the job's Table "
-                f"and restart from a checkpoint taken before the change, or from scratch."
-            )
-        missing = [c for c in self.columns if c not in raw] if complete else []
-        if missing:
-            raise JobError(
-                f"{where}: {self.name} row lacks declared column(s) {missing} (source schema "
-                f"change: column dropped or renamed?). Remove them from the job's Table and "
-                f"restart from a checkpoint taken before the change, or from scratch."
-            )
+        if len(raw) != len(self.columns) or not self.columns.keys() <= raw.keys():
+            self._check_columns(raw, where, complete)
+        mode = (_SCHEMA_MODE if isinstance(raw, SchemaRow)
+                else decimal_handling_mode or self.decimal_handling_mode)
         row: dict[str, Any] = {}
         for col, sql_type in self.columns.items():
             if col not in raw:
+                if col in self.defaults and complete:
+                    row[col] = self.defaults[col]
                 # A key-only `before` (no REPLICA IDENTITY FULL) lacks the other columns.
                 continue
             value = raw[col]
@@ -100,24 +116,60 @@ class Table:
             if fast is not None and type(value) is fast:
                 row[col] = value  # already the right Python type: the common case
             else:
-                row[col] = convert_value(value, sql_type, where=f"{where} {self.name}.{col}")
+                row[col] = convert_value(value, sql_type, where=f"{where} {self.name}.{col}",
+                                         decimal_handling_mode=mode)
         return row
+
+    def _check_columns(self, raw: Mapping[str, Any], where: str, complete: bool) -> None:
+        for col in raw:
+            if col not in self.columns:
+                _ignored_column(self.name, col, where)
+        if not complete:
+            return
+        missing = [c for c in self.columns if c not in raw and c not in self.defaults]
+        if missing:
+            col = missing[0]
+            raise JobError(
+                f"{where} {self.name}.{col}: the job declares column {col!r} but the source "
+                f"row has no such column (dropped or renamed at the source?); columns: "
+                f"{sorted(raw)}. Give it a default in the job's Table (defaults={{{col!r}: "
+                f"None}}) or stop using it, then restart the job on the same checkpoint."
+            )
 
     def convert_key(self, raw: Mapping[str, Any], *, where: str = "") -> tuple[Any, ...]:
         """Only the primary key of a Debezium JSON row (enough for a `before`)."""
-        return tuple(convert_value(raw.get(k), self.columns[k], where=f"{where} {self.name}.{k}")
+        mode = _SCHEMA_MODE if isinstance(raw, SchemaRow) else self.decimal_handling_mode
+        return tuple(convert_value(raw.get(k), self.columns[k], where=f"{where} {self.name}.{k}",
+                                   decimal_handling_mode=mode)
                      for k in self.key)
 
     def key_of(self, row: Mapping[str, Any]) -> tuple[Any, ...]:
         return tuple(row.get(k) for k in self.key)
 
 
-def convert_value(value: Any, sql_type: str, *, where: str = "") -> Any:
+_SCHEMA_MODE = "schema"
+_IGNORED: set[tuple[str, str]] = set()
+_log = logging.getLogger("txjoin.schema")
+
+
+def _ignored_column(table: str, column: str, where: str) -> None:
+    if (table, column) in _IGNORED:
+        return
+    _IGNORED.add((table, column))
+    _log.warning("%s %s has column %r that the job does not declare: ignored (declare it in "
+                 "the job's Table to use it)", where.rstrip(":") or "source:", table, column)
+
+
+def convert_value(value: Any, sql_type: str, *, where: str = "",
+                  decimal_handling_mode: str | None = None) -> Any:
     """Convert one JSON value as Debezium writes it into a Python value of ``sql_type``.
 
-    The documented converter settings are ``decimal.handling.mode=string`` and
-    the default ``time.precision.mode=adaptive`` (``timestamp`` = microseconds
-    since the epoch). Floats and ISO strings are accepted too.
+    ``decimal_handling_mode`` is the connector's setting (default: the one txjoin
+    ships, ``string``): ``string`` reads decimal literals, ``precise`` reads
+    base64 unscaled bytes at the declared scale, ``double`` reads JSON numbers.
+    Debezium's variable-scale ``{"scale", "value"}`` form is read in every mode.
+    Times follow the default ``time.precision.mode=adaptive`` (``timestamp`` =
+    microseconds since the epoch); ISO strings are accepted too.
     """
     if value is None or value == UNAVAILABLE:
         return value
@@ -125,39 +177,118 @@ def convert_value(value: Any, sql_type: str, *, where: str = "") -> Any:
         if value == [UNAVAILABLE]:
             return UNAVAILABLE
         if not isinstance(value, list):
-            raise JobError(f"{where}: expected a JSON array for {sql_type}, got {value!r}")
-        return [convert_value(v, sql_type[:-2], where=where) for v in value]
+            raise ColumnValueError(f"{where}: expected a JSON array for {sql_type}, got "
+                                   f"{value!r}", _TYPE_HINT)
+        return [convert_value(v, sql_type[:-2], where=where,
+                              decimal_handling_mode=decimal_handling_mode) for v in value]
+    decimal = _DECIMAL.match(sql_type)
     try:
         if sql_type in ("int", "bigint", "smallint"):
             if isinstance(value, bool) or not isinstance(value, int | str):
                 raise ValueError
             return int(value)
         if sql_type == "text":
+            if isinstance(value, dict | list):
+                raise ValueError
             return str(value)
         if sql_type == "bool":
-            return bool(value)
+            if not isinstance(value, bool):
+                raise ValueError
+            return value
         if sql_type == "double":
+            if isinstance(value, bool) or not isinstance(value, int | float | str):
+                raise ValueError
             return float(value)
         if sql_type in ("timestamp", "timestamptz"):
-            if isinstance(value, int):
+            if isinstance(value, int) and not isinstance(value, bool):
                 return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=value)
-            parsed = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+            if not isinstance(value, str):
+                raise ValueError
+            parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
             return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
-        m = _DECIMAL.match(sql_type)
-        if m:
-            scale = int(m.group(2))
-            if isinstance(value, dict) and "value" in value:  # VariableScaleDecimal
-                return Decimal(int.from_bytes(base64.b64decode(value["value"]), "big", signed=True)
-                               ).scaleb(-int(value["scale"]))
-            if isinstance(value, str) and not re.fullmatch(r"[-+]?[0-9.eE+-]+", value):
-                # decimal.handling.mode=precise with schemas disabled: base64 bytes, scale lost.
-                raw = base64.b64decode(value, validate=True)
-                return Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale)
-            return Decimal(str(value)).quantize(Decimal(1).scaleb(-scale))
-    except (ValueError, TypeError, InvalidOperation) as exc:
-        raise JobError(f"{where}: cannot read {value!r} as {sql_type} "
-                       f"(is decimal.handling.mode=string set on the connector?)") from exc
+        if decimal is not None:
+            return _decimal(value, int(decimal.group(2)),
+                            decimal_handling_mode or DEFAULT_DECIMAL_HANDLING_MODE)
+    except (ValueError, TypeError, ArithmeticError, binascii.Error) as exc:
+        hint = _TYPE_HINT if decimal is None else _decimal_hint(value, decimal_handling_mode)
+        raise ColumnValueError(f"{where}: cannot read {value!r} as {sql_type}", hint) from exc
     raise JobError(f"{where}: unsupported type {sql_type}")
+
+
+class ColumnValueError(JobError):
+    """A column value that cannot be read as its declared type.
+
+    ``reason`` says what and where; the message adds what to do about it when
+    the value came from the source (``hint``).
+    """
+
+    def __init__(self, reason: str, hint: str) -> None:
+        super().__init__(reason + hint)
+        self.reason = reason
+
+
+_TYPE_HINT = (" (source column type changed?). Declare the column's type in the job's Table "
+              "as the source has it, then restart the job on the same checkpoint.")
+
+
+def _decimal(value: Any, scale: int, mode: str) -> Decimal:
+    """A ``numeric(p, scale)`` value as the connector's ``decimal.handling.mode`` writes it."""
+    if isinstance(value, dict):  # io.debezium.data.VariableScaleDecimal: its own scale
+        if set(value) != {"scale", "value"} or not isinstance(value["scale"], int):
+            raise ValueError("not a {scale, value} decimal")
+        return _unscaled(value["value"]).scaleb(-value["scale"])
+    if isinstance(value, bool):
+        raise ValueError("a boolean")
+    exponent = Decimal(1).scaleb(-scale)
+    if isinstance(value, int | float):  # double mode (or a JSON number in any mode)
+        number = Decimal(repr(value))
+        if mode in ("double", _SCHEMA_MODE):  # with a schema, a number is a double
+            return number.quantize(exponent)  # a double is approximate: round to the scale
+        return _exact(number, exponent)
+    if not isinstance(value, str):
+        raise ValueError("not a decimal")
+    if mode == "precise":  # base64 of the unscaled value; the scale is the declared one
+        return _unscaled(value).scaleb(-scale)
+    if not _LITERAL.fullmatch(value):
+        raise ValueError("not a decimal literal")
+    return _exact(Decimal(value), exponent)
+
+
+_LITERAL = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:NaN|Infinity)")
+
+
+def _unscaled(text: Any) -> Decimal:
+    if not isinstance(text, str):
+        raise ValueError("not base64")
+    raw = base64.b64decode(text, validate=True)
+    if not raw:
+        raise ValueError("empty bytes")
+    return Decimal(int.from_bytes(raw, "big", signed=True))
+
+
+def _exact(number: Decimal, exponent: Decimal) -> Decimal:
+    """``number`` at the declared scale; more decimal places than declared is an error."""
+    if not number.is_finite():
+        return number
+    rounded = number.quantize(exponent)
+    if rounded != number:
+        raise ValueError("more decimal places than declared")
+    return rounded
+
+
+def _decimal_hint(value: Any, mode: str | None) -> str:
+    mode = mode or DEFAULT_DECIMAL_HANDLING_MODE
+    if mode == _SCHEMA_MODE:
+        return _TYPE_HINT
+    looks_base64 = isinstance(value, str) and not _LITERAL.fullmatch(value)
+    if mode == "string" and looks_base64:
+        return (" with decimal.handling.mode=string: it looks like base64 (precise mode). Set "
+                "the job's decimal_handling_mode (or --decimal-handling-mode) to the "
+                "connector's decimal.handling.mode, then restart the job on the same checkpoint.")
+    return (f" with decimal.handling.mode={mode}: is that the connector's setting, and is the "
+            f"declared scale the column's? Set the job's decimal_handling_mode (or "
+            f"--decimal-handling-mode) and the column's type as the source has them, then "
+            f"restart the job on the same checkpoint.")
 
 
 @dataclass(frozen=True)
@@ -232,13 +363,26 @@ class Job:
     output: Output
     semantics: Semantics = "as_of_fact"
     source_file: str = "<inline>"
+    decimal_handling_mode: str | None = None
+    """The connector's ``decimal.handling.mode`` when records carry no schema
+    (``precise``, ``string`` or ``double``); ``None``: txjoin's shipped setting,
+    ``string``. ``txjoin run --decimal-handling-mode`` overrides it."""
     _by_name: dict[str, Table] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tables", tuple(self.tables))
+        mode = self.decimal_handling_mode or DEFAULT_DECIMAL_HANDLING_MODE
+        if mode not in DECIMAL_HANDLING_MODES:
+            _fail(self, f"decimal_handling_mode {mode!r} is not one of {DECIMAL_HANDLING_MODES}")
+        object.__setattr__(self, "tables", tuple(
+            t if t.decimal_handling_mode == mode else replace(t, decimal_handling_mode=mode)
+            for t in self.tables))
         object.__setattr__(self, "lookups", tuple(self.lookups))
         object.__setattr__(self, "_by_name", {t.name: t for t in self.tables})
         validate(self)
+
+    def with_decimal_handling_mode(self, mode: str) -> Job:
+        """This job reading decimals as the connector's ``decimal.handling.mode`` ``mode``."""
+        return replace(self, decimal_handling_mode=mode)
 
     def table(self, name: str) -> Table:
         return self._by_name[name]
@@ -288,6 +432,11 @@ def validate(job: Job) -> None:
                 _fail(job, f"table {t.name}: key column {col!r} is not declared")
         for col, typ in t.columns.items():
             _check_type(typ, f"job {job.name!r} ({job.source_file}): {t.name}.{col}")
+        for col in t.defaults:
+            if col not in t.columns:
+                _fail(job, f"table {t.name}: default for {col!r}, which is not a declared column")
+            if col in t.key:
+                _fail(job, f"table {t.name}: key column {col!r} cannot have a default")
     if job.fact not in job._by_name:
         _fail(job, f"fact table {job.fact!r} is not declared in tables")
     aliases = [job.fact_alias, *(lk.alias for lk in job.lookups)]

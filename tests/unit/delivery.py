@@ -67,9 +67,10 @@ class Pipeline:
     """A synthesized source, an engine, and the output as a sink would hold it."""
 
     def __init__(self, job: Job, policy: IncompletePolicy | None = None, *,
-                 schemas_enable: bool = False) -> None:
+                 schemas_enable: bool = False, decimal_handling_mode: str | None = None) -> None:
         self.job = job
-        self.synth = Synthesizer(job, schemas_enable=schemas_enable)
+        self.synth = Synthesizer(job, schemas_enable=schemas_enable,
+                                 decimal_handling_mode=decimal_handling_mode)
         self.engine = Engine(job, policy)
         self.snapshot_rows: dict[str, list[Row]] = {}
         self.transactions: list[SourceTransaction] = []

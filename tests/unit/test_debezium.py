@@ -188,3 +188,21 @@ def test_schemas_enable_true_payload_decodes_like_the_plain_value() -> None:
     with pytest.raises(DecodeError, match=r"shop\.public\.pizzas\[3\]@42.*payload"):
         decode(json.dumps({"schema": {}, "payload": [1]}), HERE)
 
+
+
+def test_bytes_and_str_values_decode_alike_with_the_json_error_messages() -> None:
+    assert decode(_event().encode(), HERE) == decode(_event(), HERE)
+    assert decode(_end().encode(), HERE) == decode(_end(), HERE)
+    for bad in ("{'op': 'c'", b"{'op': 'c'", ""):
+        with pytest.raises(DecodeError) as exc:
+            decode(bad, HERE)
+        # The message is json's, as before decoding moved to orjson.
+        with pytest.raises(ValueError) as reference:
+            json.loads(bad)
+        assert f"value is not JSON ({reference.value})" in str(exc.value)
+
+
+def test_a_nan_double_as_jackson_writes_it_still_decodes() -> None:
+    event = decode(_event().replace('"price": "8.50"', '"price": NaN'), HERE)
+    assert isinstance(event, ChangeEvent) and event.after is not None
+    assert event.after["price"] != event.after["price"]  # NaN

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import json
+import logging
 import textwrap
 from collections.abc import Callable
 from decimal import Decimal
@@ -11,9 +13,22 @@ from typing import Any
 
 import pytest
 
+import txjoin.job as job_module
 from tests.unit.delivery import Pipeline, insert, only, update
+from txjoin.core.oracle import outputs_after_each
+from txjoin.debezium import ChangeEvent, Position, decode
 from txjoin.errors import DecodeError, JobError
-from txjoin.job import Collect, Job, Lookup, Output, Pick, Table, convert_value, load_job
+from txjoin.job import (
+    DEFAULT_DECIMAL_HANDLING_MODE,
+    Collect,
+    Job,
+    Lookup,
+    Output,
+    Pick,
+    Table,
+    convert_value,
+    load_job,
+)
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"
 ORDERS = load_job(JOBS / "orders.py")
@@ -119,6 +134,14 @@ INVALID: dict[str, tuple[Callable[[], Job], list[str]]] = {
         ["public.favourites.pizza_id", "unknown column type 'uuid'"]),
     "an undeclared fact table": (
         lambda: make_job(fact="public.order"), ["fact table 'public.order'"]),
+    "a default for an undeclared column": (
+        lambda: make_job(tables=[*TABLES[:-1], Table("public.favourites", {
+            "id": "int", "client_id": "int", "pizza_id": "int"}, defaults={"colour": None})]),
+        ["public.favourites", "default for 'colour', which is not a declared column"]),
+    "a default for a key column": (
+        lambda: make_job(tables=[*TABLES[:-1], Table("public.favourites", {
+            "id": "int", "client_id": "int", "pizza_id": "int"}, defaults={"id": 0})]),
+        ["public.favourites", "key column 'id' cannot have a default"]),
 }
 
 
@@ -183,8 +206,8 @@ def test_a_loaded_job_remembers_its_file() -> None:
 # -- errors at processing time -----------------------------------------------------------
 
 
-def _shop() -> Pipeline:
-    pipe = Pipeline(ORDERS)
+def _shop(job: Job = ORDERS, **options: Any) -> Pipeline:
+    pipe = Pipeline(job, **options)
     pipe.snapshot({
         "clients": [{"id": 1, "name": "Ann"}],
         "pizzas": [{"id": 1, "name": "Margherita", "price": "8.50"}],
@@ -197,23 +220,38 @@ def _shop() -> Pipeline:
     return pipe
 
 
-def test_a_new_source_column_stops_processing_naming_the_table_and_column() -> None:
+@pytest.fixture(autouse=True)
+def _forget_ignored_columns() -> None:
+    """Each test sees the once-per-column warnings afresh."""
+    job_module._IGNORED.clear()
+
+
+def test_a_new_source_column_is_ignored_and_logged_once_per_table_and_column(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Seed 000: ALTER TABLE users ADD new_column; the Flink query keeps running.
     pipe = _shop()
-    records = pipe.commit("after ALTER TABLE", insert("clients", id=2, name="Bob"))
+    first = pipe.commit("after ALTER TABLE", insert("clients", id=2, name="Bob"))
+    second = pipe.commit("another", insert("clients", id=3, name="Cy"))
+    pipe.commit("order", insert("orders", id=1, table_assignment_id=1,
+                                order_time="2023-09-23T22:30:00", pizzas=[1]))
 
     def add_email(payload: dict[str, Any]) -> None:
-        payload["after"]["email"] = "bob@example.com"
+        payload["after"]["email"] = "someone@example.com"
 
-    event = pipe.rewrite(only(records, kind="data")[0], add_email)
-    with pytest.raises(DecodeError) as exc:
+    for records in (first, second):
+        pipe.rewrite(only(records, kind="data")[0], add_email)
+    with caplog.at_level(logging.WARNING, logger="txjoin.schema"):
         pipe.deliver_rest()
-    message = str(exc.value)
-    assert "public.clients" in message and "['email']" in message
-    assert "does not declare" in message and "source schema change" in message
-    assert f"shop.public.clients[0]@{event.offset}" in message
+    assert pipe.matches_oracle_prefix() and pipe.output[(1,)]["client_name"] == "Ann"
+    warnings = [r.getMessage() for r in caplog.records if r.name == "txjoin.schema"]
+    assert len(warnings) == 1, warnings
+    assert "public.clients has column 'email' that the job does not declare: ignored" in \
+        warnings[0]
+    assert "shop.public.clients[0]@" in warnings[0]
 
 
 def test_a_dropped_source_column_stops_processing_instead_of_emitting_nulls() -> None:
+    # Seed 000: ALTER TABLE users DROP COLUMN full_name, then an insert: Flink fails.
     pipe = _shop()
     records = pipe.commit("after ALTER TABLE ... DROP COLUMN name", insert("clients", id=2,
                                                                             name="Bob"))
@@ -225,9 +263,78 @@ def test_a_dropped_source_column_stops_processing_instead_of_emitting_nulls() ->
     with pytest.raises(DecodeError) as exc:
         pipe.deliver_rest()
     message = str(exc.value)
-    assert "public.clients" in message and "['name']" in message
-    assert "source schema change" in message
+    assert "\n" not in message
     assert f"shop.public.clients[0]@{event.offset}" in message
+    assert "public.clients.name" in message and "dropped or renamed" in message
+    assert "defaults={'name': None}" in message and "same checkpoint" in message
+
+
+def test_a_dropped_column_with_a_default_reads_as_the_default() -> None:
+    clients = Table("public.clients", {"id": "int", "name": "text"},
+                    defaults={"name": "(unknown)"})
+    job = replace_table(ORDERS, clients)
+    pipe = _shop(job)
+    records = pipe.commit("after DROP COLUMN name", insert("clients", id=1, name="Ann"))
+    pipe.commit("order", insert("orders", id=1, table_assignment_id=1,
+                                order_time="2023-09-23T22:30:00", pizzas=[1]))
+
+    def drop_name(payload: dict[str, Any]) -> None:
+        del payload["after"]["name"]
+
+    pipe.rewrite(only(records, kind="data")[0], drop_name)
+    pipe.deliver_rest()
+    assert pipe.output[(1,)]["client_name"] == "(unknown)"
+    # A key-only or partial `before` is not completed with defaults.
+    assert clients.convert_row({"id": 1}) == {"id": 1}
+    assert clients.convert_row({"id": 1}, complete=True) == {"id": 1, "name": "(unknown)"}
+
+
+def replace_table(job: Job, table: Table) -> Job:
+    return Job(name=job.name, tables=[table if t.name == table.name else t for t in job.tables],
+               fact=job.fact, fact_alias=job.fact_alias, lookups=job.lookups, output=job.output,
+               semantics=job.semantics, source_file=job.source_file,
+               decimal_handling_mode=job.decimal_handling_mode)
+
+
+TYPE_CHANGES = {
+    "int column now text": ("clients", "id", "B-2", "public.clients.id", "as int"),
+    "text column now json": ("clients", "name", {"first": "Bob"}, "public.clients.name",
+                             "as text"),
+    "timestamp column now a date string": ("table_assignment", "time_in", "23.09.2023",
+                                           "public.table_assignment.time_in", "as timestamp"),
+    "array column now a scalar": ("orders", "pizzas", 1, "public.orders.pizzas", "int[]"),
+}
+
+
+@pytest.mark.parametrize("change", sorted(TYPE_CHANGES))
+def test_a_value_not_of_the_declared_type_stops_processing_naming_where(change: str) -> None:
+    table, column, value, named, what = TYPE_CHANGES[change]
+    pipe = _shop()
+    row: dict[str, Any] = {
+        "clients": dict(id=2, name="Bob"),
+        "table_assignment": dict(id=2, client_id=1, table_id=1, time_in="2023-09-23T22:00:00",
+                                 time_out=None),
+        "orders": dict(id=1, table_assignment_id=1, order_time="2023-09-23T22:30:00",
+                       pizzas=[1]),
+    }[table]
+    records = pipe.commit("after ALTER COLUMN ... TYPE", insert(table, **row))
+
+    def retype(payload: dict[str, Any]) -> None:
+        payload["after"][column] = value
+
+    event = pipe.rewrite(only(records, kind="data")[0], retype)
+    with pytest.raises(DecodeError) as exc:
+        pipe.deliver_rest()
+    message = str(exc.value)
+    assert "\n" not in message
+    assert f"shop.public.{table}[0]@{event.offset}" in message
+    assert named in message
+    assert (f"cannot read {value!r} {what}" in message
+            or f"expected a JSON array for {what}, got {value!r}" in message)
+    assert "source column type changed?" in message and "same checkpoint" in message
+
+
+# -- decimals in every decimal.handling.mode ----------------------------------------------
 
 
 def _precise(value: Decimal, scale: int) -> str:
@@ -237,25 +344,133 @@ def _precise(value: Decimal, scale: int) -> str:
                                               signed=True)).decode()
 
 
+def test_the_default_decimal_mode_is_the_shipped_connector_setting() -> None:
+    from txjoin.stack.debezium import CONNECTOR_PROPERTIES, parse_properties
+
+    shipped = parse_properties(CONNECTOR_PROPERTIES.read_text())["decimal.handling.mode"]
+    assert shipped == DEFAULT_DECIMAL_HANDLING_MODE
+    assert ORDERS.table("public.pizzas").decimal_handling_mode == shipped
+
+
 def test_precise_decimal_without_schema_decodes_with_the_declared_scale() -> None:
     assert _precise(Decimal("8.50"), 2) == "A1I="
-    assert convert_value("A1I=", "numeric(10,2)") == Decimal("8.50")
-    pipe = _shop()
-    records = pipe.commit("price", update("pizzas", id=1, price="9.99"))
+    assert convert_value("A1I=", "numeric(10,2)", decimal_handling_mode="precise") == \
+        Decimal("8.50")
+    assert convert_value(["A1I=", None], "numeric(10,2)[]", decimal_handling_mode="precise") == \
+        [Decimal("8.50"), None]
+
+
+def test_precise_decimal_that_looks_like_a_number_is_not_misread() -> None:
+    # -26 588.24 at scale 2: unscaled -2 658 824 is 0xd76df8, base64 "1234".
+    assert _precise(Decimal("-26588.24"), 2) == "1234"
+    assert convert_value("1234", "numeric(10,2)", decimal_handling_mode="precise") == \
+        Decimal("-26588.24")
+    assert convert_value("1234", "numeric(10,2)", decimal_handling_mode="string") == \
+        Decimal("1234.00")
+
+
+DECIMALS_BY_MODE = {
+    "string": [("8.50", "8.50"), ("-0.01", "-0.01"), ("12", "12.00"), ("NaN", "NaN")],
+    "precise": [(_precise(Decimal("8.50"), 2), "8.50"), (_precise(Decimal("-0.01"), 2), "-0.01"),
+                (_precise(Decimal("123456789.99"), 2), "123456789.99")],
+    "double": [(8.5, "8.50"), (0.1 + 0.2, "0.30"), (12, "12.00"), (-0.01, "-0.01")],
+}
+
+
+@pytest.mark.parametrize("mode", sorted(DECIMALS_BY_MODE))
+def test_each_decimal_mode_reads_exact_decimals(mode: str) -> None:
+    for raw, expected in DECIMALS_BY_MODE[mode]:
+        got = convert_value(raw, "numeric(12,2)", decimal_handling_mode=mode)
+        assert str(got) == expected, (raw, got)
+
+
+@pytest.mark.parametrize("mode", ["string", "precise", "double"])
+def test_variable_scale_decimals_keep_their_own_scale_in_every_mode(mode: str) -> None:
+    # io.debezium.data.VariableScaleDecimal: numeric columns without a declared scale.
+    value = {"scale": 3, "value": base64.b64encode((12345).to_bytes(2, "big")).decode()}
+    assert convert_value(value, "numeric(10,2)", decimal_handling_mode=mode) == Decimal("12.345")
+    minus_five = base64.b64encode((-5).to_bytes(1, "big", signed=True)).decode()
+    negative = {"scale": 0, "value": minus_five}
+    assert convert_value(negative, "numeric(10,2)", decimal_handling_mode=mode) == Decimal(-5)
+
+
+MISREADS = {
+    "base64 under string mode": ("A1I=", "string", "looks like base64 (precise mode)"),
+    "more places than declared": ("8.505", "string", "decimal.handling.mode=string"),
+    "not base64 under precise mode": ("8.50", "precise", "decimal.handling.mode=precise"),
+    "a boolean": (True, "double", "decimal.handling.mode=double"),
+    "a broken variable-scale struct": ({"scale": "x", "value": "AA=="}, "string",
+                                       "decimal.handling.mode=string"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISREADS))
+def test_a_decimal_that_does_not_fit_the_mode_is_an_error_not_a_guess(case: str) -> None:
+    value, mode, hint = MISREADS[case]
+    with pytest.raises(JobError) as exc:
+        convert_value(value, "numeric(10,2)", where="here", decimal_handling_mode=mode)
+    assert f"here: cannot read {value!r} as numeric(10,2)" in str(exc.value)
+    assert hint in str(exc.value) and "--decimal-handling-mode" in str(exc.value)
+
+
+@pytest.mark.parametrize("schemas_enable", [False, True], ids=["schemaless", "with schemas"])
+@pytest.mark.parametrize("mode", ["string", "precise", "double"])
+def test_the_pipeline_reads_prices_exactly_in_every_mode(mode: str, schemas_enable: bool) -> None:
+    job = ORDERS.with_decimal_handling_mode(mode)
+    pipe = _shop(job, schemas_enable=schemas_enable, decimal_handling_mode=mode)
+    # 0xd76df8: the precise encoding of -26588.24 reads "1234" (also a decimal literal).
+    pipe.commit("price", update("pizzas", id=1, price="-26588.24"))
     pipe.commit("order", insert("orders", id=1, table_assignment_id=1,
                                 order_time="2023-09-23T22:30:00", pizzas=[1]))
-
-    def as_precise(payload: dict[str, Any]) -> None:
-        payload["after"]["price"] = _precise(Decimal("9.99"), 2)
-
-    pipe.rewrite(only(records, kind="data")[0], as_precise)
     pipe.deliver_rest()
-    assert pipe.output[(1,)]["pizzas"] == [{"pizza": "Margherita", "price": Decimal("9.99")}]
+    # The oracle reads the scenario's own values, decimals as text: the shipped mode.
+    assert pipe.output == outputs_after_each(ORDERS, pipe.snapshot_rows, pipe.transactions)[-1]
+    assert pipe.output[(1,)]["pizzas"] == [{"pizza": "Margherita", "price": Decimal("-26588.24")}]
 
 
-def test_variable_scale_decimal_decodes_with_its_own_scale() -> None:
-    value = {"scale": 3, "value": base64.b64encode((12345).to_bytes(2, "big")).decode()}
-    assert convert_value(value, "numeric(10,2)") == Decimal("12.345")
+def test_with_schemas_the_record_decides_whatever_the_job_says() -> None:
+    # The connector writes precise decimals with their schema, the job expects strings.
+    job = ORDERS.with_decimal_handling_mode("string")
+    pipe = _shop(job, schemas_enable=True, decimal_handling_mode="precise")
+    pipe.commit("price", update("pizzas", id=1, price="-26588.24"))
+    pipe.commit("order", insert("orders", id=1, table_assignment_id=1,
+                                order_time="2023-09-23T22:30:00", pizzas=[1]))
+    pipe.deliver_rest()
+    assert pipe.output[(1,)]["pizzas"][0]["price"] == Decimal("-26588.24")
+    # ... and the other way round: string decimals with a schema, a job set to precise.
+    job = ORDERS.with_decimal_handling_mode("precise")
+    pipe = _shop(job, schemas_enable=True, decimal_handling_mode="string")
+    pipe.commit("price", update("pizzas", id=1, price="1234"))
+    pipe.commit("order", insert("orders", id=1, table_assignment_id=1,
+                                order_time="2023-09-23T22:30:00", pizzas=[1]))
+    pipe.deliver_rest()
+    assert pipe.output[(1,)]["pizzas"][0]["price"] == Decimal("1234.00")
+
+
+def test_with_schemas_a_double_decimal_is_rounded_to_the_declared_scale() -> None:
+    doc = {"schema": {"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": [
+        {"field": "price", "type": "double", "optional": True}]}]},
+        "payload": {"before": None, "after": {"id": 1, "price": 0.1 + 0.2}, "op": "r",
+                    "source": {"schema": "public", "table": "pizzas"}, "transaction": None}}
+    event = decode(json.dumps(doc), Position("shop.public.pizzas", 0, 7))
+    assert isinstance(event, ChangeEvent) and event.after is not None
+    pizzas = ORDERS.with_decimal_handling_mode("string").table("public.pizzas")
+    assert pizzas.convert_row(event.after)["price"] == Decimal("0.30")
+
+
+def test_a_schema_decimal_without_a_scale_is_a_decode_error() -> None:
+    doc = {"schema": {"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": [
+        {"field": "price", "type": "bytes", "name": "org.apache.kafka.connect.data.Decimal"}]}]},
+        "payload": {"before": None, "after": {"id": 1, "price": "A1I="}, "op": "r",
+                    "source": {"schema": "public", "table": "pizzas"}, "transaction": None}}
+    with pytest.raises(DecodeError, match=r"shop\.public\.pizzas\[0\]@7: after\.price: "
+                                          r"Decimal schema without a `scale`"):
+        decode(json.dumps(doc), Position("shop.public.pizzas", 0, 7))
+
+
+def test_a_job_names_an_unknown_decimal_mode() -> None:
+    with pytest.raises(JobError, match="decimal_handling_mode 'exact' is not one of"):
+        make_job(decimal_handling_mode="exact")
 
 
 def test_an_unreadable_decimal_is_a_clear_error_naming_the_column() -> None:
@@ -272,12 +487,3 @@ def test_an_unreadable_decimal_is_a_clear_error_naming_the_column() -> None:
     assert "public.pizzas.price" in message and "'9,99 €'" in message
     assert "decimal.handling.mode=string" in message
     assert "shop.public.pizzas[0]@" in message
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "without the schema, a precise (base64) decimal whose text is also a decimal literal "
-    "is read as a string decimal; nothing declares the connector's decimal.handling.mode"))
-def test_precise_decimal_that_looks_like_a_number_is_not_misread() -> None:
-    # -26 588.24 at scale 2: unscaled -2 658 824 is 0xd76df8, base64 "1234".
-    assert _precise(Decimal("-26588.24"), 2) == "1234"
-    assert convert_value("1234", "numeric(10,2)") == Decimal("-26588.24")

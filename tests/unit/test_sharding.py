@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.strategies import PIZZERIA_ROWS, deliveries, produce, workloads
+from tests.unit.strategies import deliveries, produce, workloads
 from tests.unit.test_properties import JOB_VARIANTS
 from txjoin.core.oracle import outputs_after_each
 from txjoin.core.routing import Router, from_wire, shard_of, to_wire
@@ -129,7 +129,7 @@ def test_a_checkpoint_of_another_layout_or_shard_count_is_refused() -> None:
 
 def test_per_batch_writes_follow_the_batch_not_the_state() -> None:
     """A batch writes its segment and the meta, not the state (until a compaction)."""
-    job, rows = JOB_VARIANTS["orders/as_of_fact"]
+    job, _rows = JOB_VARIANTS["orders/as_of_fact"]
     from txjoin.scenarios.synthesize import Synthesizer
     from txjoin.scenarios.workload import pizzeria_workload
 

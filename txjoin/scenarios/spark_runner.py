@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -32,12 +33,18 @@ def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | N
                        ) -> ScenarioReport:
     """Replay one scenario through Spark; check every sink after every batch.
 
-    ``shards``: how many shards the join runs in (default: Spark's default parallelism).
+    Checkpoints and Delta output go to ``workdir``, or to a temporary directory
+    removed at the end. ``shards``: how many shards the join runs in (default:
+    Spark's default parallelism).
     """
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix=f"txjoin-replay-{scenario.name}-",
+                                         ignore_cleanup_errors=True) as temporary:
+            return run_scenario_spark(spark, scenario, temporary, postgres_dsn, shards)
     started = time.perf_counter()
     schedule = compile_schedule(scenario)
     job = scenario.job
-    work = Path(workdir or tempfile.mkdtemp(prefix=f"txjoin-replay-{scenario.name}-"))
+    work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     batches = [s for s in schedule.steps if isinstance(s, ReplayBatch)]
     write_schedule(str(work / "schedule.json"),
@@ -56,7 +63,7 @@ def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | N
     config = RunConfig(topic_prefix=scenario.topic_prefix,
                        checkpoint_dir=str(work / "checkpoints"), output_dir=str(work / "output"),
                        postgres_dsn=postgres_dsn, shards=shards)
-    spark.dataSource.register(ReplaySource)
+    _register_once(spark)
     seen: dict[str, RunObservation] = {}
     error: str | None = None
     sinks: list[Sink] = []
@@ -100,6 +107,16 @@ def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | N
     return ScenarioReport(name=scenario.name, passed=not failures, batches=len(outputs),
                           seconds=time.perf_counter() - started, failures=failures,
                           path=str(scenario.path), runner="spark")
+
+
+_REGISTERED: weakref.WeakSet[SparkSession] = weakref.WeakSet()
+
+
+def _register_once(spark: SparkSession) -> None:
+    """Register the replay source once per session (again, Spark warns that it replaced it)."""
+    if spark not in _REGISTERED:
+        spark.dataSource.register(ReplaySource)
+        _REGISTERED.add(spark)
 
 
 def _message(exc: BaseException) -> str:

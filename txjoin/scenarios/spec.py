@@ -30,7 +30,7 @@ import yaml
 
 from txjoin.core.oracle import RowChange, SourceTransaction
 from txjoin.errors import JobError, ScenarioError
-from txjoin.job import Collect, Job, Table, load_job
+from txjoin.job import Collect, ColumnValueError, Job, Table, load_job
 
 INVARIANTS: tuple[str, ...] = ("prefix_consistent", "final_equals_oracle", "exactly_once")
 SNAPSHOT = "snapshot"
@@ -251,7 +251,7 @@ def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"{path}: cannot read the scenario file: {exc}") from None
     r = _Reader(path)
     try:
@@ -262,7 +262,9 @@ def load_scenario(path: str | Path) -> Scenario:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"{mark.line + 1}" if mark is not None else "?"
-        raise ScenarioError(f"{path}:{line}: not valid YAML: {exc}") from None
+        where = f", column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ScenarioError(f"{path}:{line}: not valid YAML{where}: {problem}") from None
     if doc is None:
         raise ScenarioError(f"{path}:1: the file is empty")
     top = r.mapping(doc, "", 1, required=("name", "about", "job", "transactions"),
@@ -372,7 +374,10 @@ class _Model:
                             f"primary-key column of {table.name} cannot be null")
         row = _plain(m)
         try:
-            table.convert_row(row, where="")
+            # Scenario files write decimals as text, whatever the job's connector does.
+            table.convert_row(row, where="", decimal_handling_mode="string")
+        except ColumnValueError as exc:  # the hint is about a source, not a scenario file
+            self.r.fail(line, where, exc.reason.lstrip(": "))
         except JobError as exc:
             self.r.fail(line, where, str(exc).lstrip(": "))
         return row

@@ -3,7 +3,9 @@
 The records match the connector with the settings txjoin documents
 (``plugin.name=pgoutput``, ``provide.transaction.metadata=true``,
 ``decimal.handling.mode=string``, adaptive time precision, JSON converter with
-``schemas.enable=false``, ``REPLICA IDENTITY FULL``): the envelope with
+``schemas.enable=false``, ``REPLICA IDENTITY FULL``), or with another
+``decimal.handling.mode`` and ``schemas.enable=true`` (the schema of each row
+as Debezium writes it, decimals as Kafka Connect's ``Decimal`` with its scale): the envelope with
 ``before``/``after``/``source``/``op``/``ts_ms``/``transaction``, a tombstone
 after each delete, BEGIN/END on ``<prefix>.transaction`` whose ids carry
 different LSNs, snapshot rows with ``op=r`` and the ``source.snapshot``
@@ -12,6 +14,7 @@ markers. Used by the replay harness and the property tests.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
@@ -54,28 +57,62 @@ def _micros(value: Any) -> Any:
     return value
 
 
-def encode_value(value: Any, sql_type: str) -> Any:
+def encode_value(value: Any, sql_type: str, decimal_handling_mode: str = "string") -> Any:
     """A Python/scenario value as Debezium's JSON converter writes it."""
     if value is None:
         return None
     if sql_type.endswith("[]"):
-        return [encode_value(v, sql_type[:-2]) for v in value]
+        return [encode_value(v, sql_type[:-2], decimal_handling_mode) for v in value]
     if sql_type in ("timestamp", "timestamptz"):
         return _micros(value)
     m = _DECIMAL.match(sql_type)
     if m:
-        return str(Decimal(str(value)).quantize(Decimal(1).scaleb(-int(m.group(2)))))
+        exact = Decimal(str(value)).quantize(Decimal(1).scaleb(-int(m.group(2))))
+        if decimal_handling_mode == "precise":  # base64 of the big-endian unscaled value
+            unscaled = int(exact.scaleb(int(m.group(2))))
+            raw = unscaled.to_bytes(unscaled.bit_length() // 8 + 1, "big", signed=True)
+            return base64.b64encode(raw).decode("ascii")
+        if decimal_handling_mode == "double":
+            return float(exact)
+        return str(exact)
     return value
+
+
+_CONNECT_TYPES = {"int": "int32", "bigint": "int64", "smallint": "int16", "text": "string",
+                  "bool": "boolean", "double": "double"}
+
+
+def field_schema(sql_type: str, decimal_handling_mode: str = "string") -> dict[str, Any]:
+    """The Kafka Connect schema Debezium gives a column of ``sql_type``."""
+    if sql_type.endswith("[]"):
+        return {"type": "array", "optional": True,
+                "items": field_schema(sql_type[:-2], decimal_handling_mode)}
+    if sql_type in ("timestamp", "timestamptz"):
+        return {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp",
+                "version": 1}
+    m = _DECIMAL.match(sql_type)
+    if m and decimal_handling_mode == "precise":
+        return {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+                "version": 1, "parameters": {"scale": m.group(2),
+                                             "connect.decimal.precision": m.group(1)}}
+    if m:
+        return {"type": "double" if decimal_handling_mode == "double" else "string",
+                "optional": True}
+    return {"type": _CONNECT_TYPES[sql_type], "optional": True}
 
 
 class Synthesizer:
     """Keeps a model of the source tables and the topics; appends records as transactions commit."""
 
     def __init__(self, job: Job, prefix: str = "shop", schemas_enable: bool = False,
-                 first_xid: int = 1000, start_ms: int = 1_695_510_000_000) -> None:
+                 first_xid: int = 1000, start_ms: int = 1_695_510_000_000,
+                 decimal_handling_mode: str | None = None) -> None:
         self.job = job
         self.prefix = prefix
         self.schemas_enable = schemas_enable
+        # By default what the job's connector writes.
+        self.decimal_handling_mode = (decimal_handling_mode or job.decimal_handling_mode
+                                      or "string")
         self.xid = first_xid
         self.lsn = 30_000_000
         self.now_ms = start_ms
@@ -95,19 +132,27 @@ class Synthesizer:
 
     # -- helpers -----------------------------------------------------------------
 
-    def _wrap(self, payload: dict[str, Any] | None) -> str | None:
+    def _wrap(self, payload: dict[str, Any] | None, table: str | None = None) -> str | None:
         if payload is None:
             return None
         if self.schemas_enable:
-            # Debezium's schema block is long; its presence is what the decoder must cope with.
-            return _json({"schema": {"type": "struct", "optional": False,
-                                     "name": "txjoin.synthesized.Envelope"},
-                          "payload": payload})
+            schema: dict[str, Any] = {"type": "struct", "optional": False,
+                                      "name": "txjoin.synthesized.Envelope"}
+            if table is not None:
+                # The row schemas; source, transaction and the rest are left out.
+                columns = self.job.table(table).columns
+                row = {"type": "struct", "optional": True, "name": f"{self.prefix}.{table}.Value",
+                       "fields": [{**field_schema(t, self.decimal_handling_mode), "field": c}
+                                  for c, t in columns.items()]}
+                schema["fields"] = [{**row, "field": "before"}, {**row, "field": "after"},
+                                    {"type": "string", "optional": False, "field": "op"}]
+            return _json({"schema": schema, "payload": payload})
         return _json(payload)
 
     def _encode_row(self, table: str, row: Mapping[str, Any]) -> dict[str, Any]:
         cols = self.job.table(table).columns
-        return {c: encode_value(row.get(c), cols[c]) for c in cols if c in row}
+        return {c: encode_value(row.get(c), cols[c], self.decimal_handling_mode)
+                for c in cols if c in row}
 
     def _key(self, table: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
         return tuple(row.get(k) for k in self.job.table(table).key)
@@ -156,7 +201,8 @@ class Synthesizer:
                            "source": self._source(table, self.now_ms, marker, None, snap_lsn),
                            "transaction": None, "op": "r", "ts_ms": self.now_ms}
                 key = _json({k: encoded.get(k) for k in self.job.table(table).key})
-                out.append(self._append(Produced(self.topic(table), key, self._wrap(payload),
+                out.append(self._append(Produced(self.topic(table), key,
+                                                 self._wrap(payload, table),
                                                  "snapshot", "snapshot", table, i)))
         self.now_ms += 1000
         return out
@@ -228,8 +274,8 @@ class Synthesizer:
                 key = _json({k: row.get(k) for k in self.job.table(table).key})
                 topic = self.topic(table)
                 idx = per_table_index[table]
-                out.append(self._append(Produced(topic, key, self._wrap(payload), tx.name,
-                                                 "data", table, idx)))
+                out.append(self._append(Produced(topic, key, self._wrap(payload, table),
+                                                 tx.name, "data", table, idx)))
                 if op == "d":
                     out.append(self._append(Produced(topic, key, None, tx.name, "tombstone",
                                                      table, idx)))

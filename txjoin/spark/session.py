@@ -5,14 +5,37 @@ filesystem checkpoint manager cuts the per-batch overhead from ~200 ms to ~70 ms
 a UTC session time zone keeps commit timestamps unambiguous, Arrow is what makes
 Python data sources and pandas UDFs fast, and a 16 MB thread stack stops
 ``stop()`` from dumping a StackOverflowError on deep plans.
+
+Spark's own output (the JVM's start-up notices, log4j warnings, a failed task's
+Java and Python stack traces, the Python workers' warnings) goes to a log file
+unless ``txjoin --verbose`` is set or stderr already goes to a file: txjoin
+reports what a user needs in one line (``txjoin.errors``). The JVM writes all
+of it to the file descriptor 2 it inherits at launch, so that is what the
+session points at the log file while it starts the JVM.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
+
+from txjoin.errors import SPARK_LOG_ENV, verbose
+
+# PySpark 4.2's applyInPandasWithState serializer pads its output with all-NA rows
+# and concatenates them (pyspark/sql/pandas/serializers.py), which pandas 2.x
+# answers with a FutureWarning in every Python worker on every micro-batch. The
+# code is PySpark's and the result is right: the workers ignore that warning.
+_WORKER_WARNINGS = ("ignore:The behavior of DataFrame concatenation with empty or all-NA "
+                    "entries is deprecated:FutureWarning")
 
 CHECKPOINT_FILE_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing."
@@ -45,12 +68,14 @@ def get_session(
     master: str = "local[*]",
     app_name: str = "txjoin",
     extra_conf: dict[str, str] | None = None,
+    log_file: str | os.PathLike[str] | None = None,
 ) -> SparkSession:
     """Return the process-wide Spark session, creating it with txjoin's settings.
 
     ``extra_conf`` overrides the defaults (e.g. ``spark.sql.shuffle.partitions``).
     Settings are only applied when the session is created: a JVM that is already
-    running keeps its static configuration (Java options, UI), as in any Spark app.
+    running keeps its static configuration (Java options, UI, where its output
+    goes), as in any Spark app. ``log_file``: see :func:`spark_log_file`.
     """
     if master.startswith("local"):
         # A local session needs no external interface; binding to loopback also
@@ -60,14 +85,58 @@ def get_session(
     # venv (no confluent-kafka, deltalake...). PySpark 4.2 takes the workers'
     # interpreter from this variable, not from spark.pyspark.python.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    inherited = os.environ.get("PYTHONWARNINGS", "")
+    if _WORKER_WARNINGS not in inherited:
+        os.environ["PYTHONWARNINGS"] = ",".join(w for w in (inherited, _WORKER_WARNINGS) if w)
     conf = default_conf()
     conf.update(extra_conf or {})
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    if not verbose():
+        # When a micro-batch fails inside toPandas (an error in a Python worker, or the
+        # query stopped meanwhile), PySpark warns with the whole error, JVM stack trace
+        # included, then raises it: the error is reported once, by txjoin, in one line.
+        warnings.filterwarnings("ignore", message="toPandas attempted Arrow optimization",
+                                category=UserWarning)
+    with _jvm_output(log_file):
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def spark_log_file(log_file: str | os.PathLike[str] | None = None) -> Path:
+    """The file Spark's output goes to: ``log_file``, ``$TXJOIN_SPARK_LOG``, or a temporary one."""
+    chosen = log_file or os.environ.get(SPARK_LOG_ENV)
+    if chosen:
+        return Path(chosen)
+    return Path(tempfile.gettempdir()) / f"txjoin-spark-{os.getuid()}.log"
+
+
+@contextlib.contextmanager
+def _jvm_output(log_file: str | os.PathLike[str] | None) -> Iterator[None]:
+    """Launch the JVM (if this call does) with its stderr on the log file, unless verbose.
+
+    Nothing changes when stderr already is a file: the caller chose where it goes
+    (``2>run.log``, the demo's own log, pytest's capture).
+    """
+    if (verbose() or SparkContext._gateway is not None  # the JVM's stderr is already chosen
+            or stat.S_ISREG(os.fstat(2).st_mode)):
+        yield
+        return
+    path = spark_log_file(log_file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.environ[SPARK_LOG_ENV] = str(path)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "ab") as log:
+            os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def stop_session() -> None:

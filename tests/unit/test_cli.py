@@ -1,0 +1,132 @@
+"""The command line: one line per user error, the same exit codes everywhere, --verbose.
+
+Exit codes: 0 ok, 1 a check failed, 2 a usage, configuration or data error.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from txjoin.cli import main
+from txjoin.errors import VERBOSE_ENV, ConfigError, DecodeError, ServiceError, user_error
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = ROOT / "scenarios" / "lookup_race.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _not_verbose(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv(VERBOSE_ENV, raising=False)
+    yield
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+INVALID_SCENARIOS = {
+    "not YAML": ("name: x\n  about: [\n", "not valid YAML, column 8"),
+    "not UTF-8": (b"\xff\xfe name", "cannot read the scenario file"),
+    "a list": ("- 1\n- 2\n", "expected a mapping, got a list"),
+    "empty": ("", "the file is empty"),
+    "a missing job": (SCENARIO.read_text().replace("../jobs/orders.py", "nothere.py"),
+                      "nothere.py does not exist"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID_SCENARIOS))
+def test_an_invalid_scenario_is_one_line_and_exit_2_under_core_only(
+        case: str, tmp_path: Path) -> None:
+    text, what = INVALID_SCENARIOS[case]
+    path = tmp_path / "broken.yaml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    code, out, err = invoke("replay", "--core-only", str(path))
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith(f"error: {path}") and what in err, err
+
+
+def test_a_passing_scenario_under_core_only_exits_0_and_a_failing_one_1(tmp_path: Path) -> None:
+    code, out, _ = invoke("replay", "--core-only", str(SCENARIO))
+    assert code == 0 and out.startswith("lookup_race  PASS")
+    wrong = tmp_path / "wrong.yaml"
+    text = SCENARIO.read_text().replace("../jobs/orders.py", str(ROOT / "jobs" / "orders.py"))
+    wrong.write_text(text.replace("client_name: Leo, ", "client_name: Leonardo, "))
+    code, out, _ = invoke("replay", "--core-only", str(wrong))
+    assert code == 1 and "FAIL" in out
+
+
+def test_a_bad_job_file_for_run_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    job = tmp_path / "typo.py"
+    job.write_text("from txjoin.job import Jobb\n")
+    code, _, err = invoke("run", str(job), "--bootstrap-servers", "127.0.0.1:1", "--no-postgres")
+    assert code == 2
+    assert err == f"error: {job}: failed to import: ImportError: cannot import name 'Jobb' " \
+                  f"from 'txjoin.job' ({ROOT / 'txjoin' / 'job.py'})\n"
+
+
+def test_a_usage_error_exits_2() -> None:
+    code, _, err = invoke("run", str(ROOT / "jobs" / "orders.py"), "--decimal-handling-mode",
+                          "exact")
+    assert code == 2 and "'exact' is not one of" in err
+
+
+def test_verbose_adds_the_traceback_to_the_one_line(tmp_path: Path) -> None:
+    job = tmp_path / "typo.py"
+    job.write_text("from txjoin.job import Jobb\n")
+    args = ["run", str(job), "--bootstrap-servers", "127.0.0.1:1", "--no-postgres"]
+    quiet = CliRunner().invoke(main, args)
+    loud = CliRunner().invoke(main, ["--verbose", *args])
+    assert "Traceback" not in quiet.stderr
+    assert loud.exit_code == quiet.exit_code == 2
+    assert "Traceback (most recent call last)" in loud.stderr
+    assert loud.stderr.endswith(quiet.stderr)
+
+
+def test_errors_of_every_command_are_reported_by_the_group() -> None:
+    # A command that does not use cli_errors itself (as bench, verify or demo).
+    @main.command("fails-for-test")
+    def fails() -> None:
+        raise ServiceError("the broker at 127.0.0.1:1 is unreachable; start it")
+
+    try:
+        code, _, err = invoke("fails-for-test")
+    finally:
+        main.commands.pop("fails-for-test")
+    assert (code, err) == (2, "error: the broker at 127.0.0.1:1 is unreachable; start it\n")
+
+
+def test_user_errors_are_recognised_bugs_are_not() -> None:
+    assert isinstance(user_error(FileNotFoundError(2, "No such file", "x.py")), ConfigError)
+    assert isinstance(user_error(ConnectionRefusedError(111, "Connection refused")), ConfigError)
+    drift = DecodeError("public.users.full_name: the job declares column 'full_name' ...",
+                        topic="shop.public.users", partition=0, offset=7)
+    assert user_error(drift) is drift and drift.exit_code == 2
+    wrapped = Exception(f"[STREAM_FAILED] Query terminated with exception: Traceback ...\n"
+                        f"txjoin.errors.DecodeError: {drift}\n\tat org.apache.spark.X")
+    recovered = user_error(wrapped)
+    assert isinstance(recovered, DecodeError) and str(recovered) == str(drift)
+    assert user_error(KeyError("a bug")) is None
+    assert user_error(click.UsageError("no")) is None
+
+
+def test_the_real_process_prints_one_line_and_exits_2(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("- 1\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "txjoin", "replay", "--core-only", str(broken)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr == f"error: {broken}:1: : expected a mapping, got a list\n"
