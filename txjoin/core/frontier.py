@@ -30,11 +30,13 @@ class Frontier:
         self.commit_seq = 0  # commit sequence of the last released transaction
         self.last_xid: int | None = None
         self.skipped: list[int] = []
+        self.remembered = 0  # xids ever remembered (released or skipped)
 
     def on_end(self, marker: TxMarker) -> None:
         self.queue.append(marker.xid)
 
     def _remember(self, xid: int) -> None:
+        self.remembered += 1
         self.released.add(xid)
         self._released_order.append(xid)
         while len(self._released_order) > self.memory:

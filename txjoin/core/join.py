@@ -94,6 +94,8 @@ class TemporalJoin:
         self.job = job
         # A shard holds only the facts it owns (see core/routing.py); None: every fact.
         self.owns = owns
+        # When a list: every row put or removed, in order (table, pk, row or None).
+        self.journal: list[tuple[str, Key, Row | None]] | None = None
         self.rows: dict[str, dict[Key, Row]] = {t: {} for t in job.table_names}
         self.outputs: dict[Key, Row] = {}
         # Lookup side: rows of a lookup's table by its match columns (unless it is the PK).
@@ -151,20 +153,6 @@ class TemporalJoin:
                 changed[table].append(row)
         return changed
 
-    def apply_recorded(self, tx: Transaction, changes: Iterable[OutputChange]) -> None:
-        """Apply ``tx`` to the rows and take its output changes as recorded, not evaluated.
-
-        Used to bring a cached or restored shard forward over micro-batches it has
-        already processed once (same input, same state: the recorded changes are
-        what evaluation would give again), at a fraction of the cost.
-        """
-        self._apply_rows(tx)
-        for ch in changes:
-            if ch.row is None:
-                self.outputs.pop(ch.key, None)
-            else:
-                self.outputs[ch.key] = ch.row
-
     def _apply_event(self, event: ChangeEvent) -> Iterable[tuple[str, Row]]:
         """Apply one row change; yield (table, row version) for every version touched."""
         table = self.job.table(event.table)
@@ -204,15 +192,42 @@ class TemporalJoin:
         if old is not None:
             self._remove(event.table, pk, old)
             yield event.table, old
-        rows[pk] = new
-        for ix in self._indexes_by_table[event.table]:
-            ix.add(pk, new)
+        self._put(event.table, pk, new)
         yield event.table, new
+
+    def _put(self, table: str, pk: Key, row: Row) -> None:
+        self.rows[table][pk] = row
+        for ix in self._indexes_by_table[table]:
+            ix.add(pk, row)
+        if self.journal is not None:
+            self.journal.append((table, pk, row))
 
     def _remove(self, table: str, pk: Key, row: Row) -> None:
         del self.rows[table][pk]
         for ix in self._indexes_by_table[table]:
             ix.remove(pk, row)
+        if self.journal is not None:
+            self.journal.append((table, pk, None))
+
+    def replay_journal(self, journal: Iterable[tuple[str, Key, Row | None]],
+                       changes: Iterable[OutputChange]) -> None:
+        """Re-apply row changes and output changes recorded by an earlier run (see ``journal``).
+
+        Brings a cached or restored shard forward over micro-batches it has
+        processed once, without evaluating the join again.
+        """
+        rows = self.rows
+        for table, pk, row in journal:
+            old = rows[table].get(pk)
+            if old is not None:
+                self._remove(table, pk, old)
+            if row is not None:
+                self._put(table, pk, row)
+        for ch in changes:
+            if ch.row is None:
+                self.outputs.pop(ch.key, None)
+            else:
+                self.outputs[ch.key] = ch.row
 
     def _affected_facts(self, changed: dict[str, list[Row]]) -> set[Key]:
         """Facts whose lookup tree reaches a changed row (``current`` semantics)."""

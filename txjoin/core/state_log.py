@@ -6,10 +6,11 @@ Spark side; this module only needs the small :class:`BlobStore` interface):
 - ``meta``: layout version, shard count, the current ``version`` (micro-batches
   applied) with a random ``token`` naming that exact state, and where the last
   snapshot is;
-- ``segment v``: what micro-batch ``v`` brought: the shard's routed input
-  records, its caught-up markers, and the output changes the shard emitted,
-  plus the token of the state it was applied to (``parent``) and of the state it
-  produced. It is proportional to the batch, and it is the only thing an
+- ``segment v``: what micro-batch ``v`` did (``shard.Effects``: the small
+  assembly/frontier state, the snapshot rows and released xids it added, the
+  rows it put or removed) and the output changes the shard emitted, plus the
+  token of the state it was applied to (``parent``) and of the state it produced.
+  It is proportional to the batch, and it is the only thing an
   ordinary micro-batch writes (with the small meta);
 - ``snapshot``: the whole pickled shard engine at some version, written only
   when the segments since the last snapshot outgrow it (or grow too many), so
@@ -21,8 +22,8 @@ array limit and the state API's per-message cost both favour small values).
 
 The working engine is cached in the Python worker between micro-batches, but
 only as a cache: it is used when its (version, token) equals the meta's; when
-it is older, the segments it missed are re-applied (recorded outputs, no join
-evaluation) after checking that each segment's parent token continues the
+it is older, the segments it missed are re-applied (recorded effects: no
+decoding, no join evaluation) after checking that each segment's parent token continues the
 cache's chain; otherwise (another worker, a restart, a re-run of a batch after a
 failure, a newer cached state than the checkpoint's) the shard is restored
 exactly from the snapshot and the segments after it. A checkpoint written by
@@ -44,7 +45,7 @@ import pyarrow as pa
 
 from txjoin.core.assembly import IncompletePolicy
 from txjoin.core.join import OutputChange
-from txjoin.core.shard import ShardEngine
+from txjoin.core.shard import Effects, ShardEngine
 from txjoin.errors import ConfigError
 from txjoin.job import Job
 
@@ -107,8 +108,7 @@ class Segment:
     parent: str
     token: str
     version: int
-    records: list[bytes]
-    caught_up: list[str]
+    effects: Effects
     changes: list[OutputChange]
 
 
@@ -224,7 +224,6 @@ class ShardLog:
             raise ConfigError(f"{self.where}: the checkpoint's state log is not one chain "
                               f"(segment parents do not match); start from a new checkpoint "
                               f"and rebuild the sinks")
-        gc.collect()
         gc.freeze()  # the restored state lives long: keep the collector off it
         return engine, "restored"
 
@@ -246,7 +245,7 @@ class ShardLog:
             seg: Segment = self._read(SEGMENT, v)
             if seg.parent != token:
                 return False
-            engine.replay(engine.decode_wire(seg.records), seg.caught_up, seg.changes)
+            engine.apply_effects(seg.effects, seg.changes)
             token = seg.token
             engine.log_version, engine.log_token = v, token
         return True
@@ -270,8 +269,10 @@ class ShardLog:
         processed = time.perf_counter()
         version = meta["version"] + 1
         token = uuid.uuid4().hex
-        written = self._write(SEGMENT, version, Segment(parent, token, version, list(records),
-                                                        caught, changes))
+        assert engine.last_effects is not None
+        written = self._write(SEGMENT, version, Segment(parent, token, version,
+                                                        engine.last_effects, changes))
+        engine.last_effects = None
         meta = dict(meta, version=version, token=token, segments=meta["segments"] + 1,
                     since_snapshot=meta["since_snapshot"] + written)
         if (meta["since_snapshot"] > max(meta["snapshot_bytes"], SNAPSHOT_MIN_BYTES)
