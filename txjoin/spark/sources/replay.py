@@ -42,17 +42,25 @@ def write_schedule_dir(path: str, batches: Iterable[tuple[Sequence[Sequence[Any]
     os.makedirs(path, exist_ok=True)
     topics: list[list[str]] = []
     for records, caught in batches:
-        with open(os.path.join(path, f"batch-{len(topics):06d}.json"), "w",
-                  encoding="utf-8") as fh:
-            json.dump({"records": [list(r) for r in records], "caught_up": sorted(caught)}, fh)
-        topics.append(sorted({r[0] for r in records}))
+        index = len(topics)
+        per_topic: dict[str, list[list[Any]]] = {}
+        for r in records:
+            per_topic.setdefault(r[0], []).append(list(r))
+        for n, topic in enumerate(sorted(per_topic)):
+            with open(os.path.join(path, f"batch-{index:06d}-{n}.json"), "w",
+                      encoding="utf-8") as fh:
+                json.dump({"records": per_topic[topic], "caught_up": []}, fh)
+        with open(os.path.join(path, f"batch-{index:06d}.json"), "w", encoding="utf-8") as fh:
+            json.dump({"records": [], "caught_up": sorted(caught)}, fh)
+        topics.append(sorted(per_topic))
     with open(os.path.join(path, "index.json"), "w", encoding="utf-8") as fh:
         json.dump({"batches": len(topics), "topics": topics}, fh)
     return len(topics)
 
 
-def _load_batch(path: str, index: int) -> dict[str, Any]:
-    with open(os.path.join(path, f"batch-{index:06d}.json"), encoding="utf-8") as fh:
+def _load_batch(path: str, index: int, part: int | None = None) -> dict[str, Any]:
+    name = f"batch-{index:06d}.json" if part is None else f"batch-{index:06d}-{part}.json"
+    with open(os.path.join(path, name), encoding="utf-8") as fh:
         batch: dict[str, Any] = json.load(fh)
     return batch
 
@@ -106,12 +114,11 @@ class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ReplayPartition)
         if partition.topic is not None:
-            batch = _load_batch(self.path, partition.index)
             if partition.topic == "":
-                yield caught_up_batch(batch["caught_up"])
+                yield caught_up_batch(_load_batch(self.path, partition.index)["caught_up"])
                 return
-            batch = {"records": [r for r in batch["records"] if r[0] == partition.topic],
-                     "caught_up": []}
+            part = self.topics[partition.index].index(partition.topic)
+            batch = _load_batch(self.path, partition.index, part)
         else:
             batch = self.batches[partition.index]
         records = batch["records"]
