@@ -78,6 +78,7 @@ class RunConfig:
     on_incomplete: str = "fail"
     incomplete_timeout_s: float = 300.0
     spark_conf: dict[str, str] = field(default_factory=dict)
+    source: str = "kafka"  # or "files:DIR" (txjoin.spark.sources.files)
 
     @property
     def policy(self) -> IncompletePolicy:
