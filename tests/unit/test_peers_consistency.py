@@ -54,7 +54,8 @@ def test_partial_snapshots_and_retraction_gaps_are_inconsistent_states() -> None
 
 
 def test_unordered_comparison_ignores_array_order_and_decimal_spelling() -> None:
-    a = {"order_id": 1, "pizzas": [{"pizza": "A", "price": Decimal("9.40")}, {"pizza": "B", "price": 8}]}
+    a = {"order_id": 1,
+         "pizzas": [{"pizza": "A", "price": Decimal("9.40")}, {"pizza": "B", "price": 8}]}
     b = {"order_id": 1, "pizzas": [{"pizza": "B", "price": 8.0}, {"pizza": "A", "price": 9.4}]}
     assert row_hash(a, ordered=False) == row_hash(b, ordered=False)
     assert row_hash(a) != row_hash(b)
