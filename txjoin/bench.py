@@ -232,9 +232,27 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
               help="Where to write the results (JSON).")
 @click.option("--master", default="local[2]", show_default=True, help="Spark master URL.")
 @click.option("--keep", is_flag=True, help="Keep the work directory (checkpoints, Delta, logs).")
+@click.option("--peer", "peers", multiple=True, type=click.Choice(["flink"]),
+              help="Also run this system on the same workload, archived as files, and compare "
+                   "throughput and inconsistent observable states (txjoin.peers.bench).")
+@click.option("--chart", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --peer or --source files:DIR: a PNG chart of the comparison.")
+@click.option("--source", default="kafka", show_default=True,
+              help="'files:DIR': archive the workload in DIR (Kafka Connect sink layout) and "
+                   "read it with the file source instead of a broker.")
 def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, master: str,
-          keep: bool) -> None:
+          keep: bool, peers: tuple[str, ...], chart: Path | None, source: str) -> None:
     """Benchmark the full pipeline (Kafka -> core -> Delta + PostgreSQL) against its ceiling."""
+    if peers or chart is not None or source != "kafka":
+        from txjoin.peers.bench import run_peer_bench
+        from txjoin.spark.sources.files import parse_source
+
+        directory = parse_source(source)
+        run_peer_bench(transactions, seed, out, chart, peers,
+                       None if directory is None else Path(directory), master,
+                       max_events_per_trigger, keep)
+        click.echo(f"written to {out}" + (f" and {chart}" if chart else ""))
+        return
     result = run_bench(transactions, max_events_per_trigger, seed, out, master, keep)
     width = max(len(k) for k in result)
     for key, value in result.items():
