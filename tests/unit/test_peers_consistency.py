@@ -10,7 +10,15 @@ import pytest
 
 from txjoin.core.oracle import outputs_after_each
 from txjoin.job import load_job
-from txjoin.peers.consistency import MOD, ChangelogReplay, prefix_hashes, row_hash
+from txjoin.peers.consistency import (
+    MOD,
+    PRIME,
+    ChangelogReplay,
+    grouped_prefix_hashes,
+    grouped_row_hash,
+    prefix_hashes,
+    row_hash,
+)
 from txjoin.scenarios.workload import pizzeria_workload
 
 ORDERS = Path(__file__).resolve().parents[2] / "jobs" / "orders.py"
@@ -28,6 +36,25 @@ def test_incremental_prefix_hashes_equal_the_oracles_output_after_every_transact
     snapshot, txs = pizzeria_workload(150, seed=4)
     expected = [multiset_hash(out, ordered) for out in outputs_after_each(job, snapshot, txs)]
     assert prefix_hashes(job, snapshot, txs, ordered) == expected
+
+
+@pytest.mark.parametrize("seed", [4, 11])
+def test_grouped_hashes_follow_price_changes_without_visiting_orders_and_equal_the_oracles(
+        seed: int) -> None:
+    job = replace(load_job(ORDERS), semantics="current")
+    snapshot, txs = pizzeria_workload(150, seed=seed)
+    expected = [sum(grouped_row_hash(r, "pizzas") for r in out.values()) % PRIME
+                for out in outputs_after_each(job, snapshot, txs)]
+    assert grouped_prefix_hashes(job, snapshot, txs) == expected
+
+
+def test_grouped_hash_ignores_element_order_but_not_elements() -> None:
+    row = {"order_id": 1, "client_name": "a", "table_name": "T1",
+           "pizzas": [{"pizza": "A", "price": Decimal("9.40")}, {"pizza": "B", "price": 8}]}
+    swapped = dict(row, pizzas=list(reversed(row["pizzas"])))
+    fewer = dict(row, pizzas=row["pizzas"][:1])
+    assert grouped_row_hash(row, "pizzas") == grouped_row_hash(swapped, "pizzas")
+    assert grouped_row_hash(row, "pizzas") != grouped_row_hash(fewer, "pizzas")
 
 
 def test_the_two_semantics_differ_once_a_price_changes() -> None:

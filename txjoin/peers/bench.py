@@ -27,7 +27,6 @@ import json
 import shutil
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,12 @@ import pyarrow as pa
 
 from txjoin.errors import ConfigError
 from txjoin.job import Job, load_job
-from txjoin.peers.consistency import ChangelogReplay, prefix_hashes, row_hash
+from txjoin.peers.consistency import (
+    ChangelogReplay,
+    grouped_prefix_hashes,
+    prefix_hashes,
+    row_hash,
+)
 from txjoin.peers.workload import ArchivedWorkload, archive_workload
 from txjoin.sinks import OP, OP_DELETE, without_metadata
 
@@ -203,8 +207,8 @@ def run_peer_bench(transactions: int, seed: int, out: Path, chart: Path | None,
                    f"archived in {archive}")
         started = time.monotonic()
         as_of = prefix_hashes(job, workload.snapshot, workload.transactions)
-        current = (prefix_hashes(replace(job, semantics="current"), workload.snapshot,
-                                 workload.transactions, ordered=False) if peers else [])
+        current = (grouped_prefix_hashes(job, workload.snapshot, workload.transactions)
+                   if peers else [])
         oracle_s = time.monotonic() - started
         result: dict[str, Any] = {
             "transactions": len(workload.transactions), "records": workload.records,

@@ -19,7 +19,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from txjoin.peers.consistency import ChangelogReplay, Observation
+from txjoin.peers.consistency import (
+    PRIME,
+    ROW_CONSTANT,
+    ChangelogReplay,
+    Observation,
+    value_hash,
+)
 from txjoin.peers.flink_job import TABLES, parse_line, table_folder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,9 +116,16 @@ class FlinkReplay:
 
 
 def replay_changelog(changelog: Path, hashes: list[int]) -> FlinkReplay:
-    """Materialize the printed changelog in emission order and check every state."""
-    every = ChangelogReplay(hashes, ordered=False)
-    upsert = ChangelogReplay(hashes, ordered=False)
+    """Materialize the printed changelog in emission order and check every state.
+
+    ``hashes``: ``grouped_prefix_hashes`` of the ``current`` output (pizzas as a multiset).
+    """
+    # grouped_row_hash, from the printed fields with caches: millions of rows repeat
+    # a few thousand element lists, and each order's key many times.
+    bases: dict[tuple[int, str, str], int] = {}
+    element_sums: dict[str, int] = {}
+    every = ChangelogReplay(hashes, modulus=PRIME)
+    upsert = ChangelogReplay(hashes, modulus=PRIME)
     rows = 0
     with changelog.open(encoding="utf-8") as fh:
         for line in fh:
@@ -120,11 +133,18 @@ def replay_changelog(changelog: Path, hashes: list[int]) -> FlinkReplay:
             if parsed is None:
                 continue
             kind, order_id, client, table, pizzas = parsed
-            row = {"order_id": order_id, "client_name": client, "table_name": table,
-                   "pizzas": json.loads(pizzas)}
+            base = bases.get((order_id, client, table))
+            if base is None:
+                base = bases[(order_id, client, table)] = value_hash(
+                    {"order_id": order_id, "client_name": client, "table_name": table})
+            elements = element_sums.get(pizzas)
+            if elements is None:
+                elements = element_sums[pizzas] = (ROW_CONSTANT + sum(
+                    value_hash(e) for e in json.loads(pizzas))) % PRIME
+            h = base * elements % PRIME
             rows += 1
             for replay in (every, upsert):
-                (replay.add if kind[0] == "+" else replay.retract)(row)
+                replay.hash = (replay.hash + (h if kind[0] == "+" else -h)) % PRIME
             every.observe()
             if kind != "-U":
                 upsert.observe()
