@@ -93,7 +93,12 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
     from txjoin.spark.sources.files import parse_source
 
     job = load_job(job_file)
-    from_files = parse_source(source) is not None
+    archive = parse_source(source)
+    from_files = archive is not None
+    if archive is not None and not Path(archive).is_dir():
+        raise ConfigError(f"--source {source}: {archive} is not a directory; expected "
+                          "<dir>/<topic>/partition=<p>/<topic>+<p>+<start offset>.json "
+                          "(e.g. written by `txjoin export`)")
     if (not bootstrap_servers and not from_files) or (postgres_dsn is None and not no_postgres):
         from txjoin.stack.stack import load_stack
 
