@@ -273,15 +273,38 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
 @click.option("--snapshot-orders", type=int, default=0, show_default=True,
               help="Orders in the initial snapshot (with a quarter as many clients and table "
                    "assignments), before the transactions.")
-@click.option("--source", "source_kind", type=click.Choice(["kafka", "replay"]), default="kafka",
-              show_default=True, help="kafka: through a tansu broker; replay: the same records "
-                                      "without a broker (the engine apart from the broker).")
 @click.option("--shards", type=click.IntRange(min=1), default=None,
               help="Shards of the join (default: Spark's default parallelism).")
 @click.option("--keep", is_flag=True, help="Keep the work directory (checkpoints, Delta, logs).")
+@click.option("--peer", "peers", multiple=True, type=click.Choice(["flink"]),
+              help="Also run this system on the same workload, archived as files, and compare "
+                   "throughput and inconsistent observable states (txjoin.peers.bench).")
+@click.option("--chart", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --peer or --source files:DIR: a PNG chart of the comparison.")
+@click.option("--source", "source_kind", default="kafka", show_default=True,
+              help="kafka: through a tansu broker; replay: the same records without a broker "
+                   "(the engine apart from the broker); files:DIR: archive the workload in DIR "
+                   "(Kafka Connect sink layout) and read it with the file source.")
 def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, master: str,
-          snapshot_orders: int, source_kind: str, shards: int | None, keep: bool) -> None:
-    """Benchmark the full pipeline (source -> shards -> Delta + PostgreSQL) against its ceiling."""
+          snapshot_orders: int, source_kind: str, shards: int | None, keep: bool,
+          peers: tuple[str, ...], chart: Path | None) -> None:
+    """Benchmark the full pipeline (source -> shards -> Delta + PostgreSQL) against its ceiling.
+
+    With --peer or --source files:DIR: the same workload through txjoin's file source and
+    the peers, compared (txjoin.peers.bench).
+    """
+    if peers or chart is not None or source_kind.startswith("files:"):
+        from txjoin.peers.bench import run_peer_bench
+        from txjoin.spark.sources.files import parse_source
+
+        directory = parse_source(source_kind)
+        run_peer_bench(transactions, seed, out, chart, peers,
+                       None if directory is None else Path(directory), master,
+                       max_events_per_trigger, keep)
+        click.echo(f"written to {out}" + (f" and {chart}" if chart else ""))
+        return
+    if source_kind not in ("kafka", "replay"):
+        raise click.BadParameter("expected kafka, replay or files:DIR", param_hint="--source")
     result = run_bench(transactions, max_events_per_trigger, seed, out, master, keep,
                        snapshot_orders=snapshot_orders, source_kind=source_kind, shards=shards)
     width = max(len(k) for k in result)

@@ -119,28 +119,40 @@ def _env(name: str) -> str:
 @click.option("--dir", "directory", envvar=_env("DIR"), show_envvar=True, default=DEFAULT_DIR,
               show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Local stack directory (state, logs, default checkpoints and output).")
+@click.option("--source", envvar=_env("SOURCE"), show_envvar=True, default="kafka",
+              show_default=True,
+              help="'kafka', or 'files:DIR' for Debezium records archived in Kafka Connect's "
+                   "S3/file sink layout DIR/<topic>/partition=<p>/<topic>+<p>+<offset>.json.")
 @cli_errors
 def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         starting_offsets: str, trigger_interval: str, max_events_per_trigger: int | None,
         checkpoint_dir: str | None, output_dir: str | None, master: str,
         postgres_dsn: str | None, no_postgres: bool, until_idle: bool, on_incomplete: str,
         incomplete_timeout: float, decimal_handling_mode: str | None,
-        spark_conf: tuple[str, ...], shards: int | None, directory: Path) -> None:
+        spark_conf: tuple[str, ...], shards: int | None, directory: Path,
+        source: str) -> None:
     """Run JOB_FILE as a streaming query: Kafka -> transactions -> join -> Delta + PostgreSQL."""
     from txjoin.job import load_job
     from txjoin.spark.pipeline import RunConfig
     from txjoin.spark.run import run_job
+    from txjoin.spark.sources.files import parse_source
 
     # Spark's own output (shown with --verbose) next to the stack's logs.
     os.environ.setdefault(SPARK_LOG_ENV, str(directory / "logs" / "spark.log"))
     job = load_job(job_file)
     if decimal_handling_mode is not None:
         job = job.with_decimal_handling_mode(decimal_handling_mode)
-    if not bootstrap_servers or (postgres_dsn is None and not no_postgres):
+    archive = parse_source(source)
+    from_files = archive is not None
+    if archive is not None and not Path(archive).is_dir():
+        raise ConfigError(f"--source {source}: {archive} is not a directory; expected "
+                          "<dir>/<topic>/partition=<p>/<topic>+<p>+<start offset>.json "
+                          "(e.g. written by `txjoin export`)")
+    if (not bootstrap_servers and not from_files) or (postgres_dsn is None and not no_postgres):
         from txjoin.stack.stack import load_stack
 
         stack = load_stack(directory)
-        if not bootstrap_servers:
+        if not bootstrap_servers and not from_files:
             if stack is None:
                 raise ConfigError(
                     f"no --bootstrap-servers given and no local stack is running in "
@@ -160,7 +172,7 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         output_dir=output_dir or str(directory / "output"), master=master,
         postgres_dsn=None if no_postgres else postgres_dsn, until_idle=until_idle,
         on_incomplete=on_incomplete, incomplete_timeout_s=incomplete_timeout,
-        spark_conf=_parse_conf(spark_conf), shards=shards)
+        spark_conf=_parse_conf(spark_conf), shards=shards, source=source)
     run_job(job, config)
 
 
@@ -252,9 +264,10 @@ def _register_commands() -> None:
     from txjoin.bench import bench
     from txjoin.stack.commands import down, generate, status, up
     from txjoin.stack.demo import demo
+    from txjoin.stack.export import export
     from txjoin.stack.verify import verify
 
-    for cmd in (bench, up, down, status, generate, verify, demo):
+    for cmd in (bench, up, down, status, generate, verify, demo, export):
         main.add_command(cmd)
 
 

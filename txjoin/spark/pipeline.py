@@ -70,6 +70,7 @@ class RunConfig:
     incomplete_timeout_s: float = 300.0
     spark_conf: dict[str, str] = field(default_factory=dict)
     shards: int | None = None  # None: Spark's default parallelism
+    source: str = "kafka"  # or "files:DIR" (txjoin.spark.sources.files)
 
     @property
     def policy(self) -> IncompletePolicy:

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 
 import click
+from pyspark.sql import DataFrame, SparkSession
 
 from txjoin.job import Job
 from txjoin.spark.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
@@ -20,6 +21,20 @@ def print_report(report: BatchReport) -> None:
                f"{report.transactions_released} transactions released, {report.changes} "
                f"changes -> {sinks}; frontier commit_seq {report.commit_seq}, "
                f"{report.waiting} waiting")
+
+
+def source_frame(spark: SparkSession, job: Job, config: RunConfig, pipeline: Pipeline
+                 ) -> DataFrame:
+    """The streaming input: ``config.source`` is ``kafka`` or ``files:DIR``."""
+    from txjoin.spark.sources import files
+
+    directory = files.parse_source(config.source)
+    if directory is None:
+        return pipeline.kafka_source()
+    prefix = config.topic_prefix
+    return files.read_stream(spark, directory, list(job.topics(prefix)),
+                             transaction_topic=f"{prefix}.transaction",
+                             max_events=config.max_events_per_trigger)
 
 
 def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None] | None = None,
@@ -37,7 +52,8 @@ def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None]
             on_batch(r)
 
     pipeline = Pipeline(spark, job, config, sinks, on_batch=report)
-    query = pipeline.start(pipeline.kafka_source(), available_now=config.until_idle,
+    query = pipeline.start(source_frame(spark, job, config, pipeline),
+                           available_now=config.until_idle,
                            query_name=f"txjoin_{job.name}")
     try:
         if config.until_idle:

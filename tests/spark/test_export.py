@@ -1,0 +1,32 @@
+"""``txjoin export``: a broker's topics as Kafka Connect S3/file sink files, appended on re-run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.fixtures.broker import create_topics, running_broker
+from txjoin.bench import produce
+from txjoin.spark.sources.files import Catalog, read_lines
+from txjoin.stack.export import export_topics
+
+
+def test_export_archives_every_record_in_offset_order_and_appends_on_rerun(
+        tmp_path: Path) -> None:
+    topics = ["eshop.public.orders", "eshop.transaction"]
+    first = [(topics[0], "k", '{"n":1}'), (topics[0], "k", None), (topics[1], None, '{"s":1}'),
+             (topics[0], "k", '{"n":2}'), (topics[0], "k", '{"n":3}')]
+    with running_broker() as bootstrap:
+        create_topics(bootstrap, topics)
+        produce(bootstrap, first)
+        counts = export_topics(bootstrap, topics, tmp_path, records_per_file=2)
+        assert counts == {topics[0]: 4, topics[1]: 1}
+        produce(bootstrap, [(topics[0], "k", '{"n":4}')])
+        assert export_topics(bootstrap, topics, tmp_path, records_per_file=2) == {
+            topics[0]: 1, topics[1]: 0}
+
+    segments = Catalog(str(tmp_path), topics).segments(topics[0], 0)
+    assert [(Path(s.path).name, s.start, s.count) for s in segments] == [
+        ("eshop.public.orders+0+0.json", 0, 2), ("eshop.public.orders+0+2.json", 2, 2),
+        ("eshop.public.orders+0+4.json", 4, 1)]
+    values = [line for s in segments for line in read_lines(s.path)]
+    assert values == ['{"n":1}', "null", '{"n":2}', '{"n":3}', '{"n":4}']

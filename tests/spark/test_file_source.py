@@ -1,0 +1,180 @@
+"""The pipeline over archived Debezium files (``--source files:DIR``), Kafka Connect's layout.
+
+The same synthesized pizzeria workload the Kafka test uses, written as
+``DIR/<topic>/partition=0/<topic>+0+<start>.json`` files of a few records each,
+read in small micro-batches, must give the oracle's output in both sinks; files
+that appear while the query runs are read; gaps, overlaps and lines that are not
+JSON stop the job with a message naming the file.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from txjoin.core.oracle import outputs_after_each
+from txjoin.errors import DecodeError, OrderingError, TxjoinError, from_worker
+from txjoin.job import load_job
+from txjoin.scenarios.checks import check_exactly_once, check_final
+from txjoin.scenarios.synthesize import Produced, Synthesizer
+from txjoin.scenarios.workload import pizzeria_workload
+from txjoin.sinks import without_metadata
+from txjoin.spark.pipeline import Pipeline, RunConfig, build_sinks
+from txjoin.spark.run import source_frame
+from txjoin.stack.export import write_records
+
+pytestmark = pytest.mark.spark
+
+ORDERS = Path(__file__).resolve().parents[2] / "jobs" / "orders.py"
+
+
+def archive(out: Path, records: list[Produced], synth: Synthesizer, per_file: int) -> None:
+    """Append ``records`` (offsets from the synthesizer) to the archive, per topic."""
+    by_topic: dict[str, list[Produced]] = {}
+    for r in records:
+        by_topic.setdefault(r.topic, []).append(r)
+    for topic, recs in by_topic.items():
+        write_records(out, topic, 0, recs[0].offset, [r.value for r in recs], per_file)
+
+
+def test_pipeline_over_files_in_small_batches_resumes_and_matches_the_oracle(
+        spark: SparkSession, pg_dsn: str, tmp_path: Path) -> None:
+    job = load_job(ORDERS)
+    snapshot, txs = pizzeria_workload(60, seed=5)
+    synth = Synthesizer(job, prefix="fshop")
+    archive_dir = tmp_path / "archive"
+    records = list(synth.snapshot(snapshot))
+    first = len(txs) // 2
+    for tx in txs[:first]:
+        records.extend(synth.transaction(tx))
+    archive(archive_dir, records, synth, per_file=7)
+
+    config = RunConfig(topic_prefix="fshop", source=f"files:{archive_dir}",
+                       max_events_per_trigger=40, checkpoint_dir=str(tmp_path / "ckpt"),
+                       output_dir=str(tmp_path / "out"), postgres_dsn=pg_dsn)
+
+    def drain() -> list:
+        sinks = build_sinks(job, config, spark, pg_table_suffix="files")
+        pipeline = Pipeline(spark, job, config, sinks)
+        query = pipeline.start(source_frame(spark, job, config, pipeline), available_now=True)
+        query.awaitTermination()
+        assert len(pipeline.reports) > 3, "small batches expected"
+        return sinks
+
+    expected = outputs_after_each(job, snapshot, txs)
+    sinks = drain()
+    for sink in sinks:
+        rows = [without_metadata(r) for r in sink.read_current()]
+        result = check_final(rows, expected[first], ["order_id"])
+        assert result.ok, f"{sink.name} after the first half: {result.message}"
+        sink.close()
+
+    more: list[Produced] = []
+    for tx in txs[first:]:
+        more.extend(synth.transaction(tx))
+    archive(archive_dir, more, synth, per_file=5)
+    sinks = drain()
+    for sink in sinks:
+        current = sink.read_current()
+        result = check_final([without_metadata(r) for r in current], expected[-1], ["order_id"])
+        assert result.ok, f"{sink.name} at the end: {result.message}"
+        once = check_exactly_once(sink.read_changelog(), ["order_id"], current)
+        assert once.ok, f"{sink.name}: {once.message}"
+        sink.close()
+
+
+def test_files_that_appear_while_the_job_runs_are_read(spark: SparkSession,
+                                                       tmp_path: Path) -> None:
+    job = load_job(ORDERS)
+    snapshot, txs = pizzeria_workload(30, seed=9)
+    synth = Synthesizer(job, prefix="lshop")
+    archive_dir = tmp_path / "archive"
+    archive(archive_dir, list(synth.snapshot(snapshot)), synth, per_file=10)
+    config = RunConfig(topic_prefix="lshop", source=f"files:{archive_dir}",
+                       trigger_interval="200 milliseconds",
+                       checkpoint_dir=str(tmp_path / "ckpt"), output_dir=str(tmp_path / "out"))
+    sinks = build_sinks(job, config, spark)
+    pipeline = Pipeline(spark, job, config, sinks)
+    query = pipeline.start(source_frame(spark, job, config, pipeline))
+    expected = outputs_after_each(job, snapshot, txs)
+    try:
+        for i in range(0, len(txs), 10):  # three waves of files, each after the job caught up
+            wave: list[Produced] = []
+            for tx in txs[i:i + 10]:
+                wave.extend(synth.transaction(tx))
+            archive(archive_dir, wave, synth, per_file=6)
+            deadline = time.monotonic() + 120
+            want = expected[min(i + 10, len(txs))]
+            while True:
+                rows = [without_metadata(r) for r in sinks[0].read_current()]
+                if check_final(rows, want, ["order_id"]).ok:
+                    break
+                assert query.isActive, f"query stopped: {query.exception()}"
+                assert time.monotonic() < deadline, (
+                    f"wave {i // 10}: {check_final(rows, want, ['order_id']).message}")
+                time.sleep(0.3)
+    finally:
+        query.stop()
+        sinks[0].close()
+
+
+def _failing_run(spark: SparkSession, tmp_path: Path, archive_dir: Path) -> TxjoinError:
+    job = load_job(ORDERS)
+    config = RunConfig(topic_prefix="bshop", source=f"files:{archive_dir}",
+                       checkpoint_dir=str(tmp_path / "ckpt"), output_dir=str(tmp_path / "out"))
+    sinks = build_sinks(job, config, spark)
+    pipeline = Pipeline(spark, job, config, sinks)
+    with pytest.raises(Exception) as info:
+        query = pipeline.start(source_frame(spark, job, config, pipeline), available_now=True)
+        query.awaitTermination()
+    err = info.value if isinstance(info.value, TxjoinError) else from_worker(info.value)
+    assert err is not None, f"not a txjoin error: {info.value}"
+    return err
+
+
+def _small_archive(tmp_path: Path) -> tuple[Path, Synthesizer]:
+    job = load_job(ORDERS)
+    snapshot, txs = pizzeria_workload(5, seed=1)
+    synth = Synthesizer(job, prefix="bshop")
+    records = list(synth.snapshot(snapshot))
+    for tx in txs:
+        records.extend(synth.transaction(tx))
+    archive_dir = tmp_path / "archive"
+    archive(archive_dir, records, synth, per_file=4)
+    return archive_dir, synth
+
+
+def test_a_missing_file_is_a_gap_named_by_file(spark: SparkSession, tmp_path: Path) -> None:
+    archive_dir, _ = _small_archive(tmp_path)
+    folder = archive_dir / "bshop.transaction" / "partition=0"
+    (folder / "bshop.transaction+0+4.json").unlink()
+    err = _failing_run(spark, tmp_path, archive_dir)
+    assert isinstance(err, OrderingError)
+    assert "bshop.transaction+0+8.json: starts at offset 8" in str(err)
+    assert "offsets 4..7" in str(err) and "\n" not in str(err)
+
+
+def test_overlapping_files_are_an_error_naming_both(spark: SparkSession, tmp_path: Path) -> None:
+    archive_dir, _ = _small_archive(tmp_path)
+    folder = archive_dir / "bshop.transaction" / "partition=0"
+    lines = (folder / "bshop.transaction+0+4.json").read_text().splitlines()
+    (folder / "bshop.transaction+0+6.json").write_text("\n".join(lines[2:]) + "\n")
+    err = _failing_run(spark, tmp_path, archive_dir)
+    assert isinstance(err, OrderingError)
+    assert "bshop.transaction+0+6.json: starts at offset 6, inside" in str(err)
+    assert "bshop.transaction+0+4.json (line 3" in str(err)
+
+
+def test_a_line_that_is_not_json_names_file_and_line(spark: SparkSession,
+                                                     tmp_path: Path) -> None:
+    archive_dir, _ = _small_archive(tmp_path)
+    path = archive_dir / "bshop.public.orders" / "partition=0" / "bshop.public.orders+0+0.json"
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2][:-5]  # a truncated record
+    path.write_text("\n".join(lines) + "\n")
+    err = _failing_run(spark, tmp_path, archive_dir)
+    assert isinstance(err, DecodeError)
+    assert f"{path}, line 3: not a JSON record" in str(err)
