@@ -247,7 +247,7 @@ def test_cli_reports_errors_without_a_traceback(tmp_path: Path) -> None:
     from txjoin.stack import commands
 
     result = CliRunner().invoke(commands.generate, ["--dir", str(tmp_path / "none")])
-    assert result.exit_code == 1 and "no running stack" in result.output
+    assert result.exit_code == 2 and "no running stack" in result.output
     result = CliRunner().invoke(commands.status, ["--dir", str(tmp_path / "none")])
     assert result.exit_code == 0 and "no stack" in result.output
 
