@@ -62,6 +62,9 @@ def _env(name: str) -> str:
 @click.option("--until-idle", is_flag=True,
               help="Stop once the input available at start is drained and every complete "
                    "transaction is written.")
+@click.option("--rebuild", is_flag=True,
+              help="Start a new checkpoint and re-derive every sink from the source; readers "
+                   "see the old contents until the rebuilt ones replace them atomically.")
 @click.option("--on-incomplete", envvar=_env("ON_INCOMPLETE"), show_envvar=True,
               type=click.Choice(["fail", "skip", "wait"]), default="fail", show_default=True,
               help="Policy for a transaction that never completes.")
@@ -79,7 +82,8 @@ def _env(name: str) -> str:
 def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         starting_offsets: str, trigger_interval: str, max_events_per_trigger: int | None,
         checkpoint_dir: str | None, output_dir: str | None, master: str,
-        postgres_dsn: str | None, no_postgres: bool, until_idle: bool, on_incomplete: str,
+        postgres_dsn: str | None, no_postgres: bool, until_idle: bool, rebuild: bool,
+        on_incomplete: str,
         incomplete_timeout: float, spark_conf: tuple[str, ...], directory: Path) -> None:
     """Run JOB_FILE as a streaming query: Kafka -> transactions -> join -> Delta + PostgreSQL."""
     from txjoin.job import load_job
@@ -111,7 +115,7 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         output_dir=output_dir or str(directory / "output"), master=master,
         postgres_dsn=None if no_postgres else postgres_dsn, until_idle=until_idle,
         on_incomplete=on_incomplete, incomplete_timeout_s=incomplete_timeout,
-        spark_conf=_parse_conf(spark_conf))
+        spark_conf=_parse_conf(spark_conf), rebuild=rebuild)
     run_job(job, config)
 
 

@@ -44,6 +44,7 @@ from txjoin.core.join import OutputChange
 from txjoin.core.output import changes_to_table, output_schema, row_from_json, row_to_json
 from txjoin.job import Job
 from txjoin.sinks import Sink
+from txjoin.sinks.lineage import Lineage, checkpoint_id
 
 STATE_SCHEMA = "engine binary"
 
@@ -78,6 +79,7 @@ class RunConfig:
     on_incomplete: str = "fail"
     incomplete_timeout_s: float = 300.0
     spark_conf: dict[str, str] = field(default_factory=dict)
+    rebuild: bool = False  # start a new checkpoint and re-derive the sinks from the source
 
     @property
     def policy(self) -> IncompletePolicy:
@@ -294,14 +296,16 @@ class Pipeline:
         breakdown["source_and_stateful"] = computed - started
         breakdown["decode_output"] = time.monotonic() - computed
         written = {}
+        commit_seq = int(info.get("commit_seq", self.reports[-1].commit_seq
+                                  if self.reports else 0))
+        lineage = Lineage(checkpoint_id(self.checkpoint), commit_seq)
         for sink in self.sinks:
             before = time.monotonic()
-            written[sink.name] = sink.write(batch_id, table)
+            written[sink.name] = sink.write(batch_id, table, lineage=lineage)
             breakdown[f"sink_{sink.name}"] = time.monotonic() - before
         report = BatchReport(
             batch_id=batch_id, records=int(info.get("records", 0)), changes=table.num_rows,
-            commit_seq=int(info.get("commit_seq", self.reports[-1].commit_seq
-                                    if self.reports else 0)),
+            commit_seq=commit_seq,
             snapshot_done=bool(info.get("snapshot_done", False)),
             snapshot_released=bool(info.get("snapshot_released", False)),
             waiting=int(info.get("waiting", 0)),
