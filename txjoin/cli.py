@@ -59,6 +59,10 @@ def _env(name: str) -> str:
               help="PostgreSQL sink DSN (libpq). Default: the local stack's sink database if "
                    "it is up; none otherwise.")
 @click.option("--no-postgres", is_flag=True, help="Do not write the PostgreSQL sink.")
+@click.option("--postgres-retry-timeout", envvar=_env("POSTGRES_RETRY_TIMEOUT"),
+              show_envvar=True, type=float, default=60.0, show_default=True,
+              help="Seconds a lost PostgreSQL sink connection is retried (with backoff) "
+                   "before the job stops with an error.")
 @click.option("--until-idle", is_flag=True,
               help="Stop once the input available at start is drained and every complete "
                    "transaction is written.")
@@ -82,7 +86,8 @@ def _env(name: str) -> str:
 def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         starting_offsets: str, trigger_interval: str, max_events_per_trigger: int | None,
         checkpoint_dir: str | None, output_dir: str | None, master: str,
-        postgres_dsn: str | None, no_postgres: bool, until_idle: bool, rebuild: bool,
+        postgres_dsn: str | None, no_postgres: bool, postgres_retry_timeout: float,
+        until_idle: bool, rebuild: bool,
         on_incomplete: str,
         incomplete_timeout: float, spark_conf: tuple[str, ...], directory: Path) -> None:
     """Run JOB_FILE as a streaming query: Kafka -> transactions -> join -> Delta + PostgreSQL."""
@@ -115,7 +120,8 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         output_dir=output_dir or str(directory / "output"), master=master,
         postgres_dsn=None if no_postgres else postgres_dsn, until_idle=until_idle,
         on_incomplete=on_incomplete, incomplete_timeout_s=incomplete_timeout,
-        spark_conf=_parse_conf(spark_conf), rebuild=rebuild)
+        spark_conf=_parse_conf(spark_conf), rebuild=rebuild,
+        postgres_retry_timeout_s=postgres_retry_timeout)
     run_job(job, config)
 
 

@@ -30,6 +30,8 @@ import io
 import json
 import math
 import re
+import sys
+import time as time_module
 from collections.abc import Callable
 from datetime import date, datetime, time
 from decimal import Decimal
@@ -204,6 +206,21 @@ def _from_pg(value: Any, t: pa.DataType) -> Any:
 
 
 MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1
+DEFAULT_RETRY_TIMEOUT_S = 60.0
+RETRY_FIRST_DELAY_S, RETRY_MAX_DELAY_S = 0.5, 5.0
+
+
+class _Lost(Exception):
+    """The connection broke during a batch (rolled back): worth a retry."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
 REBUILD_SCHEMA = "txjoin_rebuild"
 """Schema of the shadow tables a rebuild writes (same names as the sink's own tables)."""
 _STAGE, _ROW = "txjoin_stage", "__txjoin_row"
@@ -230,7 +247,7 @@ class PostgresSink:
     name = "postgres"
 
     def __init__(self, dsn: str, table: str, job: str, key_columns: list[str],
-                 schema: pa.Schema) -> None:
+                 schema: pa.Schema, retry_timeout_s: float = DEFAULT_RETRY_TIMEOUT_S) -> None:
         check_changes_schema(schema, key_columns, f"postgres sink for table {table!r}")
         if len(f"{table}_changelog".encode()) > MAX_IDENTIFIER_BYTES:
             # PostgreSQL would silently truncate both names to the same relation.
@@ -248,20 +265,28 @@ class PostgresSink:
         self._pg_types = {f.name: pg_type(f.type, f.name) for f in schema}
         self._ready: set[str] = set()
         self._rebuild_id: str | None = None
+        self._dsn = dsn
+        self.retry_timeout_s = retry_timeout_s
         try:
-            self._conn = psycopg2.connect(dsn, connect_timeout=CONNECT_TIMEOUT_S)
+            self._conn = self._connect()
         except psycopg2.Error as exc:
             raise self._service_error("cannot connect", exc) from None
-        self._conn.autocommit = False
         with self._conn.cursor() as cur:
-            # Timestamps come back in UTC, like the Delta sink's.
-            cur.execute("SET TIME ZONE 'UTC'")
             cur.execute("SELECT current_schema()")
             self._home: str = cur.fetchone()[0] or "public"
         self._conn.commit()
         self._target = self._home  # REBUILD_SCHEMA while rebuilding
+
+    def _connect(self) -> Any:
+        conn = psycopg2.connect(self._dsn, connect_timeout=CONNECT_TIMEOUT_S)
+        conn.autocommit = False
+        with conn.cursor() as cur:
+            # Timestamps come back in UTC, like the Delta sink's.
+            cur.execute("SET TIME ZONE 'UTC'")
+        conn.commit()
         psycopg2.extras.register_default_jsonb(
-            self._conn, loads=partial(json.loads, parse_float=Decimal))
+            conn, loads=partial(json.loads, parse_float=Decimal))
+        return conn
 
     def _service_error(self, what: str, exc: BaseException) -> ServiceError:
         message = str(exc).strip()
@@ -369,8 +394,46 @@ class PostgresSink:
         return None if held is None or held.last_batch_id < 0 else held.last_batch_id
 
     def write(self, batch_id: int, changes: pa.Table, lineage: Lineage | None = None) -> bool:
-        """Apply one micro-batch and its progress in one transaction; False on replay."""
+        """Apply one micro-batch and its progress in one transaction; False on replay.
+
+        A lost connection (PostgreSQL restarting, a network cut) rolls the batch
+        back; it is retried on a new connection with bounded exponential backoff
+        for up to ``retry_timeout_s`` seconds. A commit whose acknowledgement was
+        lost is found in the progress row and not applied twice.
+        """
         changes = conform(changes, self.schema, f"postgres sink {self.table!r}", batch_id)
+        deadline = time_module.monotonic() + self.retry_timeout_s
+        delay, warned = RETRY_FIRST_DELAY_S, False
+        while True:
+            try:
+                if self._conn.closed:
+                    self._conn = self._connect()
+                    self._ready.clear()
+                return self._write_once(batch_id, changes, lineage)
+            except _Lost as lost:
+                if time_module.monotonic() + delay > deadline:
+                    raise self._service_error(
+                        f"unreachable for {self.retry_timeout_s:.0f}s, batch {batch_id} not "
+                        "written (the checkpoint keeps it: run again once PostgreSQL is back, "
+                        "or raise --postgres-retry-timeout)", lost.cause) from None
+                if not warned:
+                    print(f"postgres sink {self.table!r}: {lost.cause.__class__.__name__} "
+                          f"({_first_line(lost.cause)}); retrying batch {batch_id} for up to "
+                          f"{self.retry_timeout_s:.0f}s", file=sys.stderr, flush=True)
+                    warned = True
+                time_module.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_DELAY_S)
+            except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+                # Reconnecting failed: the server is still away.
+                if time_module.monotonic() + delay > deadline:
+                    raise self._service_error(
+                        f"unreachable for {self.retry_timeout_s:.0f}s, batch {batch_id} not "
+                        "written (the checkpoint keeps it: run again once PostgreSQL is back, "
+                        "or raise --postgres-retry-timeout)", exc) from None
+                time_module.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_DELAY_S)
+
+    def _write_once(self, batch_id: int, changes: pa.Table, lineage: Lineage | None) -> bool:
         schema = self._target
         progress = self._id(schema, PROGRESS_TABLE)
         try:
@@ -410,8 +473,10 @@ class PostgresSink:
                     (self.job, batch_id, None if lineage is None else lineage.frontier_commit_seq,
                      last_seq, last_xid, None if lineage is None else lineage.checkpoint_id))
             return True
-        except psycopg2.OperationalError as exc:
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
             self._ready.clear()  # the DDL may have been rolled back with the batch
+            if self._conn.closed or isinstance(exc, psycopg2.InterfaceError):
+                raise _Lost(exc) from None
             raise self._service_error(f"batch {batch_id} not written", exc) from None
         except (psycopg2.errors.UndefinedColumn, psycopg2.errors.DatatypeMismatch,
                 psycopg2.errors.UndefinedTable) as exc:

@@ -80,6 +80,7 @@ class RunConfig:
     incomplete_timeout_s: float = 300.0
     spark_conf: dict[str, str] = field(default_factory=dict)
     rebuild: bool = False  # start a new checkpoint and re-derive the sinks from the source
+    postgres_retry_timeout_s: float = 60.0  # how long a lost PostgreSQL sink is retried
 
     @property
     def policy(self) -> IncompletePolicy:
@@ -217,7 +218,8 @@ def build_sinks(job: Job, config: RunConfig, spark: SparkSession | None = None,
         if pg_table_suffix:
             table = f"{table[:63 - len('_changelog') - len(pg_table_suffix) - 1]}_{pg_table_suffix}"
             name = f"{name}:{pg_table_suffix}"
-        sinks.append(PostgresSink(config.postgres_dsn, table, name, keys, schema))
+        sinks.append(PostgresSink(config.postgres_dsn, table, name, keys, schema,
+                                  retry_timeout_s=config.postgres_retry_timeout_s))
     return sinks
 
 
