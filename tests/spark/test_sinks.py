@@ -362,6 +362,20 @@ def test_an_empty_sink_behind_a_checkpoint_with_batches_is_refused(
         check_lineage([make_sink()], Checkpoint.open(checkpoint_dir))
 
 
+def test_sinks_from_before_lineage_keep_matching_the_checkpoint_they_came_with(
+        make_sink: Callable[[], Sink], tmp_path: Path) -> None:
+    sink = make_sink()
+    sink.write(0, batch(change("c", 1, 1)))  # no lineage recorded, as before this version
+    legacy = tmp_path / "ckpt"
+    (legacy / "commits").mkdir(parents=True)
+    (legacy / "commits" / "0").write_text("v1")
+
+    check_lineage([sink], Checkpoint.open(legacy))
+    check_lineage([sink], Checkpoint.open(legacy))  # also when no batch ran in between
+    with pytest.raises(LineageError, match="an unrecorded checkpoint"):
+        check_lineage([sink], Checkpoint.open(tmp_path / "other"))
+
+
 def test_a_rebuild_replaces_the_contents_in_one_step_and_records_the_new_lineage(
         make_sink: Callable[[], Sink]) -> None:
     sink = make_sink()

@@ -79,18 +79,27 @@ class Checkpoint:
 
     @classmethod
     def open(cls, path: str | Path) -> Checkpoint:
-        """The checkpoint at ``path``, created (with a new identity) if missing."""
+        """The checkpoint at ``path``, created (with a new identity) if missing.
+
+        A checkpoint with batches but no identity predates lineage: it gets one,
+        marked ``adopted`` for good, so sinks written before lineage existed (no
+        recorded checkpoint) keep matching it until their next batch records it.
+        """
         path = Path(path)
         committed = _last_committed(path)
-        known = checkpoint_id(path)
-        adopted = known is None and committed is not None
-        if known is None:
-            known = uuid.uuid4().hex
-            path.mkdir(parents=True, exist_ok=True)
-            tmp = path / f".{LINEAGE_FILE}.tmp"
-            tmp.write_text(json.dumps({"id": known}) + "\n")
-            tmp.replace(path / LINEAGE_FILE)
-        return cls(path, known, committed is None, adopted, committed)
+        lineage = path / LINEAGE_FILE
+        try:
+            doc = json.loads(lineage.read_text())
+            return cls(path, str(doc["id"]), committed is None, bool(doc.get("adopted")),
+                       committed)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        doc = {"id": uuid.uuid4().hex, "adopted": committed is not None}
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = path / f".{LINEAGE_FILE}.tmp"
+        tmp.write_text(json.dumps(doc) + "\n")
+        tmp.replace(lineage)
+        return cls(path, doc["id"], committed is None, doc["adopted"], committed)
 
     @classmethod
     def fresh(cls, path: str | Path) -> tuple[Checkpoint, Path | None]:
