@@ -7,10 +7,6 @@ against a throwaway PostgreSQL 18 server.
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +19,7 @@ import psycopg2
 import pyarrow as pa
 import pytest
 
+from tests.fixtures import restartable_postgres
 from tests.fixtures.postgres import free_port, running_postgres
 from txjoin.errors import ConfigError, LineageError, ServiceError, SinkSchemaError
 from txjoin.sinks import Sink
@@ -507,50 +504,11 @@ def test_postgres_progress_of_the_first_layout_is_migrated(dsn: str) -> None:
 
 # -- PostgreSQL going away mid-stream -----------------------------------------------
 
-
-class RestartablePostgres:
-    """A throwaway server this test can stop and start again on the same port and data."""
-
-    def __init__(self, root: Path) -> None:
-        from tests.fixtures.postgres import DB_USER, OS_USER, PG_BIN, _as_user
-
-        self.bin, self.as_user = PG_BIN, _as_user
-        self.data, self.port = root / "data", free_port()
-        if os.geteuid() == 0:
-            self.as_user(["true"])
-            shutil.chown(root, OS_USER, OS_USER)
-        root.chmod(0o755)
-        subprocess.run(self.as_user([str(PG_BIN / "initdb"), "-D", str(self.data), "-U",
-                                     DB_USER, "--auth=trust", "--no-sync"]),
-                       check=True, capture_output=True)
-        self.options = (f"-c listen_addresses=127.0.0.1 -c port={self.port} -c fsync=off "
-                        f"-c unix_socket_directories={root}")
-        self.log = root / "server.log"
-        self.dsn = f"postgresql://{DB_USER}@127.0.0.1:{self.port}/postgres"
-
-    def start(self) -> None:
-        subprocess.run(self.as_user([str(self.bin / "pg_ctl"), "-D", str(self.data), "-o",
-                                     self.options, "-l", str(self.log), "-w", "start"]),
-                       check=True, capture_output=True)
-
-    def stop(self) -> None:
-        subprocess.run(self.as_user([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m",
-                                     "fast", "-w", "stop"]), check=False, capture_output=True)
-
-
-@pytest.fixture
-def restartable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestartablePostgres]:
-    server = RestartablePostgres(Path(tempfile.mkdtemp(prefix="txjoin-pg-restart-")))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(server.data.parent, ignore_errors=True)
+restartable = restartable_postgres.restartable  # the fixture
 
 
 def test_postgres_down_mid_stream_is_retried_and_every_change_lands_once(
-        restartable: RestartablePostgres) -> None:
+        restartable: restartable_postgres.RestartablePostgres) -> None:
     sink = PostgresSink(restartable.dsn, "orders", "job", ["order_id"], SCHEMA,
                         retry_timeout_s=60)
     sink.write(0, batch(change("c", 1, 1)), lineage=Lineage("ckpt", 1))
@@ -570,7 +528,7 @@ def test_postgres_down_mid_stream_is_retried_and_every_change_lands_once(
 
 
 def test_postgres_down_longer_than_the_limit_is_one_clear_error(
-        restartable: RestartablePostgres) -> None:
+        restartable: restartable_postgres.RestartablePostgres) -> None:
     sink = PostgresSink(restartable.dsn, "orders", "job", ["order_id"], SCHEMA,
                         retry_timeout_s=3)
     sink.write(0, batch(change("c", 1, 1)))

@@ -300,7 +300,9 @@ class Pipeline:
         written = {}
         commit_seq = int(info.get("commit_seq", self.reports[-1].commit_seq
                                   if self.reports else 0))
-        lineage = Lineage(checkpoint_id(self.checkpoint), commit_seq)
+        frontier = info.get("commit_seq")  # absent: the sinks keep the frontier they hold
+        lineage = Lineage(checkpoint_id(self.checkpoint),
+                          None if frontier is None else int(frontier))
         for sink in self.sinks:
             before = time.monotonic()
             written[sink.name] = sink.write(batch_id, table, lineage=lineage)
