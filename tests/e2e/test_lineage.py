@@ -160,3 +160,49 @@ def test_an_earlier_stacks_checkpoint_is_refused_and_down_wipe_removes_it(
         wiped = cli.invoke(down, ["--dir", str(directory), "--wipe"])
     assert "checkpoints/ and output/" in wiped.output
     assert not (directory / "checkpoints").exists() and not (directory / "output").exists()
+
+
+def test_a_sink_table_altered_underneath_stops_the_job_until_repaired_or_rebuilt(
+        e2e_stack: E2EStack, tmp_path: Path) -> None:
+    sink_dsn = fresh_sink_database(e2e_stack, "sink_altered")
+    source = e2e_stack.info.pg_dsn_source
+    args = run_args(e2e_stack, ORDERS, tmp_path, sink_dsn)
+    log = tmp_path / "run.log"
+    generate(source, rate_tx_per_s=20, duration_s=4, seed=71)
+    wait_until_captured(e2e_stack.info)
+    assert txjoin_run(log, "--until-idle", *args).returncode == 0, log.read_text()
+
+    def progress() -> tuple[int, int]:
+        with psycopg2.connect(sink_dsn) as conn, conn.cursor() as cur:
+            cur.execute("SELECT last_batch_id, frontier_commit_seq FROM txjoin_progress")
+            return cur.fetchone()
+
+    for alteration, column, repair in (
+            ("ALTER COLUMN table_name TYPE varchar(3) USING left(table_name, 3)",
+             "table_name", None),
+            ("ALTER COLUMN client_name TYPE bytea USING convert_to(client_name, 'UTF8')",
+             "client_name", "ALTER COLUMN client_name TYPE text USING "
+                            "convert_from(client_name, 'UTF8')")):
+        with psycopg2.connect(sink_dsn) as conn, conn.cursor() as cur:
+            cur.execute(f"ALTER TABLE orders_enriched {alteration}")
+        generate(source, rate_tx_per_s=20, duration_s=3, seed=72)
+        wait_until_captured(e2e_stack.info)
+        before = progress()
+
+        refused = txjoin_run(log, "--until-idle", *args)
+
+        assert refused.returncode == 2, log.read_text()
+        error = last_line(refused.stderr)
+        assert error.startswith("error: postgres sink table public.orders_enriched: column "
+                                f"{column!r} has type "), refused.stderr
+        assert "--rebuild" in error
+        assert progress() == before  # nothing of the batch committed
+
+        if repair is None:
+            fixed = txjoin_run(log, "--until-idle", "--rebuild", *args)
+        else:
+            with psycopg2.connect(sink_dsn) as conn, conn.cursor() as cur:
+                cur.execute(f"ALTER TABLE orders_enriched {repair}")
+            fixed = txjoin_run(log, "--until-idle", *args)
+        assert fixed.returncode == 0, log.read_text()
+        assert_verified(verify_job(load_job(ORDERS), (source, sink_dsn), tmp_path / "output"))
