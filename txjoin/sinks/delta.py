@@ -14,7 +14,7 @@ Every commit also carries the run's lineage in its commit info
 read back by ``held``. A rebuild writes both tables under ``<table>/_rebuild/``
 and then replaces each table's contents with one overwrite commit (a new table
 version: readers see the old state or the rebuilt one, never an empty or
-partial table). The swap reads the rebuilt tables into memory.
+partial table). The swap streams the rebuilt tables into that commit.
 
 ``DeltaSparkSink`` does the same through delta-spark when the Spark session has
 the Delta extension (batch ids only, without lineage or rebuild).
@@ -207,12 +207,13 @@ class DeltaSink:
                 (self.current_path, shadow_current, self.current_app_id,
                  current_schema(self.schema))):
             held = self._held(shadow, app_id)
-            rows = (DeltaTable(shadow).to_pyarrow_table() if DeltaTable.is_deltatable(shadow)
-                    else schema.empty_table())
+            # Streamed batch by batch, so the rebuilt table need not fit in memory.
+            rows: Any = (DeltaTable(shadow).to_pyarrow_dataset().scanner().to_reader()
+                         if DeltaTable.is_deltatable(shadow) else schema.empty_table())
             batch = -1 if held is None else held.last_batch_id  # -1: nothing applied yet
             lineage = Lineage(self._rebuild_id,
                               None if held is None else held.frontier_commit_seq)
-            write_deltalake(path, rows.cast(schema), mode="overwrite", schema_mode="overwrite",
+            write_deltalake(path, rows, mode="overwrite", schema_mode="overwrite",
                             commit_properties=self._commit(
                                 app_id, batch, lineage,
                                 None if held is None else held.last_change_xid))

@@ -476,7 +476,9 @@ class PostgresSink:
         except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
             self._ready.clear()  # the DDL may have been rolled back with the batch
             if self._conn.closed or isinstance(exc, psycopg2.InterfaceError):
-                raise _Lost(exc) from None
+                # Rolling back on a closed connection replaces the cause: report the cause.
+                cause = exc.__context__ if isinstance(exc.__context__, psycopg2.Error) else exc
+                raise _Lost(cause) from None
             raise self._service_error(f"batch {batch_id} not written", exc) from None
         except (psycopg2.errors.UndefinedColumn, psycopg2.errors.DatatypeMismatch,
                 psycopg2.errors.UndefinedTable) as exc:
