@@ -95,9 +95,16 @@ def _env(name: str) -> str:
               help="PostgreSQL sink DSN (libpq). Default: the local stack's sink database if "
                    "it is up; none otherwise.")
 @click.option("--no-postgres", is_flag=True, help="Do not write the PostgreSQL sink.")
+@click.option("--postgres-retry-timeout", envvar=_env("POSTGRES_RETRY_TIMEOUT"),
+              show_envvar=True, type=float, default=60.0, show_default=True,
+              help="Seconds a lost PostgreSQL sink connection is retried (with backoff) "
+                   "before the job stops with an error.")
 @click.option("--until-idle", is_flag=True,
               help="Stop once the input available at start is drained and every complete "
                    "transaction is written.")
+@click.option("--rebuild", is_flag=True,
+              help="Start a new checkpoint and re-derive every sink from the source; readers "
+                   "see the old contents until the rebuilt ones replace them atomically.")
 @click.option("--on-incomplete", envvar=_env("ON_INCOMPLETE"), show_envvar=True,
               type=click.Choice(["fail", "skip", "wait"]), default="fail", show_default=True,
               help="Policy for a transaction that never completes.")
@@ -127,7 +134,8 @@ def _env(name: str) -> str:
 def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         starting_offsets: str, trigger_interval: str, max_events_per_trigger: int | None,
         checkpoint_dir: str | None, output_dir: str | None, master: str,
-        postgres_dsn: str | None, no_postgres: bool, until_idle: bool, on_incomplete: str,
+        postgres_dsn: str | None, no_postgres: bool, postgres_retry_timeout: float,
+        until_idle: bool, rebuild: bool, on_incomplete: str,
         incomplete_timeout: float, decimal_handling_mode: str | None,
         spark_conf: tuple[str, ...], shards: int | None, directory: Path,
         source: str) -> None:
@@ -172,7 +180,8 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         output_dir=output_dir or str(directory / "output"), master=master,
         postgres_dsn=None if no_postgres else postgres_dsn, until_idle=until_idle,
         on_incomplete=on_incomplete, incomplete_timeout_s=incomplete_timeout,
-        spark_conf=_parse_conf(spark_conf), shards=shards, source=source)
+        spark_conf=_parse_conf(spark_conf), shards=shards, source=source, rebuild=rebuild,
+        postgres_retry_timeout_s=postgres_retry_timeout)
     run_job(job, config)
 
 

@@ -162,3 +162,21 @@ def cli_errors(fn: F) -> F:
             sys.exit(code)
 
     return wrapper  # type: ignore[return-value]
+
+
+class LineageError(TxjoinError):
+    """A sink whose contents come from another checkpoint than the run's (or from none)."""
+
+    exit_code = 2
+
+
+class CheckpointError(TxjoinError):
+    """A checkpoint whose source offsets no longer match the topics (recreated, truncated)."""
+
+    exit_code = 2
+
+
+class SinkSchemaError(TxjoinError):
+    """A sink table altered underneath the job (a column dropped or its type changed)."""
+
+    exit_code = 2

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 
 from tests.fixtures.broker import create_topics, running_broker
-from txjoin.errors import ConfigError, ServiceError
+from txjoin.errors import CheckpointError, ConfigError, ServiceError
 from txjoin.spark.sources.kafka import (
+    TOPIC_IDS,
     KafkaSourceConfig,
     KafkaStreamReader,
     read_stream,
@@ -185,3 +188,86 @@ def test_options_are_validated() -> None:
     options["maxEventsPerTrigger"] = "0"
     with pytest.raises(ConfigError, match="maxEventsPerTrigger"):
         KafkaSourceConfig.from_options(options)
+
+
+# -- a checkpoint that no longer matches its topics ---------------------------------
+
+
+def _recreate(bootstrap: str, topics: list[str]) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_topics(topics, operation_timeout=10).values():
+        future.result(15)
+    create_topics(bootstrap, topics)
+
+
+def test_recreating_the_topics_under_a_running_checkpoint_stops_the_query_naming_them(
+        spark: SparkSession, bootstrap: str, tmp_path: Path) -> None:
+    orders, customers = _topics(bootstrap)
+    _produce(bootstrap, orders, _values(6, "o"))
+    _produce(bootstrap, customers, _values(2, "c"))
+    seen: list[int] = []
+
+    def collect(batch: DataFrame, batch_id: int) -> None:
+        seen.append(sum(1 for r in batch.collect() if r[2] >= 0))
+
+    query = (read_stream(spark, bootstrap, [orders, customers]).writeStream
+             .foreachBatch(collect).option("checkpointLocation", str(tmp_path / "cp"))
+             .trigger(processingTime="200 milliseconds").start())
+    try:
+        deadline = time.monotonic() + 120
+        while sum(seen) < 8 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sum(seen) == 8
+
+        # The topics come back empty, then fill up less far than the checkpoint read.
+        _recreate(bootstrap, [orders, customers])
+        _produce(bootstrap, orders, _values(2, "new"))
+
+        with pytest.raises(Exception) as stopped:  # Spark's wrapper of the source's error
+            query.awaitTermination(120)
+        message = str(stopped.value)
+    finally:
+        if query.isActive:
+            query.stop()
+    # A batch planned between the deletion and the creation finds a topic missing.
+    recreated = re.search(rf"CheckpointError: txjoin_kafka: topic '({orders}|{customers})' .* "
+                          r"was recreated .*--rebuild", message)
+    missing = re.search(rf"ConfigError: txjoin_kafka: topic '({orders}|{customers})' does not "
+                        "exist", message)
+    assert recreated or missing, message
+    assert sum(seen) == 8
+
+
+def test_checkpoint_offsets_outside_the_topic_name_topic_partition_offset_and_range(
+        bootstrap: str) -> None:
+    (topic,) = _topics(bootstrap, count=1)
+    _produce(bootstrap, topic, _values(5, "o"))
+    reader = KafkaStreamReader(KafkaSourceConfig(bootstrap, (topic,)))
+
+    reader.validate({topic: {"0": 5}})  # at the end: fine
+    with pytest.raises(CheckpointError) as ahead:
+        reader.validate({topic: {"0": 40}})
+    assert str(ahead.value) == (
+        f"txjoin_kafka: the checkpoint's offset 40 for {topic}[0] is beyond the partition's "
+        "end (the topic was recreated or another cluster is configured): the topic now holds "
+        "offsets 0..5 (end 5); start a new checkpoint and re-derive the sinks from the topics "
+        "with `txjoin run --rebuild`")
+    with pytest.raises(CheckpointError, match=r"offset -1 .* below its earliest retained"):
+        reader.validate({topic: {"0": -1}})
+    with pytest.raises(CheckpointError, match=r"was recreated .*topic id not-the-id is now"):
+        reader.validate({topic: {"0": 1}, TOPIC_IDS: {topic: "not-the-id"}})
+    # A fresh checkpoint records the ids.
+    assert reader.initialOffset()[TOPIC_IDS][topic]
+
+
+def test_a_checkpoint_ahead_of_its_topics_never_ends_quietly_with_nothing_done(
+        spark: SparkSession, bootstrap: str, tmp_path: Path) -> None:
+    (topic,) = _topics(bootstrap, count=1)
+    _produce(bootstrap, topic, _values(4, "o"))
+    _run(read_stream(spark, bootstrap, [topic]), tmp_path / "cp")
+    _recreate(bootstrap, [topic])
+    _produce(bootstrap, topic, _values(1, "o"))
+
+    with pytest.raises(Exception, match=rf"CheckpointError: txjoin_kafka: topic '{topic}' "
+                                       r".* was recreated"):
+        _run(read_stream(spark, bootstrap, [topic]), tmp_path / "cp")

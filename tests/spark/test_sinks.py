@@ -6,6 +6,9 @@ against a throwaway PostgreSQL 18 server.
 
 from __future__ import annotations
 
+import math
+import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -16,10 +19,12 @@ import psycopg2
 import pyarrow as pa
 import pytest
 
+from tests.fixtures import restartable_postgres
 from tests.fixtures.postgres import free_port, running_postgres
-from txjoin.errors import ConfigError, ServiceError
+from txjoin.errors import ConfigError, LineageError, ServiceError, SinkSchemaError
 from txjoin.sinks import Sink
 from txjoin.sinks.delta import DeltaSink
+from txjoin.sinks.lineage import Checkpoint, Lineage, check_lineage
 from txjoin.sinks.postgres import PostgresSink, mask_dsn
 
 PIZZAS = pa.list_(pa.struct([("pizza", pa.string()), ("price", pa.decimal128(10, 2))]))
@@ -214,7 +219,8 @@ def test_postgres_tables_have_typed_columns_and_a_progress_row(dsn: str) -> None
                     "FROM information_schema.columns WHERE table_name = 'typed_orders' "
                     "ORDER BY ordinal_position")
         columns: dict[str, Any] = {r[0]: r[1:] for r in cur.fetchall()}
-        cur.execute("SELECT batch_id, commit_seq FROM txjoin_progress WHERE job = 'typed'")
+        cur.execute("SELECT last_batch_id, last_change_commit_seq, last_change_xid "
+                    "FROM txjoin_progress WHERE job = 'typed'")
         progress = cur.fetchone()
     assert columns["order_id"][0] == "bigint"
     assert columns["total"] == ("numeric", 12, 2)
@@ -222,7 +228,7 @@ def test_postgres_tables_have_typed_columns_and_a_progress_row(dsn: str) -> None
     assert columns["quantity"][0] == "integer"
     assert columns["pizzas"][0] == "jsonb"
     assert "_op" not in columns
-    assert progress == (3, 41)
+    assert progress == (3, 41, 1041)
 
 
 def test_postgres_password_never_appears_when_the_server_is_unreachable() -> None:
@@ -250,3 +256,294 @@ def test_postgres_refuses_a_table_name_that_would_be_truncated(dsn: str) -> None
     # 63-byte identifiers: `<table>_changelog` would be cut to the same name as `<table>`.
     with pytest.raises(ConfigError, match="too long"):
         PostgresSink(dsn, "t" * 60, "job", ["order_id"], SCHEMA)
+
+
+# -- COPY: every value survives the CSV round trip --------------------------------
+
+ODD = pa.schema([
+    ("id", pa.int64()), ("text", pa.string()), ("blob", pa.binary()), ("ratio", pa.float64()),
+    ("flag", pa.bool_()), ("day", pa.date32()), ("local", pa.timestamp("us")),
+    ("tags", pa.list_(pa.string())),
+    ("_op", pa.string()), ("_commit_seq", pa.int64()), ("_xid", pa.int64()),
+    ("_commit_ts", pa.timestamp("us", tz="UTC")),
+])
+
+
+def test_postgres_copy_keeps_empty_strings_nulls_quotes_bytes_and_special_floats(
+        dsn: str) -> None:
+    rows = [
+        {"id": 1, "text": "", "blob": b"", "ratio": float("nan"), "flag": True,
+         "day": T0.date(), "local": T0.replace(tzinfo=None), "tags": ["", None, 'a"b']},
+        {"id": 2, "text": None, "blob": None, "ratio": float("inf"), "flag": None,
+         "day": None, "local": None, "tags": None},
+        {"id": 3, "text": 'a "quoted", multi\nline\\N text', "blob": b"\x00\xff,\n",
+         "ratio": -0.5, "flag": False, "day": T0.date(), "local": T0.replace(tzinfo=None),
+         "tags": []},
+        {"id": 4, "text": "\\N", "blob": b"\\", "ratio": None, "flag": True,
+         "day": T0.date(), "local": None, "tags": ["x,y"]},
+    ]
+    meta = [{"_op": "c", "_commit_seq": n, "_xid": n, "_commit_ts": T0} for n in range(4)]
+    changes = pa.Table.from_pylist([r | m for r, m in zip(rows, meta, strict=True)],
+                                   schema=ODD)
+    sink = PostgresSink(dsn, "odd_values", "odd", ["id"], ODD)
+
+    sink.write(0, changes)
+
+    current = [{k: v for k, v in r.items() if not k.startswith("_")}
+               for r in sink.read_current()]
+    assert math.isnan(current[0].pop("ratio")) and math.isnan(rows[0].pop("ratio"))
+    assert current == rows
+    sink.close()
+
+
+# -- lineage: batches keyed by the checkpoint, not by Spark's batch id ------------
+
+
+def test_a_sink_records_the_checkpoint_frontier_and_last_xid_of_each_batch(
+        make_sink: Callable[[], Sink]) -> None:
+    sink = make_sink()
+    assert sink.held() is None
+
+    sink.write(0, batch(change("c", 1, 1), change("c", 2, 2)), lineage=Lineage("ckpt-a", 5))
+    sink.write(1, batch(), lineage=Lineage("ckpt-a", 7))
+
+    held = sink.held()
+    assert held is not None
+    assert (held.checkpoint_id, held.last_batch_id, held.frontier_commit_seq,
+            held.last_change_xid) == ("ckpt-a", 1, 7, 1002)
+
+
+def test_a_batch_of_another_checkpoint_is_refused_not_skipped(
+        make_sink: Callable[[], Sink]) -> None:
+    sink = make_sink()
+    sink.write(0, batch(change("c", 1, 1)), lineage=Lineage("ckpt-a", 1))
+    sink.write(1, batch(change("c", 2, 2)), lineage=Lineage("ckpt-a", 2))
+
+    # A wiped checkpoint starts again at batch 0: not a replay.
+    with pytest.raises(LineageError, match="holds batch 1, frontier commit_seq 2 of checkpoint"):
+        make_sink().write(0, batch(change("c", 3, 3)), lineage=Lineage("ckpt-b", 1))
+
+    assert [r["order_id"] for r in sink.read_current()] == [1, 2]
+    # The same checkpoint's replay is still a no-op.
+    assert make_sink().write(1, batch(change("c", 9, 9)), lineage=Lineage("ckpt-a", 2)) is False
+
+
+def test_check_lineage_names_the_sink_what_it_holds_and_both_ways_out(
+        make_sink: Callable[[], Sink], tmp_path: Path) -> None:
+    sink = make_sink()
+    old = Checkpoint.open(tmp_path / "ckpt")
+    check_lineage([sink], old)  # an empty sink and a new checkpoint: fine
+    sink.write(0, batch(change("c", 1, 1)), lineage=Lineage(old.id, 3))
+    check_lineage([sink], Checkpoint.open(tmp_path / "ckpt"))  # same identity when reopened
+
+    new, moved = Checkpoint.fresh(tmp_path / "ckpt")
+
+    assert moved is not None and new.id != old.id
+    with pytest.raises(LineageError) as caught:
+        check_lineage([sink], new)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"{sink.name} sink {sink.where} holds batch 0, frontier commit_seq 3 of checkpoint " \
+           f"{old.id[:8]}" in message
+    assert "--rebuild" in message and "restore the checkpoint" in message
+
+
+def test_an_empty_sink_behind_a_checkpoint_with_batches_is_refused(
+        make_sink: Callable[[], Sink], tmp_path: Path) -> None:
+    checkpoint_dir = tmp_path / "ckpt"
+    Checkpoint.open(checkpoint_dir)
+    (checkpoint_dir / "commits").mkdir()
+    (checkpoint_dir / "commits" / "4").write_text("v1")
+
+    with pytest.raises(LineageError, match=r"holds nothing, but the checkpoint .* \(at batch 4\)"):
+        check_lineage([make_sink()], Checkpoint.open(checkpoint_dir))
+
+
+def test_sinks_from_before_lineage_keep_matching_the_checkpoint_they_came_with(
+        make_sink: Callable[[], Sink], tmp_path: Path) -> None:
+    sink = make_sink()
+    sink.write(0, batch(change("c", 1, 1)))  # no lineage recorded, as before this version
+    legacy = tmp_path / "ckpt"
+    (legacy / "commits").mkdir(parents=True)
+    (legacy / "commits" / "0").write_text("v1")
+
+    check_lineage([sink], Checkpoint.open(legacy))
+    check_lineage([sink], Checkpoint.open(legacy))  # also when no batch ran in between
+    with pytest.raises(LineageError, match="an unrecorded checkpoint"):
+        check_lineage([sink], Checkpoint.open(tmp_path / "other"))
+
+
+def test_a_rebuild_replaces_the_contents_in_one_step_and_records_the_new_lineage(
+        make_sink: Callable[[], Sink]) -> None:
+    sink = make_sink()
+    for n in range(3):
+        sink.write(n, batch(change("c", n, n + 1)), lineage=Lineage("old", n + 1))
+    old_current, old_changelog = sink.read_current(), sink.read_changelog()
+
+    sink.begin_rebuild("new")
+    sink.write(0, batch(change("c", 10, 1), change("c", 11, 2)), lineage=Lineage("new", 2))
+    sink.write(1, batch(change("d", 10, 3)), lineage=Lineage("new", 4))
+    # Readers still see the old state, whole.
+    assert make_sink().read_current() == old_current
+    assert make_sink().read_changelog() == old_changelog
+    sink.finish_rebuild()
+
+    assert [r["order_id"] for r in sink.read_current()] == [11]
+    assert [r["_commit_seq"] for r in sink.read_changelog()] == [1, 2, 3]
+    held = make_sink().held()
+    assert held is not None and (held.checkpoint_id, held.last_batch_id,
+                                 held.frontier_commit_seq) == ("new", 1, 4)
+    # And the run goes on from there, a replay still being a no-op.
+    assert sink.write(1, batch(change("c", 99, 9)), lineage=Lineage("new", 4)) is False
+    assert sink.write(2, batch(change("c", 12, 5)), lineage=Lineage("new", 5)) is True
+    assert [r["order_id"] for r in sink.read_current()] == [11, 12]
+
+
+def test_a_rebuild_from_an_empty_source_leaves_empty_tables_of_the_new_lineage(
+        make_sink: Callable[[], Sink]) -> None:
+    sink = make_sink()
+    sink.write(5, batch(change("c", 1, 1)), lineage=Lineage("old", 1))
+
+    sink.begin_rebuild("new")
+    sink.finish_rebuild()
+
+    assert sink.read_current() == [] and sink.read_changelog() == []
+    held = sink.held()
+    assert held is not None and (held.checkpoint_id, held.last_batch_id) == ("new", -1)
+    assert sink.last_applied_batch() is None
+    assert sink.write(0, batch(change("c", 2, 2)), lineage=Lineage("new", 2)) is True
+
+
+def test_delta_rebuild_is_one_new_version_per_table(tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA)
+    sink.write(0, batch(change("c", 1, 1)), lineage=Lineage("old", 1))
+    versions = (DeltaTable(sink.current_path).version(), DeltaTable(sink.changelog_path).version())
+    sink.begin_rebuild("new")
+    for n in range(3):
+        sink.write(n, batch(change("c", 5 + n, n + 1)), lineage=Lineage("new", n + 1))
+    assert (DeltaTable(sink.current_path).version(),
+            DeltaTable(sink.changelog_path).version()) == versions
+
+    sink.finish_rebuild()
+
+    assert (DeltaTable(sink.current_path).version(),
+            DeltaTable(sink.changelog_path).version()) == (versions[0] + 1, versions[1] + 1)
+    assert not sink.rebuild_root.exists()
+
+
+# -- a PostgreSQL sink table altered underneath ------------------------------------
+
+
+@pytest.mark.parametrize("alteration, column, what, repair", [
+    ("DROP COLUMN customer", "customer", "is missing", "ADD COLUMN customer text"),
+    ("ALTER COLUMN total TYPE text", "total", "has type text, the job writes numeric(12,2)",
+     "ALTER COLUMN total TYPE numeric(12,2) USING total::numeric"),
+])
+def test_postgres_table_altered_underneath_fails_naming_table_and_column_and_writes_nothing(
+        dsn: str, alteration: str, column: str, what: str, repair: str) -> None:
+    table = f"altered_{next(_tables)}"
+    sink = PostgresSink(dsn, table, table, ["order_id"], SCHEMA)
+    sink.write(0, batch(change("c", 1, 1)))
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(f"ALTER TABLE {table} {alteration}")
+
+    with pytest.raises(SinkSchemaError) as caught:
+        sink.write(1, batch(change("c", 2, 2)))
+
+    message = str(caught.value)
+    assert f"table public.{table}: column {column!r} {what}" in message and "\n" not in message
+    assert "--rebuild" in message
+    assert sink.last_applied_batch() == 0
+    assert [r["_commit_seq"] for r in sink.read_changelog()] == [1]
+
+    # Repaired by hand, the same batch goes through and nothing is lost.
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(f"ALTER TABLE {table} {repair}")
+    assert sink.write(1, batch(change("c", 2, 2))) is True
+    assert [r["_commit_seq"] for r in sink.read_changelog()] == [1, 2]
+    sink.close()
+
+
+def test_postgres_table_altered_underneath_is_recreated_by_a_rebuild(dsn: str) -> None:
+    table = f"altered_{next(_tables)}"
+    sink = PostgresSink(dsn, table, table, ["order_id"], SCHEMA)
+    sink.write(0, batch(change("c", 1, 1)), lineage=Lineage("old", 1))
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(f"ALTER TABLE {table} DROP COLUMN quantity")
+    with pytest.raises(SinkSchemaError, match="'quantity' is missing"):
+        sink.write(1, batch(change("c", 2, 2)), lineage=Lineage("old", 2))
+
+    sink.begin_rebuild("new")
+    sink.write(0, batch(change("c", 1, 1)), lineage=Lineage("new", 1))
+    sink.write(1, batch(change("c", 2, 2)), lineage=Lineage("new", 2))
+    sink.finish_rebuild()
+
+    assert [r["quantity"] for r in sink.read_current()] == [2, 4]
+    assert sink.write(2, batch(change("c", 3, 3)), lineage=Lineage("new", 3)) is True
+    sink.close()
+
+
+def test_postgres_progress_of_the_first_layout_is_migrated(dsn: str) -> None:
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("CREATE SCHEMA legacy; SET search_path TO legacy; "
+                    "CREATE TABLE txjoin_progress (job text PRIMARY KEY, batch_id bigint NOT "
+                    "NULL, commit_seq bigint, updated_at timestamptz DEFAULT now()); "
+                    "INSERT INTO txjoin_progress VALUES ('old_job', 7, 99, now())")
+    sink = PostgresSink(dsn + "?options=-csearch_path%3Dlegacy", "orders", "old_job",
+                        ["order_id"], SCHEMA)
+
+    held = sink.held()
+
+    assert held is not None and (held.checkpoint_id, held.last_batch_id) == (None, 7)
+    assert sink.write(7, batch(change("c", 1, 1))) is False
+    assert sink.write(8, batch(change("c", 1, 100))) is True
+    sink.close()
+
+
+# -- PostgreSQL going away mid-stream -----------------------------------------------
+
+restartable = restartable_postgres.restartable  # the fixture
+
+
+def test_postgres_down_mid_stream_is_retried_and_every_change_lands_once(
+        restartable: restartable_postgres.RestartablePostgres) -> None:
+    sink = PostgresSink(restartable.dsn, "orders", "job", ["order_id"], SCHEMA,
+                        retry_timeout_s=60)
+    sink.write(0, batch(change("c", 1, 1)), lineage=Lineage("ckpt", 1))
+    restartable.stop()
+    back = threading.Timer(5.0, restartable.start)
+    back.start()
+    started = time.monotonic()
+
+    assert sink.write(1, batch(change("u", 1, 2), change("c", 2, 3)),
+                      lineage=Lineage("ckpt", 3)) is True
+
+    back.join()
+    assert time.monotonic() - started >= 4
+    assert [r["_commit_seq"] for r in sink.read_changelog()] == [1, 2, 3]
+    assert sink.last_applied_batch() == 1
+    sink.close()
+
+
+def test_postgres_down_longer_than_the_limit_is_one_clear_error(
+        restartable: restartable_postgres.RestartablePostgres) -> None:
+    sink = PostgresSink(restartable.dsn, "orders", "job", ["order_id"], SCHEMA,
+                        retry_timeout_s=3)
+    sink.write(0, batch(change("c", 1, 1)))
+    restartable.stop()
+    started = time.monotonic()
+
+    with pytest.raises(ServiceError) as caught:
+        sink.write(1, batch(change("c", 2, 2)))
+
+    assert time.monotonic() - started < 20
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "unreachable for 3s, batch 1 not written" in message
+    assert "--postgres-retry-timeout" in message
+    restartable.start()
+    assert sink.write(1, batch(change("c", 2, 2))) is True
+    assert [r["order_id"] for r in sink.read_current()] == [1, 2]
+    sink.close()

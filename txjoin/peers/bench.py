@@ -52,15 +52,26 @@ class ObservingSink:
     """Keeps every batch's changes as the real sinks receive them (replayed after the run)."""
 
     name = "observer"
+    where = "memory"
 
     def __init__(self) -> None:
         self.batches: list[tuple[int, pa.Table]] = []
+
+    def held(self) -> None:
+        """Holds no lineage: it lives for one run."""
+        return None
+
+    def begin_rebuild(self, checkpoint_id: str) -> None:
+        """Nothing to rebuild: it lives for one run."""
+
+    def finish_rebuild(self) -> None:
+        """Nothing to swap."""
 
     def last_applied_batch(self) -> int | None:
         """The last batch kept."""
         return self.batches[-1][0] if self.batches else None
 
-    def write(self, batch_id: int, changes: pa.Table) -> bool:
+    def write(self, batch_id: int, changes: pa.Table, lineage: Any = None) -> bool:
         """Keep the batch unless it is a replay."""
         if self.batches and batch_id <= self.batches[-1][0]:
             return False

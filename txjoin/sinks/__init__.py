@@ -7,16 +7,24 @@ columns ``_op`` (``c``/``u``/``d``), ``_commit_seq``, ``_xid`` and
 table (last change per key, deletes applied) and an append-only changelog. Each
 ``write`` commits the batch and the sink's progress together (as dlt's ledger
 does), so a reader never sees part of a batch and a replayed batch is skipped.
+The progress also records the run's lineage (``txjoin.sinks.lineage``): the
+checkpoint the batch came from and the frontier after it, so a run from another
+checkpoint is refused instead of being mistaken for a replay, and
+``begin_rebuild``/``finish_rebuild`` re-derive a sink into shadow tables that
+replace its contents in one atomic step.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from txjoin.errors import ConfigError
+
+if TYPE_CHECKING:
+    from txjoin.sinks.lineage import Held, Lineage
 
 OP, COMMIT_SEQ, XID, COMMIT_TS = "_op", "_commit_seq", "_xid", "_commit_ts"
 META_COLUMNS = (OP, COMMIT_SEQ, XID, COMMIT_TS)
@@ -29,13 +37,30 @@ class Sink(Protocol):
     """A destination for output changes with exactly-once, all-or-nothing batches."""
 
     name: str
+    where: str  # the sink's table or path, for messages
 
     def last_applied_batch(self) -> int | None:
         """Id of the last micro-batch committed, ``None`` if none ever was."""
         ...
 
-    def write(self, batch_id: int, changes: pa.Table) -> bool:
-        """Apply one micro-batch atomically; ``False`` if it was already applied (replay)."""
+    def held(self) -> Held | None:
+        """The lineage of what the sink holds, ``None`` if it was never written."""
+        ...
+
+    def write(self, batch_id: int, changes: pa.Table, lineage: Lineage | None = None) -> bool:
+        """Apply one micro-batch atomically; ``False`` if it was already applied (replay).
+
+        With ``lineage``, a sink holding batches of another checkpoint raises
+        ``LineageError`` instead of writing.
+        """
+        ...
+
+    def begin_rebuild(self, checkpoint_id: str) -> None:
+        """From now on write into empty shadow tables; readers keep seeing the old contents."""
+        ...
+
+    def finish_rebuild(self) -> None:
+        """Replace the sink's contents with the shadow's in one atomic step."""
         ...
 
     def read_current(self) -> list[dict]:

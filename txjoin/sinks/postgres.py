@@ -2,9 +2,20 @@
 
 One database transaction per micro-batch applies the batch and moves the job's
 row in ``txjoin_progress``, so readers see whole batches and a replayed batch
-(same ``batch_id`` after a crash) is skipped. The progress row is keyed by the
-``job`` string: give each sink its own job name (e.g. ``<job>.<table>`` when a
-job writes several tables to one database).
+(same ``batch_id`` of the same checkpoint after a crash) is skipped. The batch
+is COPYed into a temporary table, then applied with one changelog append, one
+delete and one upsert (the last change of each key decides). The progress row
+is keyed by the ``job`` string: give each sink its own job name (e.g.
+``<job>.<table>`` when a job writes several tables to one database). It holds
+``last_batch_id``, ``frontier_commit_seq`` (last released commit sequence),
+``last_change_commit_seq``/``last_change_xid`` (the last output change applied)
+and ``checkpoint_id`` (the lineage, see ``txjoin.sinks.lineage``).
+
+Every batch first checks the tables' columns against the declared types, so a
+table altered underneath fails with the table and column named and nothing of
+the batch written. A rebuild writes tables of the same names in schema
+``txjoin_rebuild`` and swaps them in (DROP + ALTER TABLE ... SET SCHEMA) in one
+transaction with the progress row.
 
 Types: scalars map to native columns; lists, structs and maps become ``jsonb``
 with decimals written as JSON numbers (exact, ``numeric`` inside jsonb) and
@@ -15,9 +26,12 @@ sinks return the same Python values (``Decimal`` for decimals, aware datetimes).
 from __future__ import annotations
 
 import base64
+import io
 import json
 import math
 import re
+import sys
+import time as time_module
 from collections.abc import Callable
 from datetime import date, datetime, time
 from decimal import Decimal
@@ -25,26 +39,28 @@ from functools import partial
 from typing import Any
 
 import psycopg2
+import psycopg2.errors
 import psycopg2.extensions
 import psycopg2.extras
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 from psycopg2 import sql
 
-from txjoin.errors import ConfigError, ServiceError
+from txjoin.errors import ConfigError, LineageError, ServiceError, SinkSchemaError
 from txjoin.sinks import (
     COMMIT_SEQ,
     OP,
     OP_DELETE,
+    XID,
     check_changes_schema,
     conform,
     current_schema,
-    last_change_per_key,
     sort_rows,
 )
+from txjoin.sinks.lineage import Held, Lineage, short
 
 PROGRESS_TABLE = "txjoin_progress"
 CONNECT_TIMEOUT_S = 10
-_PAGE_SIZE = 1000
 
 
 def mask_dsn(dsn: str) -> str:
@@ -104,19 +120,10 @@ def pg_type(t: pa.DataType, column: str = "?") -> str:
 
 def _json_text(value: Any, t: pa.DataType) -> str:
     """JSON text of ``value``; decimals stay exact JSON numbers (json.dumps cannot)."""
-    if value is None:
-        return "null"
-    if pa.types.is_struct(t):
-        return "{" + ",".join(
-            json.dumps(t.field(i).name) + ":" + _json_text(value.get(t.field(i).name),
-                                                           t.field(i).type)
-            for i in range(t.num_fields)) + "}"
-    if pa.types.is_map(t):
-        return "[" + ",".join(
-            "[" + _json_text(k, t.key_type) + "," + _json_text(v, t.item_type) + "]"
-            for k, v in value) + "]"
-    if _is_nested(t):
-        return "[" + ",".join(_json_text(v, t.value_type) for v in value) + "]"
+    return _json_encoder(t)(value)
+
+
+def _scalar_json(value: Any) -> str:
     if isinstance(value, Decimal):
         return format(value, "f") if value.is_finite() else "null"
     if isinstance(value, float):
@@ -126,6 +133,39 @@ def _json_text(value: Any, t: pa.DataType) -> str:
     if isinstance(value, bytes):
         return json.dumps(base64.b64encode(value).decode("ascii"))
     return json.dumps(value)
+
+
+def _json_encoder(t: pa.DataType) -> Callable[[Any], str]:
+    """An encoder for values of type ``t``, with the type dispatch done once, not per value."""
+    if pa.types.is_struct(t):
+        fields = [(json.dumps(t.field(i).name) + ":", t.field(i).name,
+                   _json_encoder(t.field(i).type)) for i in range(t.num_fields)]
+
+        def struct(value: Any) -> str:
+            if value is None:
+                return "null"
+            return "{" + ",".join(prefix + encode(value.get(name))
+                                  for prefix, name, encode in fields) + "}"
+        return struct
+    if pa.types.is_map(t):
+        key, item = _json_encoder(t.key_type), _json_encoder(t.item_type)
+
+        def mapping(value: Any) -> str:
+            if value is None:
+                return "null"
+            return "[" + ",".join("[" + key(k) + "," + item(v) + "]" for k, v in value) + "]"
+        return mapping
+    if _is_nested(t):
+        element = _json_encoder(t.value_type)
+
+        def listing(value: Any) -> str:
+            if value is None:
+                return "null"
+            return "[" + ",".join(map(element, value)) + "]"
+        return listing
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return lambda v: "null" if v is None else json.dumps(v)
+    return lambda v: "null" if v is None else _scalar_json(v)
 
 
 def _from_json(value: Any, t: pa.DataType) -> Any:
@@ -165,15 +205,40 @@ def _from_pg(value: Any, t: pa.DataType) -> Any:
     return value
 
 
-def _to_pg(t: pa.DataType) -> Callable[[Any], Any]:
-    if _is_nested(t):
-        return lambda v: None if v is None else _json_text(v, t)
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-        return lambda v: None if v is None else psycopg2.Binary(v)
-    return lambda v: v
-
-
 MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1
+DEFAULT_RETRY_TIMEOUT_S = 60.0
+RETRY_FIRST_DELAY_S, RETRY_MAX_DELAY_S = 0.5, 5.0
+
+
+class _Lost(Exception):
+    """The connection broke during a batch (rolled back): worth a retry."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+REBUILD_SCHEMA = "txjoin_rebuild"
+"""Schema of the shadow tables a rebuild writes (same names as the sink's own tables)."""
+_STAGE, _ROW = "txjoin_stage", "__txjoin_row"
+
+# format_type() spellings of the types pg_type() declares, to check a table against them.
+_CATALOG_NAMES = {"timestamptz": "timestamp with time zone",
+                  "timestamp": "timestamp without time zone",
+                  "time": "time without time zone"}
+
+
+def _copy_value(t: pa.DataType) -> Callable[[Any], Any] | None:
+    """Per-value text for COPY where Arrow's CSV writer has none (``None``: Arrow's is right)."""
+    if _is_nested(t):
+        encode = _json_encoder(t)
+        return lambda v: None if v is None else encode(v)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return lambda v: None if v is None else "\\x" + bytes(v).hex()
+    return None
 
 
 class PostgresSink:
@@ -182,7 +247,7 @@ class PostgresSink:
     name = "postgres"
 
     def __init__(self, dsn: str, table: str, job: str, key_columns: list[str],
-                 schema: pa.Schema) -> None:
+                 schema: pa.Schema, retry_timeout_s: float = DEFAULT_RETRY_TIMEOUT_S) -> None:
         check_changes_schema(schema, key_columns, f"postgres sink for table {table!r}")
         if len(f"{table}_changelog".encode()) > MAX_IDENTIFIER_BYTES:
             # PostgreSQL would silently truncate both names to the same relation.
@@ -193,155 +258,365 @@ class PostgresSink:
         self.dsn_masked = mask_dsn(dsn)
         self._secret = _password(dsn)
         self.table, self.changelog_table, self.job = table, f"{table}_changelog", job
+        self.where = repr(table)
         self.key_columns = list(key_columns)
         self.schema = schema
         self.current = current_schema(schema)
         self._pg_types = {f.name: pg_type(f.type, f.name) for f in schema}
-        self._ready = False
+        self._ready: set[str] = set()
+        self._rebuild_id: str | None = None
+        self._dsn = dsn
+        self.retry_timeout_s = retry_timeout_s
         try:
-            self._conn = psycopg2.connect(dsn, connect_timeout=CONNECT_TIMEOUT_S)
+            self._conn = self._connect()
         except psycopg2.Error as exc:
             raise self._service_error("cannot connect", exc) from None
-        self._conn.autocommit = False
         with self._conn.cursor() as cur:
+            cur.execute("SELECT current_schema()")
+            self._home: str = cur.fetchone()[0] or "public"
+        self._conn.commit()
+        self._target = self._home  # REBUILD_SCHEMA while rebuilding
+
+    def _connect(self) -> Any:
+        conn = psycopg2.connect(self._dsn, connect_timeout=CONNECT_TIMEOUT_S)
+        conn.autocommit = False
+        with conn.cursor() as cur:
             # Timestamps come back in UTC, like the Delta sink's.
             cur.execute("SET TIME ZONE 'UTC'")
-        self._conn.commit()
+        conn.commit()
         psycopg2.extras.register_default_jsonb(
-            self._conn, loads=partial(json.loads, parse_float=Decimal))
+            conn, loads=partial(json.loads, parse_float=Decimal))
+        return conn
 
     def _service_error(self, what: str, exc: BaseException) -> ServiceError:
         message = str(exc).strip()
         if self._secret:
             message = message.replace(self._secret, "***")
         return ServiceError(f"postgres sink {self.table!r} at {self.dsn_masked}: {what}: "
-                            f"{mask_dsn(message)}")
+                            f"{mask_dsn(message).splitlines()[0] if message else ''}")
+
+    def _id(self, schema: str, table: str) -> sql.Composable:
+        return sql.Identifier(schema, table)
 
     # -- DDL ------------------------------------------------------------------
 
-    def _ensure_tables(self, cur: Any) -> None:
-        if self._ready:
+    def _ensure_tables(self, cur: Any, schema: str) -> None:
+        if schema in self._ready:
             return
         ident = sql.Identifier
+        if schema != self._home:
+            cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident(schema)))
         columns = sql.SQL(", ").join(
             sql.SQL("{} {}").format(ident(f.name), sql.SQL(self._pg_types[f.name]))
             for f in self.current)
         cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(
-            ident(self.table), columns,
+            self._id(schema, self.table), columns,
             sql.SQL(", ").join(ident(k) for k in self.key_columns)))
         log_columns = sql.SQL(", ").join(
             sql.SQL("{} {}").format(ident(f.name), sql.SQL(self._pg_types[f.name]))
             for f in self.schema)
         cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
-            ident(self.changelog_table), log_columns))
-        cur.execute(sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} (job text PRIMARY KEY, batch_id bigint NOT NULL, "
-            "commit_seq bigint, updated_at timestamptz DEFAULT now())").format(
-                ident(PROGRESS_TABLE)))
-        self._ready = True
+            self._id(schema, self.changelog_table), log_columns))
+        self._ensure_progress(cur, schema)
+        self._ready.add(schema)
 
-    def _exists(self, cur: Any, table: str) -> bool:
-        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (psycopg2.extensions.quote_ident(
-            table, cur),))
+    def _ensure_progress(self, cur: Any, schema: str) -> None:
+        progress = self._id(schema, PROGRESS_TABLE)
+        cur.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (job text PRIMARY KEY, last_batch_id bigint NOT NULL, "
+            "frontier_commit_seq bigint, last_change_commit_seq bigint, last_change_xid bigint, "
+            "checkpoint_id text, updated_at timestamptz DEFAULT now())").format(progress))
+        cur.execute("SELECT column_name FROM information_schema.columns "
+                    "WHERE table_schema = %s AND table_name = %s", (schema, PROGRESS_TABLE))
+        existing = {r[0] for r in cur.fetchall()}
+        # The first layout's names: batch_id, and commit_seq (of the last output change).
+        for old, new in (("batch_id", "last_batch_id"), ("commit_seq", "last_change_commit_seq")):
+            if old in existing and new not in existing:
+                cur.execute(sql.SQL("ALTER TABLE {} RENAME COLUMN {} TO {}").format(
+                    progress, sql.Identifier(old), sql.Identifier(new)))
+        for column in ("frontier_commit_seq bigint", "last_change_xid bigint",
+                       "checkpoint_id text"):
+            cur.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS " + column).format(
+                progress))
+
+    def _exists(self, cur: Any, schema: str, table: str) -> bool:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (
+            psycopg2.extensions.quote_ident(schema, cur) + "."
+            + psycopg2.extensions.quote_ident(table, cur),))
         return bool(cur.fetchone()[0])
+
+    def _check_columns(self, cur: Any, schema: str) -> None:
+        """Every declared column present with its declared type, else a one-line error."""
+        for table, fields in ((self.table, self.current), (self.changelog_table, self.schema)):
+            cur.execute("SELECT a.attname, format_type(a.atttypid, a.atttypmod) "
+                        "FROM pg_attribute a WHERE a.attrelid = %s::regclass "
+                        "AND a.attnum > 0 AND NOT a.attisdropped",
+                        (psycopg2.extensions.quote_ident(schema, cur) + "."
+                         + psycopg2.extensions.quote_ident(table, cur),))
+            actual = dict(cur.fetchall())
+            for f in fields:
+                declared = self._pg_types[f.name]
+                expected = _CATALOG_NAMES.get(declared, declared)
+                found = actual.get(f.name)
+                if found == expected:
+                    continue
+                what = ("is missing" if found is None
+                        else f"has type {found}, the job writes {expected}")
+                raise SinkSchemaError(
+                    f"postgres sink table {schema}.{table}: column {f.name!r} {what}; nothing "
+                    f"of this batch was written; restore the column (ALTER TABLE) and run "
+                    f"again, or run with --rebuild to recreate the sink's tables")
 
     # -- Sink protocol ----------------------------------------------------------
 
-    def last_applied_batch(self) -> int | None:
-        """The job's batch id in ``txjoin_progress``."""
+    def held(self) -> Held | None:
+        """The job's row in ``txjoin_progress``."""
         try:
             with self._conn, self._conn.cursor() as cur:
-                if not self._exists(cur, PROGRESS_TABLE):
+                if not self._exists(cur, self._home, PROGRESS_TABLE):
                     return None
-                cur.execute(sql.SQL("SELECT batch_id FROM {} WHERE job = %s").format(
-                    sql.Identifier(PROGRESS_TABLE)), (self.job,))
+                self._ensure_progress(cur, self._home)
+                cur.execute(sql.SQL(
+                    "SELECT last_batch_id, frontier_commit_seq, last_change_xid, checkpoint_id "
+                    "FROM {} WHERE job = %s").format(self._id(self._home, PROGRESS_TABLE)),
+                    (self.job,))
                 row = cur.fetchone()
-                return None if row is None else int(row[0])
         except psycopg2.OperationalError as exc:
             raise self._service_error("cannot read progress", exc) from None
+        if row is None:
+            return None
+        return Held(checkpoint_id=row[3], last_batch_id=int(row[0]),
+                    frontier_commit_seq=row[1], last_change_xid=row[2])
 
-    def write(self, batch_id: int, changes: pa.Table) -> bool:
-        """Apply one micro-batch and its progress in one transaction; False on replay."""
+    def last_applied_batch(self) -> int | None:
+        """The job's last batch id in ``txjoin_progress``."""
+        held = self.held()
+        return None if held is None or held.last_batch_id < 0 else held.last_batch_id
+
+    def write(self, batch_id: int, changes: pa.Table, lineage: Lineage | None = None) -> bool:
+        """Apply one micro-batch and its progress in one transaction; False on replay.
+
+        A lost connection (PostgreSQL restarting, a network cut) rolls the batch
+        back; it is retried on a new connection with bounded exponential backoff
+        for up to ``retry_timeout_s`` seconds. A commit whose acknowledgement was
+        lost is found in the progress row and not applied twice.
+        """
         changes = conform(changes, self.schema, f"postgres sink {self.table!r}", batch_id)
+        deadline = time_module.monotonic() + self.retry_timeout_s
+        delay, warned = RETRY_FIRST_DELAY_S, False
+        while True:
+            try:
+                if self._conn.closed:
+                    self._conn = self._connect()
+                    self._ready.clear()
+                return self._write_once(batch_id, changes, lineage)
+            except _Lost as lost:
+                if time_module.monotonic() + delay > deadline:
+                    raise self._service_error(
+                        f"unreachable for {self.retry_timeout_s:.0f}s, batch {batch_id} not "
+                        "written (the checkpoint keeps it: run again once PostgreSQL is back, "
+                        "or raise --postgres-retry-timeout)", lost.cause) from None
+                if not warned:
+                    print(f"postgres sink {self.table!r}: {lost.cause.__class__.__name__} "
+                          f"({_first_line(lost.cause)}); retrying batch {batch_id} for up to "
+                          f"{self.retry_timeout_s:.0f}s", file=sys.stderr, flush=True)
+                    warned = True
+                time_module.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_DELAY_S)
+            except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+                # Reconnecting failed: the server is still away.
+                if time_module.monotonic() + delay > deadline:
+                    raise self._service_error(
+                        f"unreachable for {self.retry_timeout_s:.0f}s, batch {batch_id} not "
+                        "written (the checkpoint keeps it: run again once PostgreSQL is back, "
+                        "or raise --postgres-retry-timeout)", exc) from None
+                time_module.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_DELAY_S)
+
+    def _write_once(self, batch_id: int, changes: pa.Table, lineage: Lineage | None) -> bool:
+        schema = self._target
+        progress = self._id(schema, PROGRESS_TABLE)
         try:
             with self._conn, self._conn.cursor() as cur:
-                self._ensure_tables(cur)
+                self._ensure_tables(cur, schema)
                 # Serialises writers of one job even before its progress row exists.
                 cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.job,))
-                cur.execute(sql.SQL("SELECT batch_id FROM {} WHERE job = %s FOR UPDATE").format(
-                    sql.Identifier(PROGRESS_TABLE)), (self.job,))
+                cur.execute(sql.SQL("SELECT last_batch_id, checkpoint_id FROM {} WHERE job = %s "
+                                    "FOR UPDATE").format(progress), (self.job,))
                 row = cur.fetchone()
+                if (row is not None and lineage is not None and lineage.checkpoint_id
+                        and row[1] and row[1] != lineage.checkpoint_id):
+                    held = self._held_in(cur, schema)
+                    raise LineageError(
+                        f"postgres sink {self.table!r} holds {held.describe()}, not of this run's "
+                        f"checkpoint {short(lineage.checkpoint_id)}; nothing written; run with "
+                        "--rebuild, or restore the checkpoint the sink was written with")
                 if row is not None and batch_id <= row[0]:
                     return False
-                self._apply(cur, changes)
-                seqs = changes.column(COMMIT_SEQ)
-                commit_seq = None if changes.num_rows == 0 else seqs[changes.num_rows - 1].as_py()
+                self._check_columns(cur, schema)
+                self._apply(cur, schema, changes)
+                n = changes.num_rows
+                last_seq = None if n == 0 else changes.column(COMMIT_SEQ)[n - 1].as_py()
+                last_xid = None if n == 0 else changes.column(XID)[n - 1].as_py()
                 cur.execute(sql.SQL(
-                    "INSERT INTO {} AS p (job, batch_id, commit_seq, updated_at) "
-                    "VALUES (%s, %s, %s, now()) ON CONFLICT (job) DO UPDATE SET "
-                    "batch_id = EXCLUDED.batch_id, "
-                    "commit_seq = COALESCE(EXCLUDED.commit_seq, p.commit_seq), "
-                    "updated_at = now()").format(sql.Identifier(PROGRESS_TABLE)),
-                    (self.job, batch_id, commit_seq))
+                    "INSERT INTO {} AS p (job, last_batch_id, frontier_commit_seq, "
+                    "last_change_commit_seq, last_change_xid, checkpoint_id, updated_at) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, now()) ON CONFLICT (job) DO UPDATE SET "
+                    "last_batch_id = EXCLUDED.last_batch_id, "
+                    "frontier_commit_seq = COALESCE(EXCLUDED.frontier_commit_seq, "
+                    "p.frontier_commit_seq), "
+                    "last_change_commit_seq = COALESCE(EXCLUDED.last_change_commit_seq, "
+                    "p.last_change_commit_seq), "
+                    "last_change_xid = COALESCE(EXCLUDED.last_change_xid, p.last_change_xid), "
+                    "checkpoint_id = COALESCE(EXCLUDED.checkpoint_id, p.checkpoint_id), "
+                    "updated_at = now()").format(progress),
+                    (self.job, batch_id, None if lineage is None else lineage.frontier_commit_seq,
+                     last_seq, last_xid, None if lineage is None else lineage.checkpoint_id))
             return True
-        except psycopg2.OperationalError as exc:
-            self._ready = False  # the DDL may have been rolled back with the batch
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+            self._ready.clear()  # the DDL may have been rolled back with the batch
+            if self._conn.closed or isinstance(exc, psycopg2.InterfaceError):
+                # Rolling back on a closed connection replaces the cause: report the cause.
+                cause = exc.__context__ if isinstance(exc.__context__, psycopg2.Error) else exc
+                raise _Lost(cause) from None
             raise self._service_error(f"batch {batch_id} not written", exc) from None
+        except (psycopg2.errors.UndefinedColumn, psycopg2.errors.DatatypeMismatch,
+                psycopg2.errors.UndefinedTable) as exc:
+            self._ready.clear()
+            raise SinkSchemaError(
+                f"postgres sink table {self.table!r} does not match the job's output: "
+                f"{str(exc).splitlines()[0]}; nothing of batch {batch_id} was written; repair "
+                "the table or run with --rebuild") from None
 
-    def _rows(self, table: pa.Table, columns: list[str]) -> list[tuple]:
-        converted = [list(map(_to_pg(table.schema.field(c).type), table.column(c).to_pylist()))
-                     for c in columns]
-        return list(zip(*converted, strict=True))
+    def _held_in(self, cur: Any, schema: str) -> Held:
+        cur.execute(sql.SQL(
+            "SELECT last_batch_id, frontier_commit_seq, last_change_xid, checkpoint_id "
+            "FROM {} WHERE job = %s").format(self._id(schema, PROGRESS_TABLE)), (self.job,))
+        row = cur.fetchone()
+        return Held(row[3], int(row[0]), row[1], row[2])
 
-    def _template(self, columns: list[str]) -> str:
-        # Typed placeholders: VALUES lists otherwise guess text for every literal.
-        return "(" + ", ".join(f"%s::{self._pg_types[c]}" for c in columns) + ")"
+    def _stage(self, cur: Any, changes: pa.Table) -> None:
+        """COPY ``changes`` (with their position) into a temporary table dropped at commit."""
+        ident = sql.Identifier
+        cur.execute(sql.SQL("CREATE TEMP TABLE {} ({}, {} bigint) ON COMMIT DROP").format(
+            ident(_STAGE), sql.SQL(", ").join(
+                sql.SQL("{} {}").format(ident(f.name), sql.SQL(self._pg_types[f.name]))
+                for f in self.schema), ident(_ROW)))
+        columns = []
+        for f in self.schema:
+            column = changes.column(f.name)
+            convert = _copy_value(f.type)
+            if convert is not None:
+                column = pa.array([convert(v) for v in column.to_pylist()], pa.string())
+            columns.append(column)
+        columns.append(pa.array(range(changes.num_rows), pa.int64()))
+        staged = pa.Table.from_arrays(columns, names=[*self.schema.names, _ROW])
+        buffer = io.BytesIO()
+        pa_csv.write_csv(staged, buffer, pa_csv.WriteOptions(include_header=False,
+                                                             quoting_style="needed"))
+        buffer.seek(0)
+        cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(
+            ident(_STAGE), sql.SQL(", ").join(ident(c) for c in staged.column_names)
+        ).as_string(cur), buffer)
 
-    def _apply(self, cur: Any, changes: pa.Table) -> None:
+    def _apply(self, cur: Any, schema: str, changes: pa.Table) -> None:
+        """Changelog append, one delete and one upsert, all from the staged batch."""
         if changes.num_rows == 0:
             return
+        self._stage(cur, changes)
         ident = sql.Identifier
-        log_columns = self.schema.names
-        psycopg2.extras.execute_values(
-            cur, sql.SQL("INSERT INTO {} ({}) VALUES %s").format(
-                ident(self.changelog_table),
-                sql.SQL(", ").join(ident(c) for c in log_columns)).as_string(cur),
-            self._rows(changes, log_columns), template=self._template(log_columns),
-            page_size=_PAGE_SIZE)
+        join = sql.SQL(", ")
+        log_columns = join.join(ident(c) for c in self.schema.names)
+        cur.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ORDER BY {}").format(
+            self._id(schema, self.changelog_table), log_columns, log_columns, ident(_STAGE),
+            ident(_ROW)))
+        keys = join.join(ident(k) for k in self.key_columns)
+        # The last change of each key decides: a delete deletes, anything else upserts.
+        last = sql.SQL("(SELECT DISTINCT ON ({keys}) * FROM {stage} ORDER BY {keys}, {row} DESC)"
+                       ).format(keys=keys, stage=ident(_STAGE), row=ident(_ROW))
+        cur.execute(sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE s.{} = %s AND {}").format(
+            self._id(schema, self.table), last, ident(OP), sql.SQL(" AND ").join(
+                sql.SQL("t.{k} = s.{k}").format(k=ident(k)) for k in self.key_columns)),
+            (OP_DELETE,))
+        columns = self.current.names
+        updates = [c for c in columns if c not in self.key_columns]
+        on_conflict = (sql.SQL("DO UPDATE SET {}").format(join.join(
+            sql.SQL("{c} = EXCLUDED.{c}").format(c=ident(c)) for c in updates))
+            if updates else sql.SQL("DO NOTHING"))
+        cur.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} AS s WHERE s.{} <> %s "
+                            "ON CONFLICT ({}) {}").format(
+            self._id(schema, self.table), join.join(ident(c) for c in columns),
+            join.join(sql.SQL("s.{}").format(ident(c)) for c in columns), last, ident(OP),
+            keys, on_conflict), (OP_DELETE,))
 
-        last = last_change_per_key(changes, self.key_columns)
-        is_delete = [op == OP_DELETE for op in last.column(OP).to_pylist()]
-        deletes = last.filter(pa.array(is_delete))
-        upserts = last.filter(pa.array([not d for d in is_delete]))
-        if deletes.num_rows:
-            keys = self.key_columns
-            psycopg2.extras.execute_values(
-                cur, sql.SQL("DELETE FROM {} AS t USING (VALUES %s) AS v ({}) WHERE {}").format(
-                    ident(self.table), sql.SQL(", ").join(ident(k) for k in keys),
-                    sql.SQL(" AND ").join(
-                        sql.SQL("t.{k} = v.{k}").format(k=ident(k)) for k in keys),
-                ).as_string(cur),
-                self._rows(deletes, keys), template=self._template(keys), page_size=_PAGE_SIZE)
-        if upserts.num_rows:
-            columns = self.current.names
-            updates = [c for c in columns if c not in self.key_columns]
-            psycopg2.extras.execute_values(
-                cur, sql.SQL("INSERT INTO {} ({}) VALUES %s ON CONFLICT ({}) DO UPDATE SET {}")
-                .format(ident(self.table), sql.SQL(", ").join(ident(c) for c in columns),
-                        sql.SQL(", ").join(ident(k) for k in self.key_columns),
-                        sql.SQL(", ").join(sql.SQL("{c} = EXCLUDED.{c}").format(c=ident(c))
-                                           for c in updates)).as_string(cur),
-                self._rows(upserts, columns), template=self._template(columns),
-                page_size=_PAGE_SIZE)
+    # -- rebuild ----------------------------------------------------------------
+
+    def begin_rebuild(self, checkpoint_id: str) -> None:
+        """Write into empty tables of the same names in schema ``txjoin_rebuild``."""
+        try:
+            with self._conn, self._conn.cursor() as cur:
+                cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                    sql.Identifier(REBUILD_SCHEMA)))
+                cur.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}").format(
+                    self._id(REBUILD_SCHEMA, self.table),
+                    self._id(REBUILD_SCHEMA, self.changelog_table)))
+                if self._exists(cur, REBUILD_SCHEMA, PROGRESS_TABLE):
+                    cur.execute(sql.SQL("DELETE FROM {} WHERE job = %s").format(
+                        self._id(REBUILD_SCHEMA, PROGRESS_TABLE)), (self.job,))
+        except psycopg2.OperationalError as exc:
+            raise self._service_error("cannot start the rebuild", exc) from None
+        self._ready.discard(REBUILD_SCHEMA)
+        self._target, self._rebuild_id = REBUILD_SCHEMA, checkpoint_id
+
+    def finish_rebuild(self) -> None:
+        """Swap the shadow tables in and move their progress row, in one transaction."""
+        if self._rebuild_id is None:
+            return
+        home, shadow = self._home, REBUILD_SCHEMA
+        try:
+            with self._conn, self._conn.cursor() as cur:
+                self._ensure_tables(cur, shadow)  # a source with nothing yet still swaps
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.job,))
+                cur.execute(sql.SQL(
+                    "SELECT last_batch_id, frontier_commit_seq, last_change_commit_seq, "
+                    "last_change_xid, checkpoint_id FROM {} WHERE job = %s").format(
+                        self._id(shadow, PROGRESS_TABLE)), (self.job,))
+                row = cur.fetchone() or (-1, None, None, None, self._rebuild_id)
+                # Readers of the old tables finish first (DROP waits for their locks);
+                # readers after the commit see only the new tables.
+                cur.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}").format(
+                    self._id(home, self.table), self._id(home, self.changelog_table)))
+                for table in (self.table, self.changelog_table):
+                    cur.execute(sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(
+                        self._id(shadow, table), sql.Identifier(home)))
+                self._ensure_progress(cur, home)
+                cur.execute(sql.SQL(
+                    "INSERT INTO {} (job, last_batch_id, frontier_commit_seq, "
+                    "last_change_commit_seq, last_change_xid, checkpoint_id, updated_at) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, now()) ON CONFLICT (job) DO UPDATE SET "
+                    "last_batch_id = EXCLUDED.last_batch_id, "
+                    "frontier_commit_seq = EXCLUDED.frontier_commit_seq, "
+                    "last_change_commit_seq = EXCLUDED.last_change_commit_seq, "
+                    "last_change_xid = EXCLUDED.last_change_xid, "
+                    "checkpoint_id = EXCLUDED.checkpoint_id, updated_at = now()").format(
+                        self._id(home, PROGRESS_TABLE)), (self.job, *row))
+                cur.execute(sql.SQL("DELETE FROM {} WHERE job = %s").format(
+                    self._id(shadow, PROGRESS_TABLE)), (self.job,))
+        except psycopg2.OperationalError as exc:
+            raise self._service_error("rebuild not swapped in", exc) from None
+        self._ready.clear()
+        self._target, self._rebuild_id = home, None
+
+    # -- reads ------------------------------------------------------------------
 
     def _read(self, table: str, schema: pa.Schema, order: list[str]) -> list[dict]:
         try:
             with self._conn, self._conn.cursor() as cur:
-                if not self._exists(cur, table):
+                if not self._exists(cur, self._home, table):
                     return []
                 cur.execute(sql.SQL("SELECT {} FROM {}").format(
                     sql.SQL(", ").join(sql.Identifier(c) for c in schema.names),
-                    sql.Identifier(table)))
+                    self._id(self._home, table)))
                 rows = cur.fetchall()
         except psycopg2.OperationalError as exc:
             raise self._service_error(f"cannot read {table!r}", exc) from None

@@ -43,6 +43,7 @@ from txjoin.core.state_log import LAYOUT_VERSION
 from txjoin.errors import ConfigError
 from txjoin.job import Job
 from txjoin.sinks import Sink
+from txjoin.sinks.lineage import Lineage, checkpoint_id
 from txjoin.spark.shards import (
     OUTPUT_SCHEMA,
     ROUTED_SCHEMA,
@@ -71,6 +72,8 @@ class RunConfig:
     spark_conf: dict[str, str] = field(default_factory=dict)
     shards: int | None = None  # None: Spark's default parallelism
     source: str = "kafka"  # or "files:DIR" (txjoin.spark.sources.files)
+    rebuild: bool = False  # start a new checkpoint and re-derive the sinks from the source
+    postgres_retry_timeout_s: float = 60.0  # how long a lost PostgreSQL sink is retried
 
     @property
     def policy(self) -> IncompletePolicy:
@@ -163,7 +166,8 @@ def build_sinks(job: Job, config: RunConfig, spark: SparkSession | None = None,
         if pg_table_suffix:
             table = f"{table[:63 - len('_changelog') - len(pg_table_suffix) - 1]}_{pg_table_suffix}"
             name = f"{name}:{pg_table_suffix}"
-        sinks.append(PostgresSink(config.postgres_dsn, table, name, keys, schema))
+        sinks.append(PostgresSink(config.postgres_dsn, table, name, keys, schema,
+                                  retry_timeout_s=config.postgres_retry_timeout_s))
     return sinks
 
 
@@ -299,14 +303,18 @@ class Pipeline:
         breakdown["source_and_stateful"] = computed - started
         breakdown["decode_output"] = time.monotonic() - computed
         written = {}
+        commit_seq = int(info.get("commit_seq", self.reports[-1].commit_seq
+                                  if self.reports else 0))
+        frontier = info.get("commit_seq")  # absent: the sinks keep the frontier they hold
+        lineage = Lineage(checkpoint_id(self.checkpoint),
+                          None if frontier is None else int(frontier))
         for sink in self.sinks:
             before = time.monotonic()
-            written[sink.name] = sink.write(batch_id, table)
+            written[sink.name] = sink.write(batch_id, table, lineage=lineage)
             breakdown[f"sink_{sink.name}"] = time.monotonic() - before
         report = BatchReport(
             batch_id=batch_id, records=int(info.get("records", 0)), changes=table.num_rows,
-            commit_seq=int(info.get("commit_seq", self.reports[-1].commit_seq
-                                    if self.reports else 0)),
+            commit_seq=commit_seq,
             snapshot_done=bool(info.get("snapshot_done", False)),
             snapshot_released=bool(info.get("snapshot_released", False)),
             waiting=int(info.get("waiting", 0)),

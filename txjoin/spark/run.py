@@ -1,14 +1,25 @@
-"""``txjoin run``: start the Spark session, wire the Kafka source, sinks and pipeline, wait."""
+"""``txjoin run``: start the Spark session, wire the Kafka source, sinks and pipeline, wait.
+
+Before the query starts, every sink's lineage is compared with the job's
+checkpoint (``txjoin.sinks.lineage``): a sink written from another checkpoint,
+or behind this one, stops the run (exit 2) instead of having batches silently
+skipped. ``rebuild`` starts a new checkpoint, drains the source into the sinks'
+shadow tables, swaps them in atomically, then goes on as a normal run.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import click
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from txjoin.job import Job
+from txjoin.sinks import Sink
+from txjoin.sinks.lineage import Checkpoint, check_lineage, short
 from txjoin.spark.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
 from txjoin.spark.session import get_session
 from txjoin.spark.sources.kafka import register_kafka_source
@@ -37,6 +48,46 @@ def source_frame(spark: SparkSession, job: Job, config: RunConfig, pipeline: Pip
                              max_events=config.max_events_per_trigger)
 
 
+def summary_line(reports: list[BatchReport], sinks: list[Sink]) -> str:
+    """One line for the end of a run: what it did, also when there was nothing to do."""
+    written = {sink.name: sum(r.changes for r in reports if r.written.get(sink.name))
+               for sink in sinks}
+    if reports:
+        frontier: int | None = reports[-1].commit_seq
+    else:
+        held = [h for h in (sink.held() for sink in sinks) if h is not None]
+        frontier = next((h.frontier_commit_seq for h in held), None)
+    rows = ", ".join(f"{name} {n}" for name, n in written.items()) or "no sinks"
+    return (f"done: {len(reports)} batches, {sum(r.records for r in reports)} records, "
+            f"{sum(r.transactions_released for r in reports)} transactions released; "
+            f"rows written: {rows}; frontier commit_seq "
+            f"{'none yet' if frontier is None else frontier}")
+
+
+def _await(query: StreamingQuery, until_idle: bool, stop: threading.Event | None) -> bool:
+    """Wait for ``query``; False when interrupted (Ctrl-C or ``stop``) before it ended."""
+    try:
+        if until_idle:
+            query.awaitTermination()
+        else:
+            while query.isActive and not (stop is not None and stop.is_set()):
+                query.awaitTermination(1)
+            return False
+    except KeyboardInterrupt:
+        click.echo("stopping (the checkpoint keeps the progress; run again to resume)")
+        return False
+    finally:
+        if query.isActive:
+            query.stop()
+    return True
+
+
+def _raise_failure(query: StreamingQuery) -> None:
+    exc = query.exception()
+    if exc is not None:
+        raise exc
+
+
 def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None] | None = None,
             stop: threading.Event | None = None, quiet: bool = False) -> list[BatchReport]:
     """Run the job until stopped (Ctrl-C or ``stop``), or until idle with ``until_idle``."""
@@ -51,24 +102,40 @@ def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None]
         if on_batch is not None:
             on_batch(r)
 
+    say = (lambda _: None) if quiet else click.echo
     pipeline = Pipeline(spark, job, config, sinks, on_batch=report)
-    query = pipeline.start(source_frame(spark, job, config, pipeline),
-                           available_now=config.until_idle,
-                           query_name=f"txjoin_{job.name}")
     try:
-        if config.until_idle:
-            query.awaitTermination()
+        path = Path(pipeline.checkpoint)
+        if config.rebuild:
+            checkpoint, moved = Checkpoint.fresh(path)
+            say(f"rebuilding the sinks from the source with the new checkpoint {path} "
+                f"({short(checkpoint.id)})"
+                + ("" if moved is None else f"; the previous one is kept in {moved}"))
+            for sink in sinks:
+                sink.begin_rebuild(checkpoint.id)
         else:
-            while query.isActive and not (stop is not None and stop.is_set()):
-                query.awaitTermination(1)
-    except KeyboardInterrupt:
-        click.echo("stopping (the checkpoint keeps the progress; run again to resume)")
+            check_lineage(sinks, Checkpoint.open(path))
+        source = source_frame(spark, job, config, pipeline)
+        if config.rebuild:
+            query = pipeline.start(source, available_now=True, query_name=f"txjoin_{job.name}")
+            finished = _await(query, True, stop)
+            _raise_failure(query)
+            if not finished:
+                return pipeline.reports  # the rebuild stays unswapped; run --rebuild again
+            for sink in sinks:
+                sink.finish_rebuild()
+            say(f"rebuilt: {', '.join(f'{s.name} sink {s.where}' for s in sinks)} now hold "
+                f"the new checkpoint's output")
+            if config.until_idle:
+                say(summary_line(pipeline.reports, sinks))
+                return pipeline.reports
+            source = source_frame(spark, job, config, pipeline)
+        query = pipeline.start(source, available_now=config.until_idle,
+                               query_name=f"txjoin_{job.name}")
+        _await(query, config.until_idle, stop)
+        _raise_failure(query)
+        say(summary_line(pipeline.reports, sinks))
     finally:
-        if query.isActive:
-            query.stop()
-        exc = query.exception()
         for sink in sinks:
             sink.close()
-    if exc is not None:
-        raise exc
     return pipeline.reports

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from txjoin.errors import ServiceError, cli_errors
+from txjoin.sinks.postgres import mask_dsn
 from txjoin.stack import stack as stack_mod
 from txjoin.stack.generate import generate as generate_workload
 
@@ -40,20 +41,35 @@ def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: f
         _console.print(f"stack in {directory} is already running")
     else:
         _console.print(f"stack up in {result.seconds:.1f}s")
-    _console.print(f"  source    {info.pg_dsn_source}\n  sink      {info.pg_dsn_sink}\n"
-                   f"  bootstrap {info.bootstrap_servers}\n  topics    {', '.join(info.topics)}")
+    _console.print(f"  source    {mask_dsn(info.pg_dsn_source)}\n"
+                   f"  sink      {mask_dsn(info.pg_dsn_sink)}\n"
+                   f"  bootstrap {info.bootstrap_servers}\n  topics    {', '.join(info.topics)}",
+                   highlight=False)
+    stale = [] if result.already_running else stack_mod.stale_checkpoints(directory)
+    if stale:
+        _console.print(
+            f"[yellow]warning: {directory}/checkpoints holds checkpoints of an earlier stack "
+            f"({', '.join(stale)}) that do not match the new topics; run those jobs with "
+            f"--rebuild, or `txjoin down --wipe` to remove them[/yellow]", highlight=False,
+            soft_wrap=True)
 
 
 @click.command()
 @_dir_option
-@click.option("--wipe", is_flag=True, help="Also remove data, logs and the state file.")
+@click.option("--wipe", is_flag=True,
+              help="Also remove the databases, topics' state, logs, the state file, and the "
+                   "checkpoints and Delta outputs in <dir>/checkpoints and <dir>/output.")
 @cli_errors
 def down(directory: Path, wipe: bool) -> None:
     """Stop the processes `up` started (only those)."""
     stopped = stack_mod.down(directory, wipe=wipe)
     _console.print(f"stopped {', '.join(stopped)}" if stopped else "nothing was running")
     if wipe:
-        _console.print(f"removed the stack's data in {directory}")
+        _console.print(
+            f"removed from {directory}: PostgreSQL's data (source and sink databases), "
+            f"Debezium's offsets, logs, the state file, checkpoints/ and output/; checkpoints "
+            f"or outputs kept elsewhere (--checkpoint-dir, --output-dir) are not touched",
+            highlight=False, soft_wrap=True)
 
 
 @click.command()
@@ -69,10 +85,13 @@ def status(directory: Path) -> None:
     for c in components:
         table.add_row(c.name, str(c.pid), "" if c.port is None else str(c.port),
                       "yes" if c.running else "no", c.health)
-    _console.print(table)
+    console = Console(width=min(_console.width, 80))
+    console.print(table)
     info = stack_mod.load_stack(directory)
     if info is not None:
-        _console.print(f"source {info.pg_dsn_source}  bootstrap {info.bootstrap_servers}")
+        console.print(f"source    {mask_dsn(info.pg_dsn_source)}\n"
+                      f"sink      {mask_dsn(info.pg_dsn_sink)}\n"
+                      f"bootstrap {info.bootstrap_servers}", highlight=False)
 
 
 @click.command()

@@ -38,6 +38,7 @@ import psycopg2
 import psycopg2.extensions
 
 from txjoin.errors import ConfigError, ServiceError
+from txjoin.sinks.postgres import mask_dsn
 
 # Any constant works; it only has to be the same for every writer of one database.
 ADVISORY_LOCK_KEY = 0x7478_6A6F_696E  # "txjoin"
@@ -132,7 +133,8 @@ class _Writer:
         try:
             self.conn = psycopg2.connect(dsn)
         except psycopg2.OperationalError as exc:
-            raise ServiceError(f"cannot connect to the source database {dsn}: {exc}") from exc
+            raise ServiceError(f"cannot connect to the source database {mask_dsn(dsn)}: "
+                               f"{exc}") from None
         self.world, self.rng = world, rng
         self.result = GenerateResult()
         self.kinds: list[tuple[Callable[[_Tx], None], float]] = [
@@ -373,7 +375,7 @@ def generate(dsn: str, rate_tx_per_s: float, duration_s: float, seed: int = 0,
             world = _World(cur)
         conn.close()
     except psycopg2.Error as exc:
-        raise ServiceError(f"cannot read the pizzeria tables at {dsn}: {exc}") from exc
+        raise ServiceError(f"cannot read the pizzeria tables at {mask_dsn(dsn)}: {exc}") from None
 
     interval = writers / rate_tx_per_s
     started = time.monotonic()

@@ -282,6 +282,18 @@ def _stop_all(state: dict[str, Any]) -> list[str]:
     return stopped
 
 
+DERIVED = ("checkpoints", "output")
+"""What ``txjoin run`` keeps in the stack's directory by default, derived from its topics."""
+
+
+def stale_checkpoints(directory: str | os.PathLike[str]) -> list[str]:
+    """Jobs with a checkpoint in ``directory/checkpoints`` (after ``up``: of an earlier stack)."""
+    root = Path(directory) / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "offsets").is_dir())
+
+
 def _remove_data(directory: Path, state: dict[str, Any] | None) -> None:
     """Remove what the stack created in ``directory`` (never anything else that lives there)."""
     roots = [directory / "postgres", directory / "connect"]
@@ -295,8 +307,9 @@ def _remove_data(directory: Path, state: dict[str, Any] | None) -> None:
 def down(directory: str | os.PathLike[str] = DEFAULT_DIR, *, wipe: bool = False) -> list[str]:
     """Stop exactly the processes ``up`` recorded; return the names of those that were running.
 
-    Keeps data and logs for a post-mortem unless ``wipe``, which removes them and the state
-    file too. Harmless when nothing runs.
+    Keeps data and logs for a post-mortem unless ``wipe``, which removes them, the state
+    file, and the default checkpoints and Delta outputs under ``directory`` (``DERIVED``)
+    too. Harmless when nothing runs.
     """
     directory = Path(directory).resolve()
     if not directory.exists():
@@ -310,6 +323,10 @@ def down(directory: str | os.PathLike[str] = DEFAULT_DIR, *, wipe: bool = False)
         if wipe:
             _remove_data(directory, state)
             shutil.rmtree(directory / "logs", ignore_errors=True)
+            # Checkpoints and outputs made from this stack's topics mean nothing to the
+            # next stack's (new topics, new offsets): they go with the data.
+            for derived in DERIVED:
+                shutil.rmtree(directory / derived, ignore_errors=True)
             for name in (STATE_FILE, STATE_FILE + ".tmp", ".lock"):
                 (directory / name).unlink(missing_ok=True)
     if wipe:

@@ -17,6 +17,15 @@ marker rows (``offset = -1``, ``value`` null, ``key`` = ``__caught_up__``) that
 the transactional core uses to settle the snapshot of empty tables and to
 confirm restarted transactions (see ``txjoin.core.assembly``).
 
+Topic identity: the offsets also record, under ``__topic_ids__``, each topic's
+Kafka topic id where the broker reports one. On every planned batch (and on the
+first batch after a restart) the checkpoint's offsets are checked against the
+topics: an offset beyond a partition's end or below its earliest retained
+offset, or a topic whose id changed (recreated), stops the query with a
+``CheckpointError`` naming topic, partition, offset and the current range.
+Otherwise a checkpoint ahead of recreated topics would wait, silently, for
+offsets that will only hold unrelated records.
+
 Ordering facts this source guarantees and txjoin relies on: within a
 topic-partition records arrive in offset order, each exactly once across
 micro-batches and restarts (the end offset of a batch is the start of the next),
@@ -52,7 +61,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from txjoin.errors import ConfigError, DecodeError, ServiceError
+from txjoin.errors import CheckpointError, ConfigError, DecodeError, ServiceError
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
@@ -72,8 +81,10 @@ ARROW_SCHEMA = pa.schema([
     ("timestamp", pa.timestamp("us", tz="UTC")),
 ])
 
-Offsets = dict[str, dict[str, int]]
-"""``{topic: {"<partition>": next offset to read}}``, JSON-able for the checkpoint."""
+Offsets = dict[str, dict[str, Any]]
+"""``{topic: {"<partition>": next offset to read}}``, JSON-able for the checkpoint, plus
+the reserved entries ``__caught_up__`` (``{topic: 0|1}``) and ``__topic_ids__``
+(``{topic: id}``)."""
 
 METADATA_TIMEOUT_S = 15.0
 # How long a read task waits without receiving anything before it gives up on a
@@ -81,6 +92,11 @@ METADATA_TIMEOUT_S = 15.0
 READ_STALL_TIMEOUT_S = 60.0
 _CONSUME_CHUNK = 10_000
 CAUGHT_UP = "__caught_up__"
+TOPIC_IDS = "__topic_ids__"
+RESERVED = (CAUGHT_UP, TOPIC_IDS)
+_NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # Kafka's zero UUID: the broker has no id
+RECOVER = ("start a new checkpoint and re-derive the sinks from the topics with "
+           "`txjoin run --rebuild`")
 
 
 @dataclass(frozen=True)
@@ -177,6 +193,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._consumer: Consumer | None = None
         self._target: Offsets | None = None  # end of an availableNow run
         self._latest: Offsets | None = None
+        self._validated = False  # the checkpoint's offsets were checked since the start
 
     def __getstate__(self) -> dict[str, Any]:
         # Kafka clients are per process; tasks open their own consumer in read().
@@ -230,24 +247,84 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             result.extend((topic, p) for p in sorted(meta.partitions))
         return result
 
-    def _watermarks(self, low: bool) -> Offsets:
+    def _ranges(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """``(low, high)`` watermarks of every subscribed topic-partition."""
         consumer = self._driver_consumer()
-        offsets: Offsets = {}
+        ranges = {}
         for topic, partition in self._topic_partitions():
             try:
-                lo, hi = consumer.get_watermark_offsets(
+                ranges[(topic, partition)] = consumer.get_watermark_offsets(
                     confluent_kafka.TopicPartition(topic, partition),
                     timeout=METADATA_TIMEOUT_S, cached=False)
             except confluent_kafka.KafkaException as exc:
                 raise ServiceError(
                     f"{SOURCE_NAME}: cannot read the offsets of {topic}[{partition}] from "
                     f"{self.config.bootstrap_servers!r}: {exc}") from exc
+        return ranges
+
+    def _watermarks(self, low: bool) -> Offsets:
+        offsets: Offsets = {}
+        for (topic, partition), (lo, hi) in self._ranges().items():
             offsets.setdefault(topic, {})[str(partition)] = lo if low else hi
         return offsets
 
+    def _topic_ids(self) -> dict[str, str]:
+        """Kafka topic ids of the subscribed topics; empty where the broker has none."""
+        if self._admin is None:
+            self._admin = confluent_kafka.admin.AdminClient(self._client_conf())
+        try:
+            futures = self._admin.describe_topics(
+                confluent_kafka.TopicCollection(list(self.config.topics)),
+                request_timeout=METADATA_TIMEOUT_S)
+            ids = {topic: str(f.result(METADATA_TIMEOUT_S).topic_id)
+                   for topic, f in futures.items()}
+        except (confluent_kafka.KafkaException, AttributeError, TypeError, ValueError):
+            return {}  # an older broker: offsets are still checked against the ranges
+        return {t: i for t, i in ids.items() if i and i not in ("None", _NO_TOPIC_ID)}
+
+    def validate(self, offsets: Offsets, what: str = "the checkpoint's offset") -> None:
+        """Raise ``CheckpointError`` unless every offset lies within its topic's current range
+        and every recorded topic id is the topic's current one."""
+        ids = self._topic_ids()
+        for topic, recorded in (offsets.get(TOPIC_IDS) or {}).items():
+            if topic in ids and ids[topic] != recorded:
+                raise CheckpointError(
+                    f"{SOURCE_NAME}: topic {topic!r} on {self.config.bootstrap_servers!r} was "
+                    f"recreated since the checkpoint was written (topic id {recorded} is now "
+                    f"{ids[topic]}); {RECOVER}")
+        ranges = self._ranges()
+        for topic, parts in offsets.items():
+            if topic in RESERVED or topic not in self.config.topics:
+                continue
+            for part, offset in parts.items():
+                current = ranges.get((topic, int(part)))
+                if current is None:
+                    raise CheckpointError(
+                        f"{SOURCE_NAME}: {what} {offset} for {topic}[{part}] names a partition "
+                        f"the topic no longer has on {self.config.bootstrap_servers!r}; "
+                        f"{RECOVER}")
+                lo, hi = current
+                if offset > hi:
+                    problem = "is beyond the partition's end (the topic was recreated or " \
+                              "another cluster is configured)"
+                elif offset < lo:
+                    problem = "is below its earliest retained offset (records were deleted " \
+                              "before the job read them)"
+                else:
+                    continue
+                raise CheckpointError(
+                    f"{SOURCE_NAME}: {what} {offset} for {topic}[{part}] {problem}: the "
+                    f"topic now holds offsets {lo}..{hi} (end {hi}); {RECOVER}")
+        self._validated = True
+
     def initialOffset(self) -> Offsets:
         """Low (``earliest``) or high (``latest``) watermark of every partition."""
-        return self._watermarks(low=self.config.starting_offsets == "earliest")
+        offsets = self._watermarks(low=self.config.starting_offsets == "earliest")
+        ids = self._topic_ids()
+        if ids:
+            offsets[TOPIC_IDS] = ids
+        self._validated = True
+        return offsets
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """``maxEventsPerTrigger`` as a ReadMaxRows limit, else everything available."""
@@ -260,13 +337,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self._watermarks(low=False)
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
-        """End offsets of the next micro-batch: the high watermarks, capped by ``limit``."""
+        """End offsets of the next micro-batch: the high watermarks, capped by ``limit``.
+
+        ``start`` (the checkpoint's offsets) is checked against the topics first.
+        """
+        self.validate(start)
         high = self._target if self._target is not None else self._watermarks(low=False)
         self._latest = high
         begin: dict[tuple[str, int], int] = {}
         available: dict[tuple[str, int], int] = {}
         for topic, parts in high.items():
-            if topic == CAUGHT_UP:
+            if topic in RESERVED:
                 continue
             for part, hi in parts.items():
                 # A partition added since the last batch starts at 0 (earliest
@@ -287,11 +368,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Keep partitions that only the checkpoint knows (e.g. a topic removed
         # from the options) so the offset never moves backwards.
         for topic, parts in start.items():
-            if topic == CAUGHT_UP:
+            if topic in RESERVED:
                 continue
             for part, offset in parts.items():
                 end.setdefault(topic, {}).setdefault(part, offset)
         end[CAUGHT_UP] = dict(sorted(caught.items()))
+        ids = start.get(TOPIC_IDS) or self._topic_ids()
+        if ids:
+            end[TOPIC_IDS] = dict(sorted(ids.items()))
         return end
 
     def reportLatestOffset(self) -> Offsets | None:
@@ -299,13 +383,20 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._latest
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
-        """One input partition per topic-partition that has records in ``[start, end)``."""
+        """One input partition per topic-partition that has records in ``[start, end)``.
+
+        A batch re-run after a restart is planned without ``latestOffset``: its
+        offsets are checked here.
+        """
+        if not self._validated:
+            self.validate(start)
+            self.validate(end, "the checkpoint's planned end offset")
         result: list[InputPartition] = []
         caught = sorted(t for t, flag in end.get(CAUGHT_UP, {}).items() if flag)
         if caught:
             result.append(CaughtUpPartition(caught))
         for topic, parts in sorted(end.items()):
-            if topic == CAUGHT_UP:
+            if topic in RESERVED:
                 continue
             for part, hi in sorted(parts.items(), key=lambda kv: int(kv[0])):
                 lo = start.get(topic, {}).get(part, 0)

@@ -8,10 +8,16 @@ delivers exactly one schedule batch, so the harness can read the sinks after
 every one of them; ``until`` stops an ``availableNow`` run at a restart point.
 The rows have the same schema as ``txjoin_kafka`` (caught-up topics as marker
 rows with offset -1), so everything after the source is the same code path.
+
+Like ``txjoin_kafka``, the source checks the checkpoint's offset on start and on
+every batch: the offset also records a digest of the schedule, and a checkpoint
+of another schedule, or one beyond the schedule's end, stops the query with a
+``CheckpointError``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -21,7 +27,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
-from txjoin.spark.sources.kafka import ARROW_SCHEMA, SCHEMA_DDL, caught_up_batch
+from txjoin.errors import CheckpointError
+from txjoin.spark.sources.kafka import ARROW_SCHEMA, RECOVER, SCHEMA_DDL, caught_up_batch
 
 SOURCE_NAME = "txjoin_replay"
 
@@ -81,28 +88,50 @@ class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, path: str, until: int | None) -> None:
         self.path = path
         self.is_dir = os.path.isdir(path)
+        index_path = os.path.join(path, "index.json") if self.is_dir else path
+        with open(index_path, "rb") as fh:
+            raw = fh.read()
+        self.digest = hashlib.blake2b(raw, digest_size=8).hexdigest()
         if self.is_dir:
-            with open(os.path.join(path, "index.json"), encoding="utf-8") as fh:
-                index = json.load(fh)
-            count = int(index["batches"])
+            index = json.loads(raw)
+            self.count = int(index["batches"])
             self.batches: list[Any] = []
             self.topics: list[list[str]] = index["topics"]
         else:
-            with open(path, encoding="utf-8") as fh:
-                self.batches = json.load(fh)
-            count = len(self.batches)
-        self.until = count if until is None else min(until, count)
+            self.batches = json.loads(raw)
+            self.count = len(self.batches)
+        self.until = self.count if until is None else min(until, self.count)
 
-    def initialOffset(self) -> dict[str, int]:
-        return {"batch": 0}
+    def _offset(self, batch: int) -> dict[str, Any]:
+        return {"batch": batch, "schedule": self.digest}
+
+    def validate(self, offset: dict[str, Any]) -> None:
+        """``CheckpointError`` unless ``offset`` belongs to this schedule and lies within it."""
+        recorded = offset.get("schedule")
+        if recorded is not None and recorded != self.digest:
+            raise CheckpointError(
+                f"{SOURCE_NAME}: the checkpoint was written for another schedule than "
+                f"{self.path} (digest {recorded}, the file's is {self.digest}); {RECOVER}")
+        if offset.get("batch", 0) > self.count:
+            raise CheckpointError(
+                f"{SOURCE_NAME}: the checkpoint's offset {offset['batch']} for {self.path} is "
+                f"beyond the schedule's end (batches 0..{self.count}); {RECOVER}")
+
+    def initialOffset(self) -> dict[str, Any]:
+        return self._offset(0)
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Nothing to freeze: the schedule is fixed; ``until`` bounds the run."""
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        return {"batch": min(start["batch"] + 1, self.until)} if start else {"batch": 0}
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        if not start:
+            return self._offset(0)
+        self.validate(start)
+        return self._offset(max(start["batch"], min(start["batch"] + 1, self.until)))
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        self.validate(start)
+        self.validate(end)
         if not self.is_dir:
             return [ReplayPartition(i) for i in range(start["batch"], end["batch"])]
         # One input partition per topic, read (and decoded) in parallel, as Kafka's are.
@@ -133,7 +162,7 @@ class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if partition.topic is None:
             yield caught_up_batch(batch["caught_up"])
 
-    def commit(self, end: dict[str, int]) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release."""
 
 

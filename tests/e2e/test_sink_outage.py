@@ -1,0 +1,87 @@
+"""The PostgreSQL sink's database down for 20 s while the job streams (issue 8 item 7).
+
+The job retries the batch on a new connection with bounded backoff; once PostgreSQL
+is back both sinks equal PostgreSQL's own answer, with every order version exactly
+once in the changelog.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from tests.e2e.conftest import E2EStack
+from tests.e2e.test_end_to_end import (
+    ORDERS,
+    RUN_TIMEOUT_S,
+    Workload,
+    assert_orders_changelogs,
+    assert_verified,
+    run_args,
+    run_until_idle,
+    streaming_run,
+    tail,
+)
+from tests.fixtures import restartable_postgres
+from txjoin.job import load_job
+from txjoin.stack.demo import wait_until_captured
+from txjoin.stack.verify import verify_job
+
+pytestmark = pytest.mark.e2e
+
+restartable = restartable_postgres.restartable  # the fixture
+OUTAGE_S = 20
+
+
+def applied_batches(dsn: str) -> int | None:
+    with contextlib.suppress(psycopg2.Error), \
+            contextlib.closing(psycopg2.connect(dsn, connect_timeout=2)) as conn, \
+            conn.cursor() as cur:
+        cur.execute("SELECT last_batch_id FROM txjoin_progress WHERE job = 'orders'")
+        row = cur.fetchone()
+        return None if row is None else int(row[0])
+    return None
+
+
+def test_postgres_sink_down_for_20s_mid_stream_loses_and_repeats_nothing(
+        e2e_stack: E2EStack, tmp_path: Path,
+        restartable: restartable_postgres.RestartablePostgres) -> None:
+    log = tmp_path / "run.log"
+    args = [*run_args(e2e_stack, ORDERS, tmp_path, restartable.dsn),
+            "--postgres-retry-timeout", "90"]
+    workload = Workload(e2e_stack, rate=30, duration=70, seed=13)
+    workload.start()
+
+    with streaming_run(log, *args) as run:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while applied_batches(restartable.dsn) is None:
+            assert run.poll() is None, f"txjoin run died:\n{tail(log)}"
+            assert time.monotonic() < deadline, f"no batch in PostgreSQL yet:\n{tail(log)}"
+            time.sleep(0.5)
+        restartable.stop()
+        down_at = time.monotonic()
+        time.sleep(OUTAGE_S)
+        assert run.poll() is None, f"txjoin run died during the outage:\n{tail(log)}"
+        restartable.start()
+        print(f"\n[e2e] sink PostgreSQL down for {time.monotonic() - down_at:.0f}s")
+        assert workload.is_alive(), "the workload ended before the outage did: lengthen it"
+        result = workload.finish()
+        wait_until_captured(e2e_stack.info)
+        assert run.poll() is None, f"txjoin run died after the outage:\n{tail(log)}"
+        os.killpg(run.pid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            run.wait(60)
+    print(f"[e2e] workload: {result.transactions} tx, {result.events} events")
+    assert "retrying batch" in log.read_text(), tail(log)
+
+    run_until_idle(log, *args)
+    assert_verified(verify_job(load_job(ORDERS), (e2e_stack.info.pg_dsn_source,
+                                                  restartable.dsn), tmp_path / "output"))
+    assert_orders_changelogs(e2e_stack, tmp_path, restartable.dsn)
