@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
+from txjoin.delta_tables import native_dataset, read_table
 from txjoin.errors import ConfigError, LineageError
 from txjoin.sinks import (
     COMMIT_SEQ,
@@ -208,7 +209,7 @@ class DeltaSink:
                  current_schema(self.schema))):
             held = self._held(shadow, app_id)
             # Streamed batch by batch, so the rebuilt table need not fit in memory.
-            rows: Any = (DeltaTable(shadow).to_pyarrow_dataset().scanner().to_reader()
+            rows: Any = (native_dataset(shadow).scanner().to_reader()
                          if DeltaTable.is_deltatable(shadow) else schema.empty_table())
             batch = -1 if held is None else held.last_batch_id  # -1: nothing applied yet
             lineage = Lineage(self._rebuild_id,
@@ -224,14 +225,14 @@ class DeltaSink:
         """Current rows ordered by key."""
         if not DeltaTable.is_deltatable(self.current_path):
             return []
-        rows = DeltaTable(self.current_path).to_pyarrow_table().to_pylist()
+        rows = read_table(self.current_path).to_pylist()
         return sort_rows(rows, self.key_columns)
 
     def read_changelog(self) -> list[dict]:
         """Every change ordered by ``_commit_seq`` (then key)."""
         if not DeltaTable.is_deltatable(self.changelog_path):
             return []
-        rows = DeltaTable(self.changelog_path).to_pyarrow_table().to_pylist()
+        rows = read_table(self.changelog_path).to_pylist()
         return sort_rows(rows, [COMMIT_SEQ, *self.key_columns])
 
     def close(self) -> None:
