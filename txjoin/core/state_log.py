@@ -4,8 +4,8 @@ Per shard, Spark's state store holds (see ``txjoin/spark/shards.py`` for the
 Spark side; this module only needs the small :class:`BlobStore` interface):
 
 - ``meta``: layout version, shard count, the current ``version`` (micro-batches
-  applied) with a random ``token`` naming that exact state, and where the last
-  snapshot is;
+  applied) with a ``token`` naming that exact state (chained from the previous
+  one, deterministic: see :func:`chain_token`), and where the last snapshot is;
 - ``segment v``: what micro-batch ``v`` did (``shard.Effects``: the small
   assembly/frontier state, the snapshot rows and released xids it added, the
   rows it put or removed) and the output changes the shard emitted, plus the
@@ -13,8 +13,9 @@ Spark side; this module only needs the small :class:`BlobStore` interface):
   It is proportional to the batch, and it is the only thing an
   ordinary micro-batch writes (with the small meta);
 - ``snapshot``: the whole pickled shard engine at some version, written only
-  when the segments since the last snapshot outgrow it (or grow too many), so
-  its cost is amortised over at least as many bytes of input; older segments
+  when the rows in the segments since the last snapshot outnumber the rows it
+  holds (or the segments grow too many), so its cost is amortised over at
+  least as many rows of changes; older segments
   and snapshots are then deleted.
 
 Values are compressed (lz4) and split into chunks of at most 8 MiB (the JVM's
@@ -33,10 +34,10 @@ another layout, or with another shard count, is refused with a clear error.
 from __future__ import annotations
 
 import gc
+import hashlib
 import pickle
 import struct
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -53,7 +54,7 @@ LAYOUT_VERSION = 2
 """1: the whole engine as one pickled value (txjoin 0.1); 2: per-shard log + snapshots."""
 
 CHUNK_BYTES = 8 << 20
-SNAPSHOT_MIN_BYTES = 32 << 20  # below this, segments are cheap to re-apply: no compaction
+SNAPSHOT_MIN_ROWS = 200_000  # below this, segments are cheap to re-apply: no compaction
 MAX_SEGMENTS = 256
 SEGMENT, SNAPSHOT = 0, 1  # kinds of log entries
 _CODEC = "lz4"
@@ -124,6 +125,22 @@ class BatchResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
+def chain_token(parent: str, version: int) -> str:
+    """The token of the state at ``version`` reached from the state named ``parent``.
+
+    Deterministic on purpose: Spark may re-execute a micro-batch after a failure and,
+    with RocksDB's changelog checkpointing, combine a snapshot of one attempt with
+    changelogs of another. The engine is deterministic (same input, same state), and
+    everything this log stores (tokens, compaction decisions) must be too.
+    """
+    return hashlib.blake2b(f"{parent}|{version}".encode(), digest_size=16).hexdigest()
+
+
+def engine_rows(engine: ShardEngine) -> int:
+    """The shard's size in rows (current rows and outputs): a deterministic measure."""
+    return sum(len(rows) for rows in engine.join.rows.values()) + len(engine.join.outputs)
+
+
 def _pack(obj: Any) -> bytes:
     raw = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(raw)) + pa.compress(raw, codec=_CODEC, asbytes=True)
@@ -156,7 +173,7 @@ class ShardLog:
         meta = self.store.get_meta()
         if meta is None:
             return {"layout": LAYOUT_VERSION, "shards": self.n_shards, "version": 0,
-                    "token": "", "snapshot": None, "snapshot_bytes": 0, "since_snapshot": 0,
+                    "token": "", "snapshot": None, "snapshot_rows": 0, "since_snapshot": 0,
                     "segments": 0}
         if meta.get("layout") != LAYOUT_VERSION:
             raise ConfigError(
@@ -268,14 +285,16 @@ class ShardLog:
         released = engine.stats.transactions_released - released_before
         processed = time.perf_counter()
         version = meta["version"] + 1
-        token = uuid.uuid4().hex
-        assert engine.last_effects is not None
-        written = self._write(SEGMENT, version, Segment(parent, token, version,
-                                                        engine.last_effects, changes))
+        token = chain_token(parent, version)
+        effects = engine.last_effects
+        assert effects is not None
+        written = self._write(SEGMENT, version, Segment(parent, token, version, effects,
+                                                        changes))
         engine.last_effects = None
+        size = len(effects.journal) + len(effects.snapshot_events) + len(changes)
         meta = dict(meta, version=version, token=token, segments=meta["segments"] + 1,
-                    since_snapshot=meta["since_snapshot"] + written)
-        if (meta["since_snapshot"] > max(meta["snapshot_bytes"], SNAPSHOT_MIN_BYTES)
+                    since_snapshot=meta["since_snapshot"] + size)
+        if (meta["since_snapshot"] > max(meta["snapshot_rows"], SNAPSHOT_MIN_ROWS)
                 or meta["segments"] > MAX_SEGMENTS):
             written += self._compact(engine, meta, version, token)
         self.store.put_meta(meta)
@@ -295,5 +314,6 @@ class ShardLog:
             self._remove(SEGMENT, v)
         if old_snap is not None:
             self._remove(SNAPSHOT, old_snap)
-        meta.update(snapshot=version, snapshot_bytes=written, since_snapshot=0, segments=0)
+        meta.update(snapshot=version, snapshot_rows=engine_rows(engine), since_snapshot=0,
+                    segments=0)
         return written
