@@ -54,7 +54,9 @@ def test_orders_on_a_standalone_cluster_survive_losing_a_worker(e2e_stack: E2ESt
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # the driver, as the workers, on loopback
     with standalone_cluster(tmp_path / "cluster") as cluster:
         args = cluster_args(e2e_stack, cluster.master_url, tmp_path, sink_dsn)
-        workload = Workload(e2e_stack, rate=30, duration=60, seed=21)
+        # long enough to still be writing after the cluster started, a few batches ran and
+        # a worker was killed (the first batch on a fresh cluster takes ~30 s here)
+        workload = Workload(e2e_stack, rate=20, duration=150, seed=21)
         workload.start()
         with streaming_run(log, *args) as run:
             deadline = time.monotonic() + RUN_TIMEOUT_S
