@@ -120,6 +120,11 @@ def _env(name: str) -> str:
 @click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
               help="Extra Spark setting (repeatable), e.g. to enable delta-spark's writer "
                    "(see README).")
+@click.option("--max-transaction-bytes", envvar=_env("MAX_TRANSACTION_BYTES"), show_envvar=True,
+              type=click.IntRange(min=1), default=512 << 20, show_default=True,
+              help="A transaction is buffered whole in a shard's memory until it is "
+                   "complete; one whose routed records exceed this stops the job with an "
+                   "error naming its xid and size.")
 @click.option("--shards", envvar=_env("SHARDS"), show_envvar=True, type=click.IntRange(min=1),
               default=None, help="Shards the join's state and work are split into (fixed for "
                                  "a checkpoint). Default: Spark's default parallelism.")
@@ -137,7 +142,8 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         postgres_dsn: str | None, no_postgres: bool, postgres_retry_timeout: float,
         until_idle: bool, rebuild: bool, on_incomplete: str,
         incomplete_timeout: float, decimal_handling_mode: str | None,
-        spark_conf: tuple[str, ...], shards: int | None, directory: Path,
+        spark_conf: tuple[str, ...], max_transaction_bytes: int, shards: int | None,
+        directory: Path,
         source: str) -> None:
     """Run JOB_FILE as a streaming query: Kafka -> transactions -> join -> Delta + PostgreSQL."""
     from txjoin.job import load_job
@@ -181,6 +187,7 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         postgres_dsn=None if no_postgres else postgres_dsn, until_idle=until_idle,
         on_incomplete=on_incomplete, incomplete_timeout_s=incomplete_timeout,
         spark_conf=_parse_conf(spark_conf), shards=shards, source=source, rebuild=rebuild,
+        max_transaction_bytes=max_transaction_bytes,
         postgres_retry_timeout_s=postgres_retry_timeout)
     run_job(job, config)
 

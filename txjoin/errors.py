@@ -66,6 +66,10 @@ class IncompleteTransactionError(TxjoinError):
     """A transaction that did not complete within the configured policy."""
 
 
+class TransactionTooLargeError(TxjoinError):
+    """A transaction whose buffered events exceed ``--max-transaction-bytes``."""
+
+
 class OrderingError(TxjoinError):
     """Input that breaks the ordering facts txjoin relies on (e.g. a late snapshot row)."""
 

@@ -24,7 +24,7 @@ from txjoin.core.routing import Router, from_wire, shard_of, to_wire
 from txjoin.core.sharded import ShardedEngine
 from txjoin.core.state_log import LAYOUT_VERSION, MemoryStore, ShardLog
 from txjoin.debezium import ChangeEvent, Position
-from txjoin.errors import ConfigError
+from txjoin.errors import ConfigError, TransactionTooLargeError
 
 
 def run_sharded(job: Any, workload: Any, data: Any, n_shards: int) -> None:
@@ -178,3 +178,43 @@ def test_state_of_one_attempt_continues_with_another_attempts_log(data: Any) -> 
         engine, how = ShardLog(store, job, shard, 2).load(None)
         assert how == "restored"
         assert engine.outputs() == second.engines()[shard].outputs()
+
+
+def _big_transaction(events: int) -> tuple[Any, list[tuple[str, int, int, str | None]], int]:
+    """A snapshot of 20 orders, then one transaction updating them ``events`` times."""
+    from txjoin.core.oracle import RowChange, SourceTransaction
+    from txjoin.scenarios.synthesize import Synthesizer
+    from txjoin.scenarios.workload import pizzeria_workload
+
+    job, _ = JOB_VARIANTS["orders/as_of_fact"]
+    snapshot, _txs = pizzeria_workload(0, seed=1, snapshot_orders=20)
+    orders = snapshot["public.orders"]
+    changes = [RowChange("update", "public.orders",
+                         dict(orders[i % 20], pizzas=[1 + i % 4, 1 + (i // 4) % 4]))
+               for i in range(events)]
+    synth = Synthesizer(job)
+    produced = [*synth.snapshot(snapshot), *synth.transaction(SourceTransaction("big", changes))]
+    return job, [(r.topic, 0, r.offset, r.value) for r in produced], synth.xid
+
+
+def test_a_transaction_over_the_budget_stops_with_its_xid_and_size() -> None:
+    job, records, xid = _big_transaction(200_000)
+    every = [*job.table_names, "transaction"]
+    engine = ShardedEngine(job, 2, max_transaction_bytes=8 << 20)
+    with pytest.raises(TransactionTooLargeError, match=f"transaction xid {xid} is larger than "
+                                                       f"--max-transaction-bytes {8 << 20}"):
+        for start in range(0, len(records), 50_000):  # delivered over several batches
+            engine.process(records[start:start + 50_000], every)
+
+
+def test_a_200k_event_transaction_within_the_budget_is_applied_whole() -> None:
+    job, records, _xid = _big_transaction(200_000)
+    every = [*job.table_names, "transaction"]
+    engine = ShardedEngine(job, 2, max_transaction_bytes=512 << 20)
+    emitted = []
+    for start in range(0, len(records), 50_000):
+        emitted.append(engine.process(records[start:start + 50_000], every))
+    # nothing of the transaction before its last batch; then each order's last version once
+    assert all(ch.commit_seq == 0 for batch in emitted[:-1] for ch in batch)
+    last = [ch for ch in emitted[-1] if ch.commit_seq == 1]
+    assert len(last) == 20 and engine.commit_seq == 1

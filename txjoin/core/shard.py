@@ -29,6 +29,7 @@ from txjoin.core.engine import Engine
 from txjoin.core.join import OutputChange, TemporalJoin
 from txjoin.core.routing import ShardOwnership, from_wire
 from txjoin.debezium import ChangeEvent, TxMarker
+from txjoin.errors import TransactionTooLargeError
 from txjoin.job import Job
 
 
@@ -48,6 +49,10 @@ class ShardEngine(Engine):
         self.join = TemporalJoin(job, owns=None if n_shards == 1 else
                                  ShardOwnership(shard, n_shards))
         self.last_effects: Effects | None = None
+        # Bytes of routed records buffered per open transaction, and the budget
+        # (``--max-transaction-bytes``; None: no limit). Logged with the assembly state.
+        self.open_bytes: dict[int, int] = {}
+        self.max_transaction_bytes: int | None = None
         self.batch_snapshot_rows = 0  # snapshot rows in the last batch processed
         # Which logged state this engine is (state_log.py): micro-batches applied, and the
         # token naming that exact state.
@@ -61,7 +66,11 @@ class ShardEngine(Engine):
         Also records the batch's *effects* (:attr:`last_effects`): what a copy of
         this shard's state at the previous batch needs to become this state.
         """
-        items = self.decode_wire(records)
+        records = list(records)
+        items = [from_wire(r) for r in records]
+        if self.max_transaction_bytes is not None:
+            self._count_open_bytes(records, items)
+        items.sort(key=_position_key)
         snapshot_events = [it for it in items if isinstance(it, ChangeEvent) and it.is_snapshot]
         self.batch_snapshot_rows = len(snapshot_events)
         remembered = self.frontier.remembered
@@ -71,10 +80,38 @@ class ShardEngine(Engine):
             journal = self.join.journal
         finally:
             self.join.journal = None
+        if self.open_bytes:
+            pending = self.assembler.pending
+            self.open_bytes = {x: n for x, n in self.open_bytes.items() if x in pending}
         new = self.frontier.remembered - remembered
         released = list(self.frontier._released_order)[-new:] if new else []
         self.last_effects = Effects(self._sequencer_state(), snapshot_events, released, journal)
         return changes
+
+    def _count_open_bytes(self, records: list[bytes],
+                          items: list[ChangeEvent | TxMarker]) -> None:
+        """Fail, naming the xid and its size, when a transaction outgrows the budget.
+
+        A transaction is buffered in the shard's memory until it is complete (it is
+        applied whole), so one larger than ``--max-transaction-bytes`` stops the job
+        with a clear error instead of exhausting the worker's memory. The size is the
+        bytes of the routed records this shard buffered for it (``records[i]`` is
+        ``items[i]``, before sorting).
+        """
+        budget = self.max_transaction_bytes
+        assert budget is not None
+        counted = self.open_bytes
+        for blob, item in zip(records, items, strict=True):
+            if isinstance(item, ChangeEvent) and item.xid is not None:
+                size = counted.get(item.xid, 0) + len(blob)
+                counted[item.xid] = size
+                if size > budget:
+                    raise TransactionTooLargeError(
+                        f"transaction xid {item.xid} is larger than --max-transaction-bytes "
+                        f"{budget} (more than {size} bytes buffered in shard {self.shard} at "
+                        f"{item.position}); it is applied whole, so it must fit in a worker's "
+                        f"memory: raise --max-transaction-bytes and give the executors the "
+                        f"memory, or split such transactions at the source")
 
     @staticmethod
     def decode_wire(records: Iterable[bytes]) -> list[ChangeEvent | TxMarker]:
@@ -124,4 +161,4 @@ class Effects:
 
 
 _NOT_SEQUENCER = frozenset({"job", "join", "assembler", "frontier", "log_version", "log_token",
-                            "last_effects"})
+                            "last_effects", "max_transaction_bytes"})

@@ -23,7 +23,9 @@ from txjoin.job import Job
 class ShardedEngine:
     """``n`` shard engines, each persisted in its own :class:`MemoryStore`."""
 
-    def __init__(self, job: Job, n_shards: int, policy: IncompletePolicy | None = None) -> None:
+    def __init__(self, job: Job, n_shards: int, policy: IncompletePolicy | None = None,
+                 max_transaction_bytes: int | None = None) -> None:
+        self.max_transaction_bytes = max_transaction_bytes
         self.job = job
         self.router = Router(job, n_shards)
         self.stores = [MemoryStore() for _ in range(n_shards)]
@@ -60,7 +62,8 @@ class ShardedEngine:
         changes: list[OutputChange] = []
         self.last = []
         for shard, wires in enumerate(self.route(records)):
-            log = ShardLog(self.stores[shard], self.job, shard, self.n_shards, self.policy)
+            log = ShardLog(self.stores[shard], self.job, shard, self.n_shards, self.policy,
+                           max_transaction_bytes=self.max_transaction_bytes)
             result = log.process(self.cache.get(shard), wires, caught)
             self.cache[shard] = result.engine
             self.last.append(result)

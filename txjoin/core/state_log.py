@@ -159,8 +159,10 @@ class ShardLog:
     """Restores, advances and persists one shard's engine in a :class:`BlobStore`."""
 
     def __init__(self, store: BlobStore, job: Job, shard: int, n_shards: int,
-                 policy: IncompletePolicy | None = None, where: str = "") -> None:
+                 policy: IncompletePolicy | None = None, where: str = "",
+                 max_transaction_bytes: int | None = None) -> None:
         self.store = store
+        self.max_transaction_bytes = max_transaction_bytes
         self.job = job
         self.shard = shard
         self.n_shards = n_shards
@@ -275,6 +277,7 @@ class ShardLog:
         started = time.perf_counter()
         meta = self._meta()
         engine, how = self.load(cached, meta)
+        engine.max_transaction_bytes = self.max_transaction_bytes
         loaded = time.perf_counter()
         caught = sorted(caught_up)
         parent = engine.log_token

@@ -52,6 +52,9 @@ from txjoin.spark.shards import (
     shard_labels,
 )
 
+DEFAULT_MAX_TRANSACTION_BYTES = 512 << 20
+"""A shard buffers an open transaction in memory: one larger than this stops the job."""
+
 
 @dataclass
 class RunConfig:
@@ -71,6 +74,7 @@ class RunConfig:
     incomplete_timeout_s: float = 300.0
     spark_conf: dict[str, str] = field(default_factory=dict)
     shards: int | None = None  # None: Spark's default parallelism
+    max_transaction_bytes: int | None = DEFAULT_MAX_TRANSACTION_BYTES  # None: no limit
     source: str = "kafka"  # or "files:DIR" (txjoin.spark.sources.files)
     rebuild: bool = False  # start a new checkpoint and re-derive the sinks from the source
     postgres_retry_timeout_s: float = 60.0  # how long a lost PostgreSQL sink is retried
@@ -289,7 +293,8 @@ class Pipeline:
         labels = shard_labels(self.spark, n, partitions)
         processor = ShardProcessor(self.job, labels, self.config.policy,
                                    self.config.topic_prefix, uuid.uuid4().hex,
-                                   always_caught_up=self.always_caught_up)
+                                   always_caught_up=self.always_caught_up,
+                                   max_transaction_bytes=self.config.max_transaction_bytes)
         return (source.mapInArrow(make_decoder(self.job, labels), ROUTED_SCHEMA)
                 .groupBy("shard")
                 .transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "None"))

@@ -172,13 +172,15 @@ class ShardProcessor(StatefulProcessor):
     """One shard: restore or reuse its engine, process the batch, log it, emit changes."""
 
     def __init__(self, job: Job, labels: Sequence[int], policy: IncompletePolicy, prefix: str,
-                 query_token: str, always_caught_up: bool = False) -> None:
+                 query_token: str, always_caught_up: bool = False,
+                 max_transaction_bytes: int | None = None) -> None:
         self.job = job
         self.labels = list(labels)
         self.policy = policy
         self.prefix = prefix
         self.query_token = query_token
         self.always_caught_up = always_caught_up
+        self.max_transaction_bytes = max_transaction_bytes
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         meta = handle.getValueState("meta", "blob binary")
@@ -217,7 +219,8 @@ class ShardProcessor(StatefulProcessor):
         cached = cache.pop(cache_key, None)
         self.store.written = 0
         log = ShardLog(self.store, self.job, shard, len(self.labels), self.policy,
-                       where=f"shard {shard} of {len(self.labels)}")
+                       where=f"shard {shard} of {len(self.labels)}",
+                       max_transaction_bytes=self.max_transaction_bytes)
         result = log.process(cached, wires, caught)
         engine = result.engine
         cache[cache_key] = engine
