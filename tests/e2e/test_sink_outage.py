@@ -56,7 +56,8 @@ def test_postgres_sink_down_for_20s_mid_stream_loses_and_repeats_nothing(
     log = tmp_path / "run.log"
     args = [*run_args(e2e_stack, ORDERS, tmp_path, restartable.dsn),
             "--postgres-retry-timeout", "90"]
-    workload = Workload(e2e_stack, rate=30, duration=70, seed=13)
+    # long enough to outlast the first batch (a cold query on a backlog) plus the outage
+    workload = Workload(e2e_stack, rate=20, duration=150, seed=13)
     workload.start()
 
     with streaming_run(log, *args) as run:
