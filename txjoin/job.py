@@ -49,6 +49,11 @@ _FAST: dict[str, type] = {"int": int, "bigint": int, "smallint": int, "text": st
                           "double": float}
 _SCALARS = {"int", "bigint", "smallint", "text", "bool", "double", "timestamp", "timestamptz"}
 
+DEFAULT_SOURCE = "default"
+"""The name of the one implicit source of a job that declares no sources."""
+TRANSACTION_STREAM = "transaction"
+"""The transaction topic's stream name in ``caught_up`` for a job that declares no sources."""
+
 DECIMAL_HANDLING_MODES: tuple[str, ...] = ("precise", "string", "double")
 DEFAULT_DECIMAL_HANDLING_MODE = "string"
 """What ``config/debezium-postgres.properties`` sets (a unit test keeps them equal)."""
@@ -73,6 +78,9 @@ class Table:
     column must be present in every row image. Columns the source has and the
     job does not declare are ignored (logged once per table and column).
 
+    ``source`` names the job's :class:`Source` (source database) the table is
+    captured from; required when the job declares sources, else left unset.
+
     ``decimal_handling_mode`` is set by the :class:`Job` (its own setting), not
     by hand.
     """
@@ -81,6 +89,7 @@ class Table:
     columns: Mapping[str, str]
     key: Sequence[str] = ("id",)
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    source: str | None = None
     decimal_handling_mode: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -352,8 +361,26 @@ class Output:
 
 
 @dataclass(frozen=True)
+class Source:
+    """A source database: its own Debezium connector, topic prefix and transaction topic.
+
+    Transactions of one source are applied in its commit order; there is no commit
+    order across sources (README, "Two source databases"). ``prefix`` is the
+    connector's ``topic.prefix`` (``txjoin run --topic-prefix NAME=PREFIX`` overrides it).
+    """
+
+    name: str
+    prefix: str | None = None
+
+
+@dataclass(frozen=True)
 class Job:
-    """A validated job: fact table, lookup tree, output and semantics."""
+    """A validated job: fact table, lookup tree, output and semantics.
+
+    ``sources``: the source databases, when the tables come from several (each
+    :class:`Table` then names its ``source``). Empty: one implicit source named
+    ``default`` whose prefix is ``txjoin run --topic-prefix``.
+    """
 
     name: str
     tables: Sequence[Table]
@@ -367,6 +394,7 @@ class Job:
     """The connector's ``decimal.handling.mode`` when records carry no schema
     (``precise``, ``string`` or ``double``); ``None``: txjoin's shipped setting,
     ``string``. ``txjoin run --decimal-handling-mode`` overrides it."""
+    sources: Sequence[Source] = ()
     _by_name: dict[str, Table] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -377,6 +405,7 @@ class Job:
             t if t.decimal_handling_mode == mode else replace(t, decimal_handling_mode=mode)
             for t in self.tables))
         object.__setattr__(self, "lookups", tuple(self.lookups))
+        object.__setattr__(self, "sources", tuple(self.sources))
         object.__setattr__(self, "_by_name", {t.name: t for t in self.tables})
         validate(self)
 
@@ -409,8 +438,97 @@ class Job:
         alias, col = ref.split(".", 1)
         return self.alias_table(alias).columns[col]
 
-    def topics(self, prefix: str) -> list[str]:
-        return [f"{prefix}.{t}" for t in self.table_names]
+    # -- sources ---------------------------------------------------------------------
+
+    @property
+    def source_names(self) -> list[str]:
+        """The sources in declared order (``["default"]`` when none is declared)."""
+        return [s.name for s in self.sources] or [DEFAULT_SOURCE]
+
+    def source_of(self, table: str) -> str:
+        """The source a table is captured from."""
+        return self.table(table).source or DEFAULT_SOURCE
+
+    def tables_of(self, source: str) -> list[str]:
+        """The tables captured from ``source``, in declared order."""
+        return [t.name for t in self.tables if (t.source or DEFAULT_SOURCE) == source]
+
+    def transaction_stream(self, source: str) -> str:
+        """The name of ``source``'s transaction topic in ``caught_up``.
+
+        ``transaction`` for a job without declared sources (unchanged), else
+        ``transaction:<source>``: two sources' transaction topics never share a name.
+        """
+        return TRANSACTION_STREAM if not self.sources else f"{TRANSACTION_STREAM}:{source}"
+
+    def source_prefixes(self, default_prefix: str,
+                        overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Source name -> topic prefix: ``overrides``, else the Source's prefix.
+
+        A job without declared sources has one source, ``default``, whose prefix is
+        ``default_prefix`` (``txjoin run --topic-prefix``).
+        """
+        overrides = dict(overrides or {})
+        names = self.source_names
+        unknown = sorted(set(overrides) - set(names))
+        if unknown:
+            _fail(self, f"topic prefix given for unknown source {unknown[0]!r}; the job's "
+                        f"sources: {', '.join(names)} (use --topic-prefix NAME=PREFIX)")
+        if not self.sources:
+            return {DEFAULT_SOURCE: overrides.get(DEFAULT_SOURCE, default_prefix)}
+        out: dict[str, str] = {}
+        for src in self.sources:
+            prefix = overrides.get(src.name) or src.prefix or ""
+            if not prefix:
+                _fail(self, f"source {src.name!r} has no topic prefix; set Source("
+                            f"{src.name!r}, prefix=...) or pass --topic-prefix "
+                            f"{src.name}=PREFIX")
+            out[src.name] = prefix
+        if len(set(out.values())) != len(out):
+            _fail(self, f"two sources share a topic prefix: {out}; each source database "
+                        f"needs its own connector topic.prefix")
+        return out
+
+    def with_source_prefixes(self, prefixes: Mapping[str, str]) -> Job:
+        """This job with each declared source's prefix set from ``prefixes`` (see
+        :meth:`source_prefixes`); a job without declared sources is returned as is."""
+        if not self.sources:
+            return self
+        sources = [replace(s, prefix=prefixes.get(s.name, s.prefix)) for s in self.sources]
+        return replace(self, sources=sources)
+
+    def topics(self, prefix: str | Mapping[str, str]) -> list[str]:
+        """The table topics: ``<prefix>.<schema>.<table>``, each with its source's prefix.
+
+        ``prefix``: one prefix (a job without declared sources) or source -> prefix.
+        """
+        prefixes = self._prefix_map(prefix)
+        return [f"{prefixes[self.source_of(t)]}.{t}" for t in self.table_names]
+
+    def transaction_topics(self, prefix: str | Mapping[str, str]) -> dict[str, str]:
+        """Source name -> its transaction topic ``<prefix>.transaction``."""
+        prefixes = self._prefix_map(prefix)
+        return {s: f"{prefixes[s]}.transaction" for s in self.source_names}
+
+    def all_topics(self, prefix: str | Mapping[str, str]) -> list[str]:
+        """Every topic a run subscribes to: the table topics, then the transaction topics."""
+        return [*self.topics(prefix), *self.transaction_topics(prefix).values()]
+
+    def streams(self, prefix: str | Mapping[str, str]) -> dict[str, str]:
+        """Topic -> stream name as ``caught_up`` takes it (a table, or a transaction stream)."""
+        prefixes = self._prefix_map(prefix)
+        out = {f"{prefixes[self.source_of(t)]}.{t}": t for t in self.table_names}
+        for source, topic in self.transaction_topics(prefixes).items():
+            out[topic] = self.transaction_stream(source)
+        return out
+
+    def _prefix_map(self, prefix: str | Mapping[str, str]) -> dict[str, str]:
+        if isinstance(prefix, str):
+            if len(self.source_names) > 1:
+                _fail(self, f"one topic prefix {prefix!r} given for a job with sources "
+                            f"{', '.join(self.source_names)}; give one per source")
+            return dict.fromkeys(self.source_names, prefix)
+        return dict(prefix)
 
 
 def _fail(job: Job, what: str) -> None:
@@ -424,6 +542,7 @@ def validate(job: Job) -> None:
     names = [t.name for t in job.tables]
     if len(set(names)) != len(names):
         _fail(job, f"a table is declared twice: {names}")
+    _validate_sources(job)
     for t in job.tables:
         if "." not in t.name:
             _fail(job, f"table {t.name!r} must be named schema.table")
@@ -522,6 +641,30 @@ def validate(job: Job) -> None:
                 check_ref(ref, f"{where} field {fname!r}", proj.alias)
         else:
             check_ref(proj, where, None)
+
+
+def _validate_sources(job: Job) -> None:
+    sources = list(job.sources)
+    for src in sources:
+        if not isinstance(src, Source):
+            _fail(job, f"sources must be Source(name, prefix=...) objects, got {src!r}")
+        if not isinstance(src.name, str) or not src.name.strip():
+            _fail(job, f"source name {src.name!r} must be a non-empty string")
+    names = [s.name for s in sources]
+    if len(set(names)) != len(names):
+        _fail(job, f"a source name is declared twice: {names}")
+    prefixes = [s.prefix for s in sources if s.prefix is not None]
+    if len(set(prefixes)) != len(prefixes):
+        _fail(job, f"two sources share a topic prefix: {prefixes}; each source database "
+                   f"needs its own connector topic.prefix")
+    for t in job.tables:
+        if not sources and t.source is not None:
+            _fail(job, f"table {t.name} names source {t.source!r} but the job declares no "
+                       f"sources; add sources=[Source({t.source!r}, prefix=...)] or drop it")
+        if sources and t.source not in names:
+            what = "names no source" if t.source is None else f"names source {t.source!r}"
+            _fail(job, f"table {t.name} {what}; with sources declared every table needs "
+                       f"source= one of {names}")
 
 
 def load_job(path: str | Path) -> Job:

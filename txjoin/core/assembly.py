@@ -63,6 +63,7 @@ class Transaction:
     commit_seq: int
     commit_ts_ms: int | None
     events: list[ChangeEvent]
+    source: str | None = None  # the source database (None: the initial snapshot)
 
 
 @dataclass

@@ -7,6 +7,18 @@ frontier, current rows of the job's tables, last outputs) serialises with
 :meth:`Engine.state_bytes` so a streaming adapter can checkpoint it with the
 batch; it is bounded by the open transactions plus the current rows (no
 history).
+
+**Several sources.** A job over several source databases (``Job.sources``) has
+an assembler and a frontier per source: each source's transactions are
+assembled (xids are per database) and released in that source's commit order,
+its snapshot settles on its own, and an idle source never holds another back.
+Nothing is released before every source's snapshot is complete (the snapshots
+are applied together as commit 0). Then, each time the engine releases, it
+applies the released transactions of the first declared source, then those of
+the second, ... (each in its commit order): a deterministic interleaving of the
+sources' commit orders, the same in every shard, so every observable state is
+the job on (S1 after some T1_k, S2 after some T2_m), k and m never decreasing.
+``commit_seq`` numbers the applied transactions across sources.
 """
 
 from __future__ import annotations
@@ -18,15 +30,18 @@ from typing import Any
 
 import pandas as pd
 
-from txjoin.core.assembly import Assembler, IncompletePolicy, Transaction
+from txjoin.core.assembly import SNAPSHOT_XID, Assembler, IncompletePolicy, Transaction
 from txjoin.core.frontier import Frontier
 from txjoin.core.join import OutputChange, TemporalJoin
 from txjoin.debezium import ChangeEvent, Position, TxMarker, decode
-from txjoin.job import Job
+from txjoin.errors import DecodeError, JobError
+from txjoin.job import TRANSACTION_STREAM, Job
+
+__all__ = ["TRANSACTION_STREAM", "Engine", "EngineStats"]
 
 STATE_VERSION = 1
-TRANSACTION_STREAM = "transaction"
-"""The name of the transaction topic's stream (``<prefix>.transaction``) in ``caught_up``."""
+# Derived from the job at construction, never restored from a state.
+_DERIVED = ("job", "_marker_sources", "_table_sources")
 
 
 @dataclass
@@ -49,14 +64,59 @@ class Engine:
                  released_memory: int = 100_000) -> None:
         self.job = job
         self.policy = policy or IncompletePolicy()
-        self.assembler = Assembler(frozenset(job.table_names))
-        self.frontier = Frontier(released_memory)
+        # One assembler and one frontier per source, in declared order.
+        self.assemblers = {s: Assembler(frozenset(job.tables_of(s))) for s in job.source_names}
+        self.frontiers = {s: Frontier(released_memory) for s in job.source_names}
+        self.applied_seq = 0  # commit_seq of the last applied transaction, across sources
         self.join = TemporalJoin(job)
         self.stats = EngineStats()
         self.max_ts_ms: int | None = None
-        # newest source commit time read per stream (table, or "transaction")
+        # newest source commit time read per stream (table, or a transaction stream)
         self.stream_ts_ms: dict[str, int] = {}
         self.snapshot_released = False
+        self._derive()
+
+    def _derive(self) -> None:
+        """Which source a marker's topic and an event's table belong to."""
+        job = self.job
+        self._table_sources = {t: job.source_of(t) for t in job.table_names}
+        self._marker_sources: dict[str, str] | None = None
+        if len(job.source_names) > 1:
+            missing = [s.name for s in job.sources if not s.prefix]
+            if missing:
+                raise JobError(f"job {job.name!r} ({job.source_file}): source {missing[0]!r} has "
+                               f"no topic prefix, so its transaction topic is unknown; set "
+                               f"Source(prefix=...) or pass --topic-prefix {missing[0]}=PREFIX")
+            self._marker_sources = {f"{s.prefix}.transaction": s.name for s in job.sources}
+
+    def marker_source(self, marker: TxMarker) -> str:
+        """The source whose transaction topic carried ``marker``."""
+        if self._marker_sources is None:
+            return self.job.source_names[0]
+        source = self._marker_sources.get(marker.position.topic)
+        if source is None:
+            pos = marker.position
+            raise DecodeError(f"transaction marker on topic {pos.topic}, which is the transaction "
+                              f"topic of none of the job's sources "
+                              f"({', '.join(sorted(self._marker_sources))}); check the sources' "
+                              f"topic prefixes", topic=pos.topic, partition=pos.partition,
+                              offset=pos.offset)
+        return source
+
+    @property
+    def assembler(self) -> Assembler:
+        """The first source's assembler (the only one of a job without declared sources)."""
+        return next(iter(self.assemblers.values()))
+
+    @property
+    def frontier(self) -> Frontier:
+        """The first source's frontier (the only one of a job without declared sources)."""
+        return next(iter(self.frontiers.values()))
+
+    @property
+    def snapshot_done(self) -> bool:
+        """Every source's snapshot is complete and applied."""
+        return all(a.snapshot.done for a in self.assemblers.values())
 
     # -- the batch API ------------------------------------------------------------
 
@@ -88,12 +148,16 @@ class Engine:
     def process_decoded(self, items: Iterable[ChangeEvent | TxMarker],
                         caught_up: Iterable[str] = ()) -> list[OutputChange]:
         """Like :meth:`process`, for records already decoded."""
-        released = self.frontier.released
         stream_ts = self.stream_ts_ms
+        single = self._marker_sources is None
+        first = self.job.source_names[0]
+        table_sources = self._table_sources
         for item in items:
             if isinstance(item, TxMarker):
-                ts, stream = item.ts_ms, TRANSACTION_STREAM
+                source = first if single else self.marker_source(item)
+                ts, stream = item.ts_ms, self.job.transaction_stream(source)
             else:
+                source = table_sources.get(item.table, first)
                 ts, stream = item.commit_ts_ms, item.table
             if ts is not None:
                 if self.max_ts_ms is None or ts > self.max_ts_ms:
@@ -102,38 +166,74 @@ class Engine:
                     stream_ts[stream] = ts
             if isinstance(item, TxMarker):
                 self.stats.markers += 1
-                if self.assembler.add_marker(item, released):
-                    self.frontier.on_end(item)
+                frontier = self.frontiers[source]
+                if self.assemblers[source].add_marker(item, frontier.released):
+                    frontier.on_end(item)
             else:
                 self.stats.events += 1
-                self.assembler.add_event(item, released)
+                self.assemblers[source].add_event(item, self.frontiers[source].released)
         caught = set(caught_up)
-        self.assembler.caught_up(caught)
+        for assembler in self.assemblers.values():
+            assembler.caught_up(caught & assembler.tables)
         changes = []
-        for tx in self.frontier.release(self.assembler):
+        for tx in self.release():
             changes.extend(self._apply(tx))
-        self.frontier.enforce(self.assembler, self.source_clock(caught), self.policy)
-        # a skip may unblock the queue
-        for tx in self.frontier.release(self.assembler):
-            changes.extend(self._apply(tx))
+        skipped = False
+        for source, frontier in self.frontiers.items():
+            before = len(frontier.skipped)
+            frontier.enforce(self.assemblers[source], self.source_clock(caught, source),
+                             self.policy)
+            skipped = skipped or len(frontier.skipped) > before
+        if skipped:  # a skip may unblock a queue
+            for tx in self.release():
+                changes.extend(self._apply(tx))
         self.stats.batches += 1
         return changes
 
-    def source_clock(self, caught_up: set[str]) -> int | None:
-        """How far every input stream has provably been read, in source commit time.
+    def release(self) -> list[Transaction]:
+        """What can be applied now: the snapshots (once all are complete), then each source's
+        releasable transactions in declared source order, numbered by ``commit_seq``."""
+        out: list[Transaction] = []
+        if not self.snapshot_done:
+            if not all(a.snapshot.is_complete() for a in self.assemblers.values()):
+                return out
+            events = []
+            for assembler in self.assemblers.values():
+                if assembler.snapshot.rows:
+                    events.extend(assembler.take_snapshot().events)
+                assembler.snapshot.done = True
+            if events:
+                ts = max((e.commit_ts_ms or 0 for e in events), default=None)
+                out.append(Transaction(SNAPSHOT_XID, 0, ts, events))
+        for source, frontier in self.frontiers.items():
+            for tx in frontier.release_streaming(self.assemblers[source]):
+                self.applied_seq += 1
+                tx.commit_seq = self.applied_seq
+                tx.source = source
+                out.append(tx)
+        return out
+
+    def source_clock(self, caught_up: set[str], source: str | None = None) -> int | None:
+        """How far every input stream of ``source`` has provably been read, in its commit time.
 
         The slowest stream sets it: a stream read to its end counts as the newest
-        commit time seen anywhere, any other as the newest commit time read from
-        it; a stream never read stops the clock. So a transaction whose events sit
-        in a topic that is merely behind (a catch-up split by
+        commit time seen anywhere in the source, any other as the newest commit
+        time read from it; a stream never read stops the clock. So a transaction
+        whose events sit in a topic that is merely behind (a catch-up split by
         ``--max-events-per-trigger``) is never taken for one that will not complete.
+        Each source has its own clock (two databases share no clock): an idle
+        source never stops another's.
         """
-        if self.max_ts_ms is None:
+        source = source or self.job.source_names[0]
+        streams = [*self.job.tables_of(source), self.job.transaction_stream(source)]
+        seen = [self.stream_ts_ms[s] for s in streams if s in self.stream_ts_ms]
+        if not seen:
             return None
+        newest = max(seen)
         times = []
-        for stream in [*self.job.table_names, TRANSACTION_STREAM]:
+        for stream in streams:
             if stream in caught_up:
-                times.append(self.max_ts_ms)
+                times.append(newest)
             elif stream in self.stream_ts_ms:
                 times.append(self.stream_ts_ms[stream])
             else:
@@ -152,13 +252,23 @@ class Engine:
 
     @property
     def commit_seq(self) -> int:
-        """Commit sequence of the last released transaction (0: none or only the snapshot)."""
-        return self.frontier.commit_seq
+        """Commit sequence of the last applied transaction (0: none or only the snapshot)."""
+        return self.applied_seq
 
     @property
     def waiting(self) -> int:
         """Transactions buffered: incomplete, or complete but behind an incomplete one."""
-        return len(self.assembler.pending)
+        return sum(len(a.pending) for a in self.assemblers.values())
+
+    @property
+    def duplicates(self) -> int:
+        """Redelivered events and markers dropped, over every source."""
+        return sum(a.duplicates for a in self.assemblers.values())
+
+    @property
+    def skipped(self) -> list[int]:
+        """Xids dropped by ``--on-incomplete skip`` (per source: see ``frontiers``)."""
+        return [x for f in self.frontiers.values() for x in f.skipped]
 
     def outputs(self) -> dict[tuple[Any, ...], dict[str, Any]]:
         """The current output: key -> row."""
@@ -168,7 +278,7 @@ class Engine:
 
     def state_bytes(self) -> bytes:
         """Serialise the whole state (the job itself is not included)."""
-        state = {k: v for k, v in self.__dict__.items() if k != "job"}
+        state = {k: v for k, v in self.__dict__.items() if k not in _DERIVED}
         state["join"] = {k: v for k, v in self.join.__dict__.items() if k != "job"}
         return pickle.dumps((STATE_VERSION, state), protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -181,6 +291,13 @@ class Engine:
         # written keep their defaults (an older checkpoint still restores).
         engine = cls(job)
         join_state = state.pop("join")
+        for name in _DERIVED:
+            state.pop(name, None)
+        if "assembler" in state:  # written before sources: the one source's sequencing
+            first = job.source_names[0]
+            state["assemblers"] = {first: state.pop("assembler")}
+            state["frontiers"] = {first: state.pop("frontier")}
+            state["applied_seq"] = state["frontiers"][first].commit_seq
         engine.__dict__.update(state)
         engine.job = job
         engine.join.__dict__.update(join_state)

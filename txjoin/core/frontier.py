@@ -43,7 +43,7 @@ class Frontier:
             self.released.discard(self._released_order.popleft())
 
     def release(self, assembler: Assembler) -> list[Transaction]:
-        """Every transaction that can be released now, in commit order."""
+        """Every transaction that can be released now, in commit order (snapshot first)."""
         out: list[Transaction] = []
         snap = assembler.snapshot
         if not snap.done:
@@ -52,6 +52,15 @@ class Frontier:
             if snap.rows:
                 out.append(assembler.take_snapshot())
             snap.done = True
+        return out + self.release_streaming(assembler)
+
+    def release_streaming(self, assembler: Assembler) -> list[Transaction]:
+        """The streaming transactions that can be released now, in commit order.
+
+        ``commit_seq`` counts this frontier's releases; an engine over several
+        sources renumbers them into one sequence of applied transactions.
+        """
+        out: list[Transaction] = []
         while self.queue and assembler.is_complete(self.queue[0]):
             xid = self.queue.popleft()
             self.commit_seq += 1

@@ -41,6 +41,7 @@ class OutputChange:
     commit_seq: int
     xid: int
     commit_ts_ms: int | None
+    source: str | None = None  # source of the transaction (None: the initial snapshot)
 
 
 class ColumnIndex:
@@ -136,11 +137,12 @@ class TemporalJoin:
                 continue
             if new is None:
                 del self.outputs[key]
-                out.append(OutputChange(key, "d", None, tx.commit_seq, tx.xid, tx.commit_ts_ms))
+                out.append(OutputChange(key, "d", None, tx.commit_seq, tx.xid, tx.commit_ts_ms,
+                                        tx.source))
             else:
                 self.outputs[key] = new
                 out.append(OutputChange(key, "c" if old is None else "u", new, tx.commit_seq,
-                                        tx.xid, tx.commit_ts_ms))
+                                        tx.xid, tx.commit_ts_ms, tx.source))
         return out
 
     def _apply_rows(self, tx: Transaction) -> dict[str, list[Row]]:

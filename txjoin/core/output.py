@@ -3,7 +3,9 @@
 Column types follow the source columns they project: ints -> int64, text ->
 string, numeric(p,s) -> decimal128(p,s), timestamp -> timestamp[us, UTC],
 arrays -> lists, a ``Collect`` -> list<struct<...>>. Metadata columns are
-``_op``, ``_commit_seq``, ``_xid``, ``_commit_ts``.
+``_op``, ``_commit_seq``, ``_xid``, ``_commit_ts``, and for a job that declares
+sources (``Job.sources``) also ``_source``: the source of the transaction that
+produced the change (null for the initial snapshot, applied as commit 0).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from txjoin.job import _DECIMAL, Collect, Job
 
 META = [("_op", pa.string()), ("_commit_seq", pa.int64()), ("_xid", pa.int64()),
         ("_commit_ts", pa.timestamp("us", tz="UTC"))]
+SOURCE_COLUMN = "_source"
 
 
 def arrow_type(sql_type: str) -> pa.DataType:
@@ -53,7 +56,8 @@ def output_schema(job: Job) -> pa.Schema:
         else:
             fields.append(pa.field(name, arrow_type(job.column_type(proj)),
                                    nullable=name not in job.output.key))
-    return pa.schema(fields + [pa.field(n, t) for n, t in META])
+    meta = [*META, (SOURCE_COLUMN, pa.string())] if job.sources else META
+    return pa.schema(fields + [pa.field(n, t) for n, t in meta])
 
 
 def _plain(value: Any) -> Any:
@@ -100,6 +104,7 @@ def changes_to_table(job: Job, changes: Iterable[OutputChange],
                      rows: Sequence[dict[str, Any] | None] | None = None) -> pa.Table:
     """Output changes as the Arrow table the sinks take (rows in the given order)."""
     schema = output_schema(job)
+    with_source = bool(job.sources)
     changes = list(changes)
     records = []
     for n, ch in enumerate(changes):
@@ -110,5 +115,7 @@ def changes_to_table(job: Job, changes: Iterable[OutputChange],
         record["_xid"] = ch.xid
         record["_commit_ts"] = (None if ch.commit_ts_ms is None else
                                 dt.datetime.fromtimestamp(ch.commit_ts_ms / 1000, dt.UTC))
+        if with_source:
+            record[SOURCE_COLUMN] = ch.source
         records.append(record)
     return pa.Table.from_pylist(records, schema=schema)

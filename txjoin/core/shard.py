@@ -51,7 +51,7 @@ class ShardEngine(Engine):
         self.last_effects: Effects | None = None
         # Bytes of routed records buffered per open transaction, and the budget
         # (``--max-transaction-bytes``; None: no limit). Logged with the assembly state.
-        self.open_bytes: dict[int, int] = {}
+        self.open_bytes: dict[tuple[str, int], int] = {}  # (source, xid) -> bytes
         self.max_transaction_bytes: int | None = None
         self.batch_snapshot_rows = 0  # snapshot rows in the last batch processed
         # Which logged state this engine is (state_log.py): micro-batches applied, and the
@@ -73,7 +73,7 @@ class ShardEngine(Engine):
         items.sort(key=_position_key)
         snapshot_events = [it for it in items if isinstance(it, ChangeEvent) and it.is_snapshot]
         self.batch_snapshot_rows = len(snapshot_events)
-        remembered = self.frontier.remembered
+        remembered = {s: f.remembered for s, f in self.frontiers.items()}
         self.join.journal = []
         try:
             changes = self.process_decoded(items, caught_up)
@@ -81,10 +81,14 @@ class ShardEngine(Engine):
         finally:
             self.join.journal = None
         if self.open_bytes:
-            pending = self.assembler.pending
-            self.open_bytes = {x: n for x, n in self.open_bytes.items() if x in pending}
-        new = self.frontier.remembered - remembered
-        released = list(self.frontier._released_order)[-new:] if new else []
+            self.open_bytes = {k: n for k, n in self.open_bytes.items()
+                               if isinstance(k, tuple) and k[0] in self.assemblers
+                               and k[1] in self.assemblers[k[0]].pending}
+        released: dict[str, list[int]] = {}
+        for source, frontier in self.frontiers.items():
+            new = frontier.remembered - remembered[source]
+            if new:
+                released[source] = list(frontier._released_order)[-new:]
         self.last_effects = Effects(self._sequencer_state(), snapshot_events, released, journal)
         return changes
 
@@ -101,10 +105,13 @@ class ShardEngine(Engine):
         budget = self.max_transaction_bytes
         assert budget is not None
         counted = self.open_bytes
+        sources = self._table_sources
+        first = self.job.source_names[0]
         for blob, item in zip(records, items, strict=True):
             if isinstance(item, ChangeEvent) and item.xid is not None:
-                size = counted.get(item.xid, 0) + len(blob)
-                counted[item.xid] = size
+                key = (sources.get(item.table, first), item.xid)  # xids are per database
+                size = counted.get(key, 0) + len(blob)
+                counted[key] = size
                 if size > budget:
                     raise TransactionTooLargeError(
                         f"transaction xid {item.xid} is larger than --max-transaction-bytes "
@@ -120,33 +127,50 @@ class ShardEngine(Engine):
         items.sort(key=_position_key)
         return items
 
-    def _sequencer_state(self) -> dict[str, dict[str, Any]]:
-        """The assembly and frontier state, without what grows with history or the database
-        (released xids, snapshot rows and identities: carried as deltas) and the join."""
-        snap = self.assembler.snapshot
-        return {
-            "engine": {k: v for k, v in self.__dict__.items() if k not in _NOT_SEQUENCER},
-            "assembler": {k: v for k, v in self.assembler.__dict__.items() if k != "snapshot"},
-            "snapshot": {k: v for k, v in snap.__dict__.items()
-                         if k not in ("rows", "identities")},
-            "frontier": {k: v for k, v in self.frontier.__dict__.items()
-                         if k not in ("released", "_released_order")},
-        }
+    def _sequencer_state(self) -> dict[str, Any]:
+        """The assembly and frontier state of every source, without what grows with history
+        or the database (released xids, snapshot rows and identities: carried as deltas)
+        and the join."""
+        sources = {}
+        for source, assembler in self.assemblers.items():
+            snap = assembler.snapshot
+            sources[source] = {
+                "assembler": {k: v for k, v in assembler.__dict__.items() if k != "snapshot"},
+                "snapshot": {k: v for k, v in snap.__dict__.items()
+                             if k not in ("rows", "identities")},
+                "frontier": {k: v for k, v in self.frontiers[source].__dict__.items()
+                             if k not in ("released", "_released_order")},
+            }
+        return {"engine": {k: v for k, v in self.__dict__.items() if k not in _NOT_SEQUENCER},
+                "sources": sources}
 
     def apply_effects(self, effects: Effects, changes: Iterable[OutputChange]) -> None:
         """Bring this shard forward over a batch it processed before (no join evaluation)."""
-        snap = self.assembler.snapshot
-        for event in effects.snapshot_events:
-            snap.add(event)
+        first = self.job.source_names[0]
         state = effects.sequencer  # freshly unpickled from the segment: ours to keep
+        if "sources" not in state:  # a segment written before sources: the one source
+            state = {"engine": state["engine"], "sources": {first: {
+                k: state[k] for k in ("assembler", "snapshot", "frontier")}}}
+            state["engine"].setdefault("applied_seq", state["sources"][first]["frontier"].get(
+                "commit_seq", 0))
+        released = effects.released
+        if isinstance(released, list):
+            released = {first: released}
+        for event in effects.snapshot_events:
+            source = self._table_sources.get(event.table, first)
+            self.assemblers[source].snapshot.add(event)
         self.__dict__.update(state["engine"])
-        self.assembler.__dict__.update(state["assembler"])
-        snap.__dict__.update(state["snapshot"])
-        if snap.done:
-            snap.rows = []  # released within (or before) this batch
-        self.frontier.__dict__.update(state["frontier"])
-        for xid in effects.released:
-            self.frontier._remember(xid)
+        for source, parts in state["sources"].items():
+            assembler = self.assemblers[source]
+            snap = assembler.snapshot
+            assembler.__dict__.update(parts["assembler"])
+            snap.__dict__.update(parts["snapshot"])
+            if snap.done:
+                snap.rows = []  # released within (or before) this batch
+            self.frontiers[source].__dict__.update(parts["frontier"])
+        for source, xids in released.items():
+            for xid in xids:
+                self.frontiers[source]._remember(xid)
         self.join.replay_journal(effects.journal, changes)
 
 
@@ -154,11 +178,12 @@ class ShardEngine(Engine):
 class Effects:
     """What one batch did to a shard's state, enough to redo it without evaluating."""
 
-    sequencer: dict[str, dict[str, Any]]
+    sequencer: dict[str, Any]
     snapshot_events: list[ChangeEvent]
-    released: list[int]
+    released: dict[str, list[int]]  # per source (a list: written before sources)
     journal: list[tuple[str, Any, Any]]
 
 
-_NOT_SEQUENCER = frozenset({"job", "join", "assembler", "frontier", "log_version", "log_token",
-                            "last_effects", "max_transaction_bytes"})
+_NOT_SEQUENCER = frozenset({"job", "join", "assemblers", "frontiers", "log_version", "log_token",
+                            "last_effects", "max_transaction_bytes", "_marker_sources",
+                            "_table_sources"})

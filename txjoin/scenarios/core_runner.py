@@ -43,6 +43,8 @@ def changelog_row(job: Job, change: OutputChange) -> Row:
         dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=change.commit_ts_ms))
     row.update({"_op": change.op, "_commit_seq": change.commit_seq, "_xid": change.xid,
                 "_commit_ts": ts})
+    if job.sources:
+        row["_source"] = change.source
     return row
 
 

@@ -61,6 +61,7 @@ class RunConfig:
     """Everything ``txjoin run`` needs besides the job (see ``txjoin run --help``)."""
 
     topic_prefix: str = "shop"
+    topic_prefixes: dict[str, str] = field(default_factory=dict)  # source -> prefix overrides
     bootstrap_servers: str | None = None
     starting_offsets: str = "earliest"
     trigger_interval: str = "1 second"
@@ -78,6 +79,10 @@ class RunConfig:
     source: str = "kafka"  # or "files:DIR" (txjoin.spark.sources.files)
     rebuild: bool = False  # start a new checkpoint and re-derive the sinks from the source
     postgres_retry_timeout_s: float = 60.0  # how long a lost PostgreSQL sink is retried
+
+    def prefixes(self, job: Job) -> dict[str, str]:
+        """Source name -> topic prefix for ``job`` (``topic_prefix`` for a single source)."""
+        return job.source_prefixes(self.topic_prefix, self.topic_prefixes)
 
     @property
     def policy(self) -> IncompletePolicy:
@@ -217,7 +222,9 @@ class Pipeline:
     def __init__(self, spark: SparkSession, job: Job, config: RunConfig, sinks: list[Sink],
                  on_batch: Callable[[BatchReport], None] | None = None) -> None:
         self.spark = spark
-        self.job = job
+        # Each source's prefix set on the job: the engine tells sources' markers apart by topic.
+        self.prefixes = config.prefixes(job)
+        self.job = job.with_source_prefixes(self.prefixes)
         self.config = config
         self.sinks = sinks
         self.on_batch = on_batch
@@ -236,16 +243,17 @@ class Pipeline:
             raise ConfigError("no bootstrap servers: pass --bootstrap-servers (or set "
                               "TXJOIN_BOOTSTRAP_SERVERS), or start the local stack with "
                               "`txjoin up`")
-        prefix = self.config.topic_prefix
-        topics = [*self.job.topics(prefix), f"{prefix}.transaction"]
+        topics = self.job.all_topics(self.prefixes)
+        transaction_topics = list(self.job.transaction_topics(self.prefixes).values())
         if self.config.max_events_per_trigger is None and native_kafka_available(self.spark):
-            return self._native_kafka_source(topics, f"{prefix}.transaction")
+            return self._native_kafka_source(topics, transaction_topics)
         return read_stream(self.spark, self.config.bootstrap_servers, topics,
-                           transaction_topic=f"{prefix}.transaction",
+                           transaction_topic=transaction_topics,
                            starting_offsets=self.config.starting_offsets,
                            max_events=self.config.max_events_per_trigger)
 
-    def _native_kafka_source(self, topics: list[str], transaction_topic: str) -> DataFrame:
+    def _native_kafka_source(self, topics: list[str], transaction_topics: list[str]
+                             ) -> DataFrame:
         """Spark's own ``kafka`` format, when spark-sql-kafka is on the classpath.
 
         Only without a per-trigger limit: then every batch reads every topic to the
@@ -258,7 +266,8 @@ class Pipeline:
         # Same checks as txjoin_kafka: the topics exist, the transaction topic has one
         # partition, the brokers answer.
         KafkaStreamReader(KafkaSourceConfig(self.config.bootstrap_servers, tuple(topics),
-                                            transaction_topic=transaction_topic)).initialOffset()
+                                            transaction_topic=tuple(transaction_topics))
+                          ).initialOffset()
         self.always_caught_up = True
         return (self.spark.readStream.format("kafka")
                 .option("kafka.bootstrap.servers", self.config.bootstrap_servers)
@@ -292,7 +301,7 @@ class Pipeline:
         self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
         labels = shard_labels(self.spark, n, partitions)
         processor = ShardProcessor(self.job, labels, self.config.policy,
-                                   self.config.topic_prefix, uuid.uuid4().hex,
+                                   self.prefixes, uuid.uuid4().hex,
                                    always_caught_up=self.always_caught_up,
                                    max_transaction_bytes=self.config.max_transaction_bytes)
         return (source.mapInArrow(make_decoder(self.job, labels), ROUTED_SCHEMA)

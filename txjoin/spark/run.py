@@ -42,9 +42,10 @@ def source_frame(spark: SparkSession, job: Job, config: RunConfig, pipeline: Pip
     directory = files.parse_source(config.source)
     if directory is None:
         return pipeline.kafka_source()
-    prefix = config.topic_prefix
-    return files.read_stream(spark, directory, list(job.topics(prefix)),
-                             transaction_topic=f"{prefix}.transaction",
+    prefixes = pipeline.prefixes
+    return files.read_stream(spark, directory, pipeline.job.topics(prefixes),
+                             transaction_topic=list(
+                                 pipeline.job.transaction_topics(prefixes).values()),
                              max_events=config.max_events_per_trigger)
 
 

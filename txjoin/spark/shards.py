@@ -25,7 +25,7 @@ import json
 import pickle
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -34,7 +34,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from txjoin.core.assembly import IncompletePolicy
-from txjoin.core.engine import TRANSACTION_STREAM
 from txjoin.core.join import OutputChange
 from txjoin.core.output import changes_to_table
 from txjoin.core.routing import Router
@@ -171,13 +170,15 @@ class _SparkBlobStore:
 class ShardProcessor(StatefulProcessor):
     """One shard: restore or reuse its engine, process the batch, log it, emit changes."""
 
-    def __init__(self, job: Job, labels: Sequence[int], policy: IncompletePolicy, prefix: str,
-                 query_token: str, always_caught_up: bool = False,
+    def __init__(self, job: Job, labels: Sequence[int], policy: IncompletePolicy,
+                 prefix: str | Mapping[str, str], query_token: str,
+                 always_caught_up: bool = False,
                  max_transaction_bytes: int | None = None) -> None:
         self.job = job
         self.labels = list(labels)
         self.policy = policy
-        self.prefix = prefix
+        # topic -> stream name (a table, or a source's transaction stream) for caught-up markers
+        self.streams = job.streams(prefix if isinstance(prefix, str) else dict(prefix))
         self.query_token = query_token
         self.always_caught_up = always_caught_up
         self.max_transaction_bytes = max_transaction_bytes
@@ -209,9 +210,9 @@ class ShardProcessor(StatefulProcessor):
             return
         frame = pd.concat(frames, ignore_index=True)
         markers = frame["offset"] < 0
-        every = {*self.job.table_names, TRANSACTION_STREAM}
+        every = set(self.streams.values())
         caught = every if self.always_caught_up else {
-            t.removeprefix(self.prefix + ".") for t in frame.loc[markers, "topic"]}
+            self.streams[t] for t in frame.loc[markers, "topic"] if t in self.streams}
         wires = [w for w in frame.loc[~markers, "wire"] if w is not None]
         cache: OrderedDict[tuple[str, int], ShardEngine] = importlib.import_module(
             __name__)._CACHE
@@ -227,10 +228,10 @@ class ShardProcessor(StatefulProcessor):
         while len(cache) > _CACHE_SIZE:
             cache.popitem(last=False)
         info = {"shard": shard, "records": int(frame.loc[~markers, "counted"].sum()),
-                "commit_seq": engine.commit_seq, "snapshot_done": engine.assembler.snapshot.done,
+                "commit_seq": engine.commit_seq, "snapshot_done": engine.snapshot_done,
                 "snapshot_released": engine.snapshot_released, "waiting": engine.waiting,
-                "released": result.released, "duplicates": engine.assembler.duplicates,
-                "skipped": list(engine.frontier.skipped), "state": result.restored,
+                "released": result.released, "duplicates": engine.duplicates,
+                "skipped": engine.skipped, "state": result.restored,
                 "state_bytes_written": self.store.written,
                 "snapshot_rows": engine.batch_snapshot_rows,
                 "seconds": {**result.seconds, "shard_total": time.perf_counter() - started}}

@@ -175,7 +175,17 @@ class FileSourceConfig:
     directory: str
     topics: tuple[str, ...]
     max_events_per_trigger: int | None = None
-    transaction_topic: str | None = None
+    transaction_topic: str | tuple[str, ...] | None = None
+    """The transaction topic, or several (a job over several source databases)."""
+
+    @property
+    def transaction_topics(self) -> tuple[str, ...]:
+        """Every transaction topic (each must have exactly one partition)."""
+        if self.transaction_topic is None:
+            return ()
+        if isinstance(self.transaction_topic, str):
+            return (self.transaction_topic,)
+        return tuple(self.transaction_topic)
 
     @classmethod
     def from_options(cls, options: Any) -> FileSourceConfig:
@@ -186,10 +196,12 @@ class FileSourceConfig:
         if not os.path.isdir(directory):
             raise ConfigError(f"{SOURCE_NAME}: {directory!r} is not a directory; expected "
                               "<dir>/<topic>/partition=<p>/<topic>+<p>+<start offset>.json")
-        transaction_topic = options.get("transactionTopic") or None
+        tx_topics = tuple(t.strip() for t in (options.get("transactionTopic") or "").split(",")
+                          if t.strip())
+        transaction_topic = (None if not tx_topics else tx_topics[0] if len(tx_topics) == 1
+                             else tx_topics)
         topics = [t.strip() for t in (options.get("topics") or "").split(",") if t.strip()]
-        if transaction_topic and transaction_topic not in topics:
-            topics.append(transaction_topic)
+        topics.extend(t for t in tx_topics if t not in topics)
         if not topics:
             raise ConfigError(f"{SOURCE_NAME}: option 'topics' is required "
                               "(comma-separated topic names)")
@@ -236,15 +248,13 @@ class FileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _check_transaction_topic(self, listing: dict[tuple[str, int], list[SegmentFile]]
                                  ) -> None:
-        topic = self.config.transaction_topic
-        if topic is None:
-            return
-        parts = [p for (t, p) in listing if t == topic]
-        if len(parts) > 1:
-            raise ConfigError(
-                f"{SOURCE_NAME}: transaction topic {topic!r} has {len(parts)} partitions in "
-                f"{self.config.directory} but must have exactly 1 (transaction order is only "
-                "kept within a partition)")
+        for topic in self.config.transaction_topics:
+            parts = [p for (t, p) in listing if t == topic]
+            if len(parts) > 1:
+                raise ConfigError(
+                    f"{SOURCE_NAME}: transaction topic {topic!r} has {len(parts)} partitions in "
+                    f"{self.config.directory} but must have exactly 1 (transaction order is only "
+                    "kept within a partition)")
 
     def _ends(self, low: bool) -> Offsets:
         self._listing = self.catalog.listing()
@@ -382,7 +392,7 @@ class FileSource(DataSource):
     """Spark data source ``txjoin_files``: archived Debezium records as ``SCHEMA_DDL`` rows.
 
     Options: ``path`` (the archive directory), ``topics`` (comma-separated),
-    ``transactionTopic`` (read too; at most one partition) and
+    ``transactionTopic`` (comma-separated, one per source; read too; at most one partition) and
     ``maxEventsPerTrigger``. A new checkpoint starts at each partition's earliest
     file.
     """
@@ -416,7 +426,7 @@ def register_file_source(spark: SparkSession) -> None:
 
 
 def read_stream(spark: SparkSession, directory: str, topics: Sequence[str],
-                transaction_topic: str | None = None,
+                transaction_topic: str | Sequence[str] | None = None,
                 max_events: int | None = None) -> DataFrame:
     """Streaming DataFrame of ``topics`` (plus ``transaction_topic``) archived in ``directory``."""
     register_file_source(spark)
@@ -424,7 +434,8 @@ def read_stream(spark: SparkSession, directory: str, topics: Sequence[str],
               .option("path", directory)
               .option("topics", ",".join(topics)))
     if transaction_topic:
-        reader = reader.option("transactionTopic", transaction_topic)
+        names = [transaction_topic] if isinstance(transaction_topic, str) else transaction_topic
+        reader = reader.option("transactionTopic", ",".join(names))
     if max_events is not None:
         reader = reader.option("maxEventsPerTrigger", str(max_events))
     return reader.load()

@@ -107,7 +107,17 @@ class KafkaSourceConfig:
     topics: tuple[str, ...]
     starting_offsets: str = "earliest"
     max_events_per_trigger: int | None = None
-    transaction_topic: str | None = None
+    transaction_topic: str | tuple[str, ...] | None = None
+    """The transaction topic, or several (a job over several source databases)."""
+
+    @property
+    def transaction_topics(self) -> tuple[str, ...]:
+        """Every transaction topic (each must have exactly one partition)."""
+        if self.transaction_topic is None:
+            return ()
+        if isinstance(self.transaction_topic, str):
+            return (self.transaction_topic,)
+        return tuple(self.transaction_topic)
 
     @classmethod
     def from_options(cls, options: Any) -> KafkaSourceConfig:
@@ -116,12 +126,14 @@ class KafkaSourceConfig:
         if not bootstrap:
             raise ConfigError(f"{SOURCE_NAME}: option 'bootstrap.servers' is required, "
                               "e.g. .option('bootstrap.servers', 'localhost:9092')")
-        transaction_topic = options.get("transactionTopic") or None
+        tx_topics = tuple(t.strip() for t in (options.get("transactionTopic") or "").split(",")
+                          if t.strip())
+        transaction_topic = (None if not tx_topics else tx_topics[0] if len(tx_topics) == 1
+                             else tx_topics)
         topics = [t.strip() for t in (options.get("topics") or "").split(",") if t.strip()]
         # The transaction topic is read like any other topic; naming it only in
         # transactionTopic is enough.
-        if transaction_topic and transaction_topic not in topics:
-            topics.append(transaction_topic)
+        topics.extend(t for t in tx_topics if t not in topics)
         if not topics:
             raise ConfigError(f"{SOURCE_NAME}: option 'topics' is required "
                               "(comma-separated topic names)")
@@ -237,7 +249,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     "(the Debezium connector creates its topics on first use) or fix the "
                     "'topics' option")
             count = len(meta.partitions)
-            if topic == self.config.transaction_topic and count != 1:
+            if topic in self.config.transaction_topics and count != 1:
                 raise ConfigError(
                     f"{SOURCE_NAME}: transaction topic {topic!r} on {servers!r} has {count} "
                     "partitions but must have exactly 1, because transaction order is only "
@@ -530,7 +542,8 @@ class KafkaSource(DataSource):
     Options: ``bootstrap.servers``, ``topics`` (comma-separated),
     ``startingOffsets`` (``earliest`` | ``latest``, for a new checkpoint only),
     ``maxEventsPerTrigger`` (records per micro-batch, shared fairly among
-    partitions) and ``transactionTopic`` (read too, and must have one partition).
+    partitions) and ``transactionTopic`` (comma-separated: one per source database; read too,
+    and each must have one partition).
     """
 
     @classmethod
@@ -568,7 +581,7 @@ def read_stream(
     spark: SparkSession,
     bootstrap: str,
     topics: Sequence[str],
-    transaction_topic: str | None = None,
+    transaction_topic: str | Sequence[str] | None = None,
     starting_offsets: str = "earliest",
     max_events: int | None = None,
 ) -> DataFrame:
@@ -579,7 +592,8 @@ def read_stream(
               .option("topics", ",".join(topics))
               .option("startingOffsets", starting_offsets))
     if transaction_topic:
-        reader = reader.option("transactionTopic", transaction_topic)
+        names = [transaction_topic] if isinstance(transaction_topic, str) else transaction_topic
+        reader = reader.option("transactionTopic", ",".join(names))
     if max_events is not None:
         reader = reader.option("maxEventsPerTrigger", str(max_events))
     return reader.load()
