@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +73,12 @@ def _env(name: str) -> str:
 @click.option("--bootstrap-servers", envvar=_env("BOOTSTRAP_SERVERS"), show_envvar=True,
               help="Kafka bootstrap servers. Default: the local stack's broker if `txjoin up` "
                    "is running in --dir.")
-@click.option("--topic-prefix", envvar=_env("TOPIC_PREFIX"), show_envvar=True, default="shop",
-              show_default=True, help="Debezium topic.prefix: topics <prefix>.<schema>.<table> "
-                                      "and <prefix>.transaction.")
+@click.option("--topic-prefix", "topic_prefix", envvar=_env("TOPIC_PREFIX"), show_envvar=True,
+              multiple=True, metavar="[NAME=]PREFIX",
+              help="Debezium topic.prefix: topics <prefix>.<schema>.<table> and "
+                   "<prefix>.transaction. Default: shop. A job over several source databases "
+                   "takes each source's prefix from its Source(prefix=...); override one with "
+                   "--topic-prefix NAME=PREFIX (repeatable).")
 @click.option("--starting-offsets", envvar=_env("STARTING_OFFSETS"), show_envvar=True,
               type=click.Choice(["earliest", "latest"]), default="earliest", show_default=True,
               help="Where a new checkpoint starts reading (ignored when resuming).")
@@ -136,7 +140,7 @@ def _env(name: str) -> str:
               help="'kafka', or 'files:DIR' for Debezium records archived in Kafka Connect's "
                    "S3/file sink layout DIR/<topic>/partition=<p>/<topic>+<p>+<offset>.json.")
 @cli_errors
-def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
+def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, ...],
         starting_offsets: str, trigger_interval: str, max_events_per_trigger: int | None,
         checkpoint_dir: str | None, output_dir: str | None, master: str,
         postgres_dsn: str | None, no_postgres: bool, postgres_retry_timeout: float,
@@ -156,6 +160,8 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
     job = load_job(job_file)
     if decimal_handling_mode is not None:
         job = job.with_decimal_handling_mode(decimal_handling_mode)
+    plain_prefix, prefixes = parse_topic_prefixes(topic_prefix, job.source_names,
+                                                  bool(job.sources))
     archive = parse_source(source)
     from_files = archive is not None
     if archive is not None and not Path(archive).is_dir():
@@ -173,13 +179,14 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
                     f"{directory}/; start one with `txjoin up --dir {directory}` or pass "
                     f"--bootstrap-servers HOST:PORT")
             bootstrap_servers = stack.bootstrap_servers
-            topic_prefix = stack.topic_prefix
+            if not job.sources:  # declared sources name their own prefixes
+                plain_prefix = stack.topic_prefix
             click.echo(f"using the local stack in {directory}/: broker {bootstrap_servers}")
         if postgres_dsn is None and not no_postgres and stack is not None:
             postgres_dsn = stack.pg_dsn_sink
             click.echo("using the local stack's PostgreSQL sink database")
     config = RunConfig(
-        topic_prefix=topic_prefix, bootstrap_servers=bootstrap_servers,
+        topic_prefix=plain_prefix, topic_prefixes=prefixes, bootstrap_servers=bootstrap_servers,
         starting_offsets=starting_offsets, trigger_interval=trigger_interval,
         max_events_per_trigger=max_events_per_trigger,
         checkpoint_dir=checkpoint_dir or str(directory / "checkpoints"),
@@ -189,7 +196,42 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: str,
         spark_conf=_parse_conf(spark_conf), shards=shards, source=source, rebuild=rebuild,
         max_transaction_bytes=max_transaction_bytes,
         postgres_retry_timeout_s=postgres_retry_timeout)
+    config.prefixes(job)  # every source has a prefix, no two share one: fail before Spark
     run_job(job, config)
+
+
+def parse_topic_prefixes(items: Sequence[str], sources: Sequence[str], declared: bool
+                         ) -> tuple[str, dict[str, str]]:
+    """``--topic-prefix`` values -> (the single source's prefix, source name -> prefix).
+
+    A plain ``PREFIX`` is the prefix of a job without declared sources (at most
+    one); ``NAME=PREFIX`` sets source NAME's (a job without declared sources has
+    one source, ``default``).
+    """
+    plain: list[str] = []
+    named: dict[str, str] = {}
+    for item in items:
+        name, sep, prefix = item.partition("=")
+        if not sep:
+            plain.append(item)
+            continue
+        if not name or not prefix:
+            raise ConfigError(f"--topic-prefix {item!r}: expected PREFIX or NAME=PREFIX")
+        if name not in sources:
+            raise ConfigError(f"--topic-prefix {item!r}: the job has no source {name!r}; its "
+                              f"sources: {', '.join(sources)}")
+        if name in named:
+            raise ConfigError(f"--topic-prefix: source {name!r} is given two prefixes "
+                              f"({named[name]!r} and {prefix!r}); give one")
+        named[name] = prefix
+    if plain and declared:
+        raise ConfigError(f"--topic-prefix {plain[0]!r}: this job reads several source "
+                          f"databases ({', '.join(sources)}); give each prefix as "
+                          f"--topic-prefix NAME=PREFIX, or rely on the job's Source(prefix=...)")
+    if len(plain) > 1:
+        raise ConfigError(f"--topic-prefix is given {len(plain)} times ({', '.join(plain)}); "
+                          f"a job without declared sources reads one prefix")
+    return (plain[0] if plain else "shop"), named
 
 
 def _parse_conf(items: tuple[str, ...]) -> dict[str, str]:

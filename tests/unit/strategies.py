@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from txjoin.core.oracle import RowChange, SourceTransaction
 from txjoin.job import Job
-from txjoin.scenarios.synthesize import Produced, Synthesizer
+from txjoin.scenarios.synthesize import Produced, SourcesSynthesizer, Synthesizer
 
 TIMES = ["2023-09-23T22:00:00", "2023-09-23T23:00:00", "2023-09-24T00:30:00"]
 
@@ -47,8 +47,12 @@ class Workload:
 
 
 @st.composite
-def workloads(draw: Any, rows: dict[str, Any], max_tx: int = 12) -> Workload:
+def workloads(draw: Any, rows: dict[str, Any], max_tx: int = 12,
+              job: Job | None = None) -> Workload:
+    """Random transactions; with a ``job`` that declares sources, each transaction commits
+    in a random source and touches only that source's tables."""
     tables = list(rows)
+    multi = job is not None and bool(job.sources)
     db: dict[str, dict[int, dict[str, Any]]] = {t: {} for t in tables}
     snapshot: dict[str, list[dict[str, Any]]] = {}
     for t in draw(st.permutations(tables)):
@@ -60,8 +64,14 @@ def workloads(draw: Any, rows: dict[str, Any], max_tx: int = 12) -> Workload:
     resends: dict[int, int] = {}
     for n in range(draw(st.integers(1, max_tx))):
         changes: list[RowChange] = []
+        source = None
+        choices = tables
+        if multi:
+            assert job is not None
+            source = draw(st.sampled_from(job.source_names))
+            choices = job.tables_of(source)
         for _ in range(draw(st.integers(0, 4))):
-            t = draw(st.sampled_from(tables))
+            t = draw(st.sampled_from(choices))
             i = draw(st.integers(1, KEY_SPACE))
             if i in db[t] and draw(st.booleans()):
                 changes.append(RowChange("delete", t, {"id": i}))
@@ -70,7 +80,7 @@ def workloads(draw: Any, rows: dict[str, Any], max_tx: int = 12) -> Workload:
                 row = rows[t](draw, i)
                 changes.append(RowChange("update" if i in db[t] else "insert", t, row))
                 db[t][i] = row
-        txs.append(SourceTransaction(f"t{n + 1}", changes))
+        txs.append(SourceTransaction(f"t{n + 1}", changes, source))
         if len(changes) >= 2 and draw(st.integers(0, 5)) == 0:
             i = draw(st.integers(1, len(changes)))
             restarts[n] = (i, draw(st.integers(0, i)))
@@ -87,7 +97,8 @@ class Production:
 
 
 def produce(job: Job, workload: Workload) -> Production:
-    synth = Synthesizer(job)
+    synth: Synthesizer | SourcesSynthesizer = (
+        SourcesSynthesizer(job, job.source_prefixes("shop")) if job.sources else Synthesizer(job))
     records = list(synth.snapshot(workload.snapshot))
     constraints: list[tuple[Produced, Produced]] = []
     for n, tx in enumerate(workload.transactions):

@@ -9,6 +9,7 @@ answers. Keep it short and obviously right.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -33,6 +34,7 @@ class SourceTransaction:
 
     name: str
     changes: list[RowChange] = field(default_factory=list)
+    source: str | None = None  # the source database (None: a job without declared sources)
 
 
 class Oracle:
@@ -172,3 +174,29 @@ def outputs_after_each(job: Job, snapshot: Mapping[str, Sequence[Mapping[str, An
         oracle.apply(tx)
         result.append(dict(oracle.output))
     return result
+
+
+def outputs_by_source_prefixes(job: Job, snapshot: Mapping[str, Sequence[Mapping[str, Any]]],
+                               transactions: Iterable[SourceTransaction]
+                               ) -> dict[tuple[int, ...], dict[Any, Row]]:
+    """For a job over several sources: (k1, k2, ...) -> the output on (S1 after its k1-th
+    transaction, S2 after its k2-th, ...), counts in ``job.source_names`` order.
+
+    These are every state a reader may observe (README, "Two source databases").
+    Sources own disjoint tables, so with ``current`` semantics the output depends
+    only on the counts. (With ``as_of_fact`` it depends on the interleaving too:
+    each source's transactions are applied here in source order.)
+    """
+    per_source: dict[str, list[SourceTransaction]] = {s: [] for s in job.source_names}
+    for tx in transactions:
+        per_source[tx.source or job.source_names[0]].append(tx)
+    lists = [per_source[s] for s in job.source_names]
+    out: dict[tuple[int, ...], dict[Any, Row]] = {}
+    for counts in itertools.product(*(range(len(txs) + 1) for txs in lists)):
+        oracle = Oracle(job)
+        oracle.load_snapshot(snapshot)
+        for txs, k in zip(lists, counts, strict=True):
+            for tx in txs[:k]:
+                oracle.apply(tx)
+        out[counts] = dict(oracle.output)
+    return out

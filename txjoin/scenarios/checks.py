@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from txjoin.core.oracle import outputs_after_each
+from txjoin.core.oracle import outputs_after_each, outputs_by_source_prefixes
 from txjoin.sinks import without_metadata
 
 if TYPE_CHECKING:
@@ -304,6 +304,46 @@ def check_prefix_consistent(observed: Sequence[Sequence[Mapping[str, Any]]],
     return PrefixResult(True, ks, "")
 
 
+def check_source_prefixes_consistent(observed: Sequence[Sequence[Mapping[str, Any]]],
+                                     grid: Mapping[tuple[int, ...], Mapping[Any, Row]],
+                                     sources: Sequence[str],
+                                     key_columns: Sequence[str] = (),
+                                     labels: Sequence[str] | None = None) -> CheckResult:
+    """Several sources: after every batch the output equals the oracle's on (S1 after some
+    k1, S2 after some k2, ...), no k ever decreasing (``grid``: from
+    :func:`~txjoin.core.oracle.outputs_by_source_prefixes`).
+
+    Every tuple that matches is kept (a transaction that changed no output makes
+    several match), so no choice made after one batch rules out a later one.
+    """
+    possible: set[tuple[int, ...]] | None = None  # None: nothing released yet
+    for i, rows in enumerate(observed):
+        label = labels[i] if labels is not None else f"batch {i}"
+        rows = list(rows)
+        if not rows and possible is None:
+            continue
+        candidates = [c for c in grid if possible is None or any(
+            all(a >= b for a, b in zip(c, p, strict=True)) for p in possible)]
+        matched = {c for c in candidates
+                   if diff_rows(_oracle_rows(grid[c]), rows, key_columns).ok}
+        if not matched:
+            best = min(candidates, key=lambda c: diff_rows(
+                _oracle_rows(grid[c]), rows, key_columns).size, default=None)
+            detail = ""
+            if best is not None:
+                diff = diff_rows(_oracle_rows(grid[best]), rows, key_columns)
+                named = ", ".join(f"{s} after {k}" for s, k in zip(sources, best, strict=True))
+                detail = (f"\n  closest: the oracle's output on ({named}); expected vs actual "
+                          f"rows:\n" + diff.format("    "))
+            return CheckResult(False, f"prefix_consistent failed after {label}: the output is "
+                                      f"not the job on one committed prefix per source, each "
+                                      f"at or after the previous batch's (a torn transaction, "
+                                      f"a lookup of the wrong state, or a source going back)."
+                                      f"{detail}")
+        possible = matched
+    return CheckResult(True, "")
+
+
 def check_final(actual: Sequence[Mapping[str, Any]], oracle_final: Mapping[Any, Row],
                 key_columns: Sequence[str] = ()) -> CheckResult:
     """At the end the output equals the oracle after the last transaction."""
@@ -446,14 +486,24 @@ def check_scenario(scenario: Scenario, schedule: Schedule, seen: RunObservation)
     names = scenario.tx_names
     batches = schedule.batches
     labels = [b.label for b in batches]
-    oracle = outputs_after_each(job, scenario.snapshot, scenario.transactions)
     invariants = scenario.expect.invariants
+    grid: dict[tuple[int, ...], dict[Any, Row]] | None = None
+    if scenario.multi_source:
+        grid = outputs_by_source_prefixes(job, scenario.snapshot, scenario.transactions)
+        oracle = [grid[max(grid)]]  # the last entry: every source's last transaction
+    else:
+        oracle = outputs_after_each(job, scenario.snapshot, scenario.transactions)
     failures: list[tuple[float, str]] = []  # (micro-batch position, message)
     if seen.error is not None:
         at = len(seen.outputs)
         label = labels[at] if at < len(labels) else "the end"
         failures.append((at, f"the run stopped in {label}: {seen.error}"))
-    if "prefix_consistent" in invariants:
+    if "prefix_consistent" in invariants and grid is not None:
+        result_s = check_source_prefixes_consistent(seen.outputs, grid, job.source_names,
+                                                    key_columns, labels)
+        if not result_s.ok:
+            failures.append((0, result_s.message))
+    elif "prefix_consistent" in invariants:
         result = check_prefix_consistent(seen.outputs, oracle, key_columns, labels, names)
         if not result.ok:
             failures.append((len(result.k_per_batch), result.message))

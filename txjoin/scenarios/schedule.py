@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 from txjoin.errors import ScenarioError
 from txjoin.scenarios.spec import BatchSpec, RestartSpec, Scenario, Selector
-from txjoin.scenarios.synthesize import Produced, Synthesizer
+from txjoin.scenarios.synthesize import Produced, SourcesSynthesizer, Synthesizer
 
 RecordId = tuple[str, int]  # (topic, offset)
 
@@ -91,6 +91,7 @@ class Schedule:
     topics: list[str]
     topic_prefix: str
     tables: list[str] = field(default_factory=list)
+    streams: dict[str, str] = field(default_factory=dict)  # topic -> stream (Job.streams)
 
     @property
     def batches(self) -> list[ReplayBatch]:
@@ -99,7 +100,10 @@ class Schedule:
 
     def table_of(self, topic: str) -> str | None:
         """The job table a topic carries (None for the transaction topic)."""
-        table = topic.removeprefix(f"{self.topic_prefix}.")
+        if self.streams:
+            table = self.streams.get(topic)
+        else:
+            table = topic.removeprefix(f"{self.topic_prefix}.")
         return table if table in self.tables else None
 
     def caught_up_tables(self, batch: ReplayBatch) -> set[str]:
@@ -152,7 +156,11 @@ def _in_topic_order(records: list[Produced]) -> list[Produced]:
 
 def synthesize(scenario: Scenario) -> tuple[list[Produced], list[str]]:
     """All records of the scenario in production order, and the topics (transaction topic first)."""
-    synth = Synthesizer(scenario.job, prefix=scenario.topic_prefix)
+    synth: Synthesizer | SourcesSynthesizer
+    if scenario.multi_source:
+        synth = SourcesSynthesizer(scenario.job, scenario.prefixes)
+    else:
+        synth = Synthesizer(scenario.job, prefix=scenario.topic_prefix)
     produced = list(synth.snapshot(scenario.snapshot))
     for tx in scenario.transactions:
         produced.extend(synth.transaction(tx))
@@ -308,4 +316,5 @@ def compile_schedule(scenario: Scenario) -> Schedule:
                    f"these events are never delivered: {names}. Add them to a batch, or list "
                    f"them in delivery.withhold if the output should be checked without them")
     return Schedule(steps, produced, topics, scenario.topic_prefix,
-                    list(scenario.job.table_names))
+                    list(scenario.job.table_names),
+                    scenario.job.streams(scenario.prefixes) if scenario.multi_source else {})

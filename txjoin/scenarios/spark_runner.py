@@ -61,6 +61,7 @@ def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | N
     # Scenarios share one sink database: a short, stable suffix per scenario.
     pg_schema = "s" + hashlib.sha1(scenario.name.encode()).hexdigest()[:8]
     config = RunConfig(topic_prefix=scenario.topic_prefix,
+                       topic_prefixes=dict(scenario.prefixes) if scenario.multi_source else {},
                        checkpoint_dir=str(work / "checkpoints"), output_dir=str(work / "output"),
                        postgres_dsn=postgres_dsn, shards=shards)
     _register_once(spark)

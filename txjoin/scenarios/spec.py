@@ -161,6 +161,13 @@ class Scenario:
     expect: Expect
     delivery_line: int = 0
     transaction_lines: dict[str, int] = field(default_factory=dict)
+    prefixes: dict[str, str] = field(default_factory=dict)
+    """Source name -> topic prefix (one entry, ``default``, for a job without sources)."""
+
+    @property
+    def multi_source(self) -> bool:
+        """The job declares sources (the ``sources:`` format of ``scenarios/README.md``)."""
+        return bool(self.job.sources)
 
     @property
     def tx_names(self) -> list[str]:
@@ -268,7 +275,7 @@ def load_scenario(path: str | Path) -> Scenario:
     if doc is None:
         raise ScenarioError(f"{path}:1: the file is empty")
     top = r.mapping(doc, "", 1, required=("name", "about", "job", "transactions"),
-                    optional=("topic_prefix", "snapshot", "delivery", "expect"),
+                    optional=("topic_prefix", "sources", "snapshot", "delivery", "expect"),
                     hints={"withhold": "it belongs under `delivery:`",
                            "duplicate": "it belongs under `delivery:`",
                            "batches": "it belongs under `delivery:`",
@@ -289,6 +296,24 @@ def load_scenario(path: str | Path) -> Scenario:
         if not _PREFIX.match(prefix):
             r.fail(lines["topic_prefix"], "topic_prefix",
                    f"{prefix!r} is not a valid topic prefix (letters, digits, . _ -)")
+
+    prefixes = {"default": prefix}
+    if job.sources:
+        if "topic_prefix" in top:
+            r.fail(lines["topic_prefix"], "topic_prefix",
+                   f"job {job.name!r} reads several source databases "
+                   f"({', '.join(job.source_names)}); give their prefixes under `sources:`")
+        prefixes = _load_sources(r, top.get("sources"), lines.get("sources", 1), job)
+        job = job.with_source_prefixes(prefixes)
+        if job.semantics != "current":
+            r.fail(lines["job"], "job",
+                   f"job {job.name!r} reads several sources with semantics "
+                   f"{job.semantics!r}; scenarios over several sources check `current` jobs "
+                   f"only (with as_of_fact the output depends on the interleaving)")
+    elif "sources" in top:
+        r.fail(lines["sources"], "sources",
+               f"job {job.name!r} declares no sources (one database); drop `sources:` or "
+               f"declare Job(sources=[...]) in the job")
 
     model = _Model(r, job)
     snapshot: dict[str, list[dict[str, Any]]] = {}
@@ -318,10 +343,33 @@ def load_scenario(path: str | Path) -> Scenario:
     if "expect" in top and top["expect"] is not None:
         expect = _load_expect(r, top["expect"], lines["expect"], job, snapshot,
                               [t.name for t in transactions], listed, bool(withhold))
+    if job.sources and expect.frontier:
+        r.fail(expect.frontier_lines[min(expect.frontier)], "expect.frontier",
+               "not available for a job over several sources (commit_seq counts applied "
+               "transactions of both sources); rely on the invariants")
     return Scenario(name=name, about=about, path=path, job=job, topic_prefix=prefix,
                     snapshot=snapshot, transactions=transactions, delivery=delivery,
                     duplicate=duplicate, withhold=withhold, expect=expect,
-                    delivery_line=delivery_line, transaction_lines=tx_lines)
+                    delivery_line=delivery_line, transaction_lines=tx_lines,
+                    prefixes=prefixes)
+
+
+def _load_sources(r: _Reader, value: Any, line: int, job: Job) -> dict[str, str]:
+    """``sources: {NAME: PREFIX, ...}``: topic prefixes overriding the job's Source prefixes."""
+    overrides: dict[str, str] = {}
+    if value is not None:
+        m = r.mapping(value, "sources", line, optional=job.source_names)
+        for name, raw in m.items():
+            where = f"sources.{name}"
+            prefix = r.string(raw, where, m.key_lines[name])
+            if not _PREFIX.match(prefix):
+                r.fail(m.key_lines[name], where,
+                       f"{prefix!r} is not a valid topic prefix (letters, digits, . _ -)")
+            overrides[str(name)] = prefix
+    try:
+        return job.source_prefixes(DEFAULT_TOPIC_PREFIX, overrides)
+    except JobError as exc:
+        r.fail(line, "sources", str(exc))
 
 
 def load_scenarios(paths: Iterable[str | Path]) -> list[Scenario]:
@@ -418,7 +466,9 @@ class _Model:
         tx_lines: dict[str, int] = {}
         for n, item in enumerate(items):
             where = f"transactions[{n}]"
-            m = self.r.mapping(item, where, items.item_lines[n], required=("name", "ops"))
+            m = self.r.mapping(item, where, items.item_lines[n], required=("name", "ops"),
+                               optional=("source",))
+            source = self.source(m, where, items.item_lines[n])
             name = m["name"]
             if not isinstance(name, str) or not _TX_NAME.match(name):
                 self.r.fail(m.key_lines["name"], f"{where}.name",
@@ -435,8 +485,33 @@ class _Model:
             ops = self.r.seq(m["ops"], f"{where}.ops", m.key_lines["ops"])
             changes = [self.op(op, f"{where}.ops[{i}]", ops.item_lines[i], name)
                        for i, op in enumerate(ops)]
-            txs.append(SourceTransaction(name, changes))
+            if source is not None:
+                for i, change in enumerate(changes):
+                    if self.job.source_of(change.table) != source:
+                        self.r.fail(ops.item_lines[i], f"{where}.ops[{i}]",
+                                    f"{change.table} belongs to source "
+                                    f"{self.job.source_of(change.table)!r}, not to this "
+                                    f"transaction's source {source!r}; a transaction commits "
+                                    f"in one database")
+            txs.append(SourceTransaction(name, changes, source))
         return txs, tx_lines
+
+    def source(self, m: YamlMap, where: str, line: int) -> str | None:
+        """A transaction's ``source:``: required when the job declares sources, else refused."""
+        names = self.job.source_names
+        if not self.job.sources:
+            if "source" in m:
+                self.r.fail(m.key_lines["source"], f"{where}.source",
+                            f"job {self.job.name!r} declares no sources; drop `source:`")
+            return None
+        if "source" not in m:
+            self.r.fail(line, where, f"missing required key 'source' (the job reads several "
+                                     f"databases: one of {', '.join(names)})")
+        source = self.r.string(m["source"], f"{where}.source", m.key_lines["source"])
+        if source not in names:
+            self.r.fail(m.key_lines["source"], f"{where}.source",
+                        f"unknown source {source!r}; the job's sources: {', '.join(names)}")
+        return source
 
     def op(self, value: Any, where: str, line: int, tx: str) -> RowChange:
         if not isinstance(value, YamlMap):

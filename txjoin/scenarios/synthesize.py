@@ -106,9 +106,12 @@ class Synthesizer:
 
     def __init__(self, job: Job, prefix: str = "shop", schemas_enable: bool = False,
                  first_xid: int = 1000, start_ms: int = 1_695_510_000_000,
-                 decimal_handling_mode: str | None = None) -> None:
+                 decimal_handling_mode: str | None = None,
+                 tables: Sequence[str] | None = None) -> None:
         self.job = job
         self.prefix = prefix
+        # The tables this connector captures (one source of a job over several); default all.
+        self.tables = list(job.table_names if tables is None else tables)
         self.schemas_enable = schemas_enable
         # By default what the job's connector writes.
         self.decimal_handling_mode = (decimal_handling_mode or job.decimal_handling_mode
@@ -117,10 +120,10 @@ class Synthesizer:
         self.lsn = 30_000_000
         self.now_ms = start_ms
         self.topics: dict[str, list[Produced]] = {self.tx_topic: []}
-        for t in job.table_names:
+        for t in self.tables:
             self.topics[self.topic(t)] = []
         self.db: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {t: {} for t in
-                                                                    job.table_names}
+                                                                    self.tables}
         self.last_commit_lsn = self.lsn
 
     @property
@@ -300,3 +303,38 @@ class Synthesizer:
     def resend(self, records: Sequence[Produced]) -> list[Produced]:
         """Write records again, unchanged (the connector's at-least-once redelivery)."""
         return [self._append(replace(r, offset=-1)) for r in records]
+
+
+class SourcesSynthesizer:
+    """One :class:`Synthesizer` per source of a job: each with its own prefix, topics,
+    transaction topic, xids and LSNs (two databases: the same xid can occur in both)."""
+
+    def __init__(self, job: Job, prefixes: Mapping[str, str], **options: Any) -> None:
+        self.job = job
+        self.sources = {s: Synthesizer(job, prefix=prefixes[s], tables=job.tables_of(s),
+                                       **options) for s in job.source_names}
+
+    @property
+    def topics(self) -> dict[str, list[Produced]]:
+        return {t: recs for synth in self.sources.values() for t, recs in synth.topics.items()}
+
+    def snapshot(self, rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Produced]:
+        """Each source's snapshot of its tables, in declared source order."""
+        out: list[Produced] = []
+        for source, synth in self.sources.items():
+            mine = set(self.job.tables_of(source))
+            out.extend(synth.snapshot({t: r for t, r in rows.items() if t in mine}))
+        return out
+
+    def transaction(self, tx: SourceTransaction,
+                    restart: tuple[int, int] | None = None) -> list[Produced]:
+        """Commit ``tx`` in its source (``tx.source``)."""
+        return self.sources[tx.source or self.job.source_names[0]].transaction(tx, restart)
+
+    def resend(self, records: Sequence[Produced]) -> list[Produced]:
+        out: list[Produced] = []
+        for synth in self.sources.values():
+            mine = [r for r in records if r.topic in synth.topics]
+            if mine:
+                out.extend(synth.resend(mine))
+        return out

@@ -1,0 +1,272 @@
+"""Jobs over two source databases (issue 10): per-source transaction consistency.
+
+Invariant, over random workloads (each transaction commits in one of the two
+databases, whose xids collide) and random Kafka deliveries: after every batch
+the output is the job on (users after its k-th transaction, colours after its
+m-th), k and m never decreasing; at the end the job on both final states;
+nothing applied twice. An idle source never holds the other back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.unit.strategies import USERS_ROWS, deliveries, produce, workloads
+from txjoin.cli import parse_topic_prefixes
+from txjoin.core.engine import Engine
+from txjoin.core.oracle import RowChange, SourceTransaction, outputs_by_source_prefixes
+from txjoin.core.output import changes_to_table, output_schema
+from txjoin.core.sharded import ShardedEngine
+from txjoin.errors import ConfigError, JobError
+from txjoin.job import Job, Source, Table, load_job
+from txjoin.scenarios.core_runner import observe_core
+from txjoin.scenarios.schedule import compile_schedule
+from txjoin.scenarios.spec import load_scenario
+from txjoin.scenarios.synthesize import SourcesSynthesizer
+
+ROOT = Path(__file__).resolve().parents[2]
+TWO_DBS = load_job(ROOT / "jobs" / "users_colors_two_dbs.py")
+PREFIXES = TWO_DBS.source_prefixes("unused")
+
+
+def _caught(job: Job, topics: set[str]) -> set[str]:
+    streams = job.streams(PREFIXES)
+    return {streams[t] for t in topics if t in streams}
+
+
+def _per_source(engine: Any) -> tuple[int, ...]:
+    return tuple(engine.frontiers[s].commit_seq for s in engine.job.source_names)
+
+
+def _check_run(data: Any, n_shards: int | None) -> None:
+    job = TWO_DBS
+    workload = data.draw(workloads(USERS_ROWS, job=job), label="workload")
+    batches = data.draw(deliveries(produce(job, workload)), label="delivery")
+    grid = outputs_by_source_prefixes(job, workload.snapshot, workload.transactions)
+    # A database that is empty and never commits never shows its snapshot finished
+    # (README, "Two source databases"): then nothing may be released at all.
+    silent = any(not any(workload.snapshot.get(t) for t in job.tables_of(s))
+                 and not any(tx.source == s for tx in workload.transactions)
+                 for s in job.source_names)
+    sharded = None if n_shards is None else ShardedEngine(job, n_shards)
+    engine = Engine(job) if sharded is None else None
+    applied: dict[Any, Any] = {}
+    seen: set[tuple[Any, int]] = set()
+    last_seq, last = -1, (0, 0)
+    for n, batch in enumerate(batches):
+        records = [(r.topic, 0, r.offset, r.value) for r in batch.records]
+        caught = _caught(job, batch.caught_up)
+        if sharded is not None:
+            drop = data.draw(st.sets(st.integers(0, sharded.n_shards - 1)), label=f"drop {n}")
+            changes = sharded.process(records, caught, drop_cache=drop)
+            engines = sharded.engines()
+            assert len({_per_source(e) for e in engines}) == 1, "shards disagree"
+            current, outputs = engines[0], sharded.outputs()
+        else:
+            assert engine is not None
+            changes = engine.process(records, caught_up=caught)
+            current, outputs = engine, engine.outputs()
+        for ch in changes:
+            assert (ch.key, ch.commit_seq) not in seen, f"{ch} applied twice"
+            assert ch.commit_seq >= last_seq, f"{ch}: commit_seq went back"
+            seen.add((ch.key, ch.commit_seq))
+            if ch.row is None:
+                applied.pop(ch.key, None)
+            else:
+                applied[ch.key] = ch.row
+            last_seq = max(last_seq, ch.commit_seq)
+        assert applied == outputs, "the change stream disagrees with the state"
+        if not current.snapshot_done:
+            assert applied == {}, f"batch {n}: output before every snapshot was complete"
+            continue
+        assert not silent, "released before a silent source showed its snapshot finished"
+        ks = _per_source(current)
+        assert all(k >= p for k, p in zip(ks, last, strict=True)), f"batch {n}: went back"
+        last = ks
+        assert applied == grid[ks], (f"batch {n}: not the job on (users after {ks[0]}, colours "
+                                     f"after {ks[1]})\ngot      {applied}\nexpected {grid[ks]}")
+    if silent:
+        assert applied == {}
+        return
+    assert last == max(grid), "not every transaction of both sources was applied"
+    assert applied == grid[max(grid)]
+
+
+@given(data=st.data())
+def test_output_is_always_one_committed_prefix_per_source_and_converges(data: Any) -> None:
+    _check_run(data, None)
+
+
+@given(data=st.data())
+def test_union_of_shard_outputs_is_one_committed_prefix_per_source(data: Any) -> None:
+    _check_run(data, data.draw(st.integers(1, 4), label="shards"))
+
+
+@given(data=st.data())
+def test_two_source_engine_state_survives_serialisation_between_batches(data: Any) -> None:
+    job = TWO_DBS
+    workload = data.draw(workloads(USERS_ROWS, job=job), label="workload")
+    batches = data.draw(deliveries(produce(job, workload)), label="delivery")
+    steady, restarted = Engine(job), Engine(job)
+    for batch in batches:
+        records = [(r.topic, 0, r.offset, r.value) for r in batch.records]
+        caught = _caught(job, batch.caught_up)
+        a = steady.process(records, caught_up=caught)
+        restarted = Engine.from_state(job, restarted.state_bytes())
+        assert restarted.process(records, caught_up=caught) == a
+    assert steady.outputs() == restarted.outputs()
+
+
+# -- an idle source ----------------------------------------------------------------------
+
+
+def _users_tx(n: int) -> SourceTransaction:
+    return SourceTransaction(f"u{n}", [RowChange("insert", "public.users",
+                                                 {"id": n, "full_name": f"user {n}"})], "users")
+
+
+def test_an_idle_source_never_holds_the_other_back() -> None:
+    """Colours commits nothing (its topics stay silent) while users commits ten times:
+    each users transaction is applied in the batch that delivers it."""
+    synth = SourcesSynthesizer(TWO_DBS, PREFIXES)
+    snapshot = synth.snapshot({"public.users": [{"id": 100, "full_name": "ann"}],
+                               "public.users_favorite_color": [
+                                   {"id": 1, "user_id": 100, "favorite_color": "red"}]})
+    engine = Engine(TWO_DBS)
+    engine.process([(r.topic, 0, r.offset, r.value) for r in snapshot])
+    assert engine.outputs()[(100,)]["favorite_color"] == "red"
+    for n in range(1, 11):
+        records = synth.transaction(_users_tx(n))
+        changes = engine.process([(r.topic, 0, r.offset, r.value) for r in records],
+                                 caught_up={"public.users", "transaction:users"})
+        assert [(c.key, c.source, c.commit_seq) for c in changes] == [((n,), "users", n)]
+    assert _per_source(engine) == (10, 0)
+
+
+def test_an_open_transaction_of_one_source_does_not_hold_the_other_back() -> None:
+    synth = SourcesSynthesizer(TWO_DBS, PREFIXES)
+    snapshot = synth.snapshot({"public.users": [{"id": 100, "full_name": "ann"}],
+                               "public.users_favorite_color": [
+                                   {"id": 1, "user_id": 100, "favorite_color": "red"}]})
+    colour = synth.transaction(SourceTransaction("c1", [RowChange(
+        "update", "public.users_favorite_color",
+        {"id": 1, "user_id": 100, "favorite_color": "blue"})], "colors"))
+    users = synth.transaction(_users_tx(1))
+    # xids collide across the two databases: both are the first after the snapshot
+    assert {r.value and '"txId":1001' in r.value for r in colour + users if r.kind == "data"} \
+        == {True}
+    engine = Engine(TWO_DBS)
+    first = snapshot + colour[:-1] + users  # the colour transaction's END is late
+    engine.process([(r.topic, 0, r.offset, r.value) for r in first])
+    assert _per_source(engine) == (1, 0)
+    assert engine.outputs()[(100,)]["favorite_color"] == "red"
+    engine.process([(r.topic, 0, r.offset, r.value) for r in colour[-1:]])
+    assert _per_source(engine) == (1, 1)
+    assert engine.outputs()[(100,)]["favorite_color"] == "blue"
+
+
+def test_idle_source_scenario_releases_every_users_transaction_in_its_batch() -> None:
+    scenario = load_scenario(ROOT / "scenarios" / "two_dbs_idle_source.yaml")
+    seen = observe_core(scenario, compile_schedule(scenario))
+    assert seen.released == [0, 1, 2, 2, 3, 4, 5]
+
+
+def test_nothing_is_released_before_both_snapshots_are_complete() -> None:
+    synth = SourcesSynthesizer(TWO_DBS, PREFIXES)
+    snapshot = synth.snapshot({"public.users": [{"id": 1, "full_name": "ann"}],
+                               "public.users_favorite_color": [
+                                   {"id": 1, "user_id": 1, "favorite_color": "red"}]})
+    users = [r for r in snapshot if r.table == "public.users"]
+    colours = [r for r in snapshot if r.table != "public.users"]
+    engine = Engine(TWO_DBS)
+    engine.process([(r.topic, 0, r.offset, r.value) for r in users])
+    assert engine.outputs() == {} and not engine.snapshot_done
+    engine.process([(r.topic, 0, r.offset, r.value) for r in colours])
+    assert engine.outputs()[(1,)]["favorite_color"] == "red"
+
+
+# -- the job API and the output ------------------------------------------------------------
+
+
+def _two(**changes: Any) -> Job:
+    tables = changes.pop("tables", [
+        Table("public.users", {"id": "int", "full_name": "text"}, source="users"),
+        Table("public.users_favorite_color", {"id": "int", "user_id": "int",
+                                              "favorite_color": "text"}, source="colors")])
+    kwargs = {"name": "two", "tables": tables, "fact": TWO_DBS.fact,
+              "fact_alias": TWO_DBS.fact_alias, "lookups": TWO_DBS.lookups,
+              "output": TWO_DBS.output, "semantics": "current",
+              "sources": [Source("users", prefix="a"), Source("colors", prefix="b")]}
+    kwargs.update(changes)
+    return Job(**kwargs)
+
+
+def test_sources_give_topics_prefixes_and_streams() -> None:
+    job = _two()
+    prefixes = job.source_prefixes("shop", {"colors": "c2"})
+    assert prefixes == {"users": "a", "colors": "c2"}
+    assert job.all_topics(prefixes) == ["a.public.users", "c2.public.users_favorite_color",
+                                        "a.transaction", "c2.transaction"]
+    assert job.streams(prefixes)["c2.transaction"] == "transaction:colors"
+    single = load_job(ROOT / "jobs" / "users_colors.py")
+    assert single.source_prefixes("shop") == {"default": "shop"}
+    assert single.all_topics("shop")[-1] == "shop.transaction"
+    assert single.streams("shop")["shop.transaction"] == "transaction"
+
+
+@pytest.mark.parametrize(("changes", "complaint"), [
+    ({"sources": [Source("users", "a"), Source("users", "b")]}, "declared twice"),
+    ({"sources": [Source("users", "a"), Source("colors", "a")]}, "share a topic prefix"),
+    ({"sources": [Source("users", "a")]}, "names source 'colors'"),
+    ({"sources": []}, "declares no sources"),
+])
+def test_bad_sources_are_one_line_job_errors(changes: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(JobError, match=complaint) as err:
+        _two(**changes)
+    assert "\n" not in str(err.value)
+
+
+def test_a_table_without_source_in_a_job_with_sources_is_refused() -> None:
+    tables = [Table("public.users", {"id": "int", "full_name": "text"}, source="users"),
+              Table("public.users_favorite_color", {"id": "int", "user_id": "int",
+                                                    "favorite_color": "text"})]
+    with pytest.raises(JobError, match="names no source"):
+        _two(tables=tables)
+
+
+def test_a_source_without_prefix_needs_one_on_the_command_line() -> None:
+    job = _two(sources=[Source("users", "a"), Source("colors")])
+    with pytest.raises(JobError, match="--topic-prefix colors=PREFIX"):
+        job.source_prefixes("shop")
+    assert job.source_prefixes("shop", {"colors": "c"})["colors"] == "c"
+
+
+def test_topic_prefix_options() -> None:
+    names = ["users", "colors"]
+    assert parse_topic_prefixes(["colors=c9"], names, True) == ("shop", {"colors": "c9"})
+    assert parse_topic_prefixes(["x"], ["default"], False) == ("x", {})
+    with pytest.raises(ConfigError, match="users, colors"):
+        parse_topic_prefixes(["x"], names, True)
+    with pytest.raises(ConfigError, match="no source 'nope'"):
+        parse_topic_prefixes(["nope=x"], names, True)
+
+
+def test_output_of_a_job_with_sources_has_a_source_column() -> None:
+    assert "_source" in output_schema(TWO_DBS).names
+    assert "_source" not in output_schema(load_job(ROOT / "jobs" / "users_colors.py")).names
+    synth = SourcesSynthesizer(TWO_DBS, PREFIXES)
+    records = synth.snapshot({"public.users": [{"id": 1, "full_name": "ann"}],
+                              "public.users_favorite_color": [
+                                  {"id": 1, "user_id": 1, "favorite_color": "red"}]})
+    records += synth.transaction(SourceTransaction("c", [RowChange(
+        "update", "public.users_favorite_color",
+        {"id": 1, "user_id": 1, "favorite_color": "blue"})], "colors"))
+    changes = Engine(TWO_DBS).process([(r.topic, 0, r.offset, r.value) for r in records])
+    table = changes_to_table(TWO_DBS, changes)
+    assert table.column("_source").to_pylist() == [None, "colors"]
+    assert table.column("_commit_seq").to_pylist() == [0, 1]
