@@ -270,3 +270,69 @@ def test_output_of_a_job_with_sources_has_a_source_column() -> None:
     table = changes_to_table(TWO_DBS, changes)
     assert table.column("_source").to_pylist() == [None, "colors"]
     assert table.column("_commit_seq").to_pylist() == [0, 1]
+
+
+# -- the scenario format's `sources:` extension ------------------------------------------------
+
+
+def _scenario(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(f"name: s\nabout: x\njob: {ROOT / 'jobs' / 'users_colors_two_dbs.py'}\n"
+                    + body)
+    return path
+
+
+@pytest.mark.parametrize(("body", "complaint"), [
+    ("transactions:\n  - name: t\n    ops: []\n", "missing required key 'source'"),
+    ("transactions:\n  - name: t\n    source: nope\n    ops: []\n", "unknown source 'nope'"),
+    ("transactions:\n  - name: t\n    source: colors\n    ops:\n"
+     "      - insert: public.users\n        row: {id: 1, full_name: a}\n",
+     "belongs to source 'users'"),
+    ("topic_prefix: x\ntransactions:\n  - name: t\n    source: users\n    ops: []\n",
+     "give their prefixes under `sources:`"),
+    ("sources: {users: x, colors: x}\ntransactions:\n  - name: t\n    source: users\n"
+     "    ops: []\n", "share a topic prefix"),
+    ("transactions:\n  - name: t\n    source: users\n    ops: []\n"
+     "expect:\n  frontier:\n    0: t\n", "expect.frontier"),
+])
+def test_bad_sources_in_a_scenario_name_the_line(tmp_path: Path, body: str,
+                                                 complaint: str) -> None:
+    from txjoin.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match=complaint) as err:
+        load_scenario(_scenario(tmp_path, body))
+    assert str(err.value).startswith(f"{tmp_path / 's.yaml'}:")
+
+
+def test_sources_in_a_scenario_of_a_single_source_job_is_refused(tmp_path: Path) -> None:
+    from txjoin.errors import ScenarioError
+
+    path = tmp_path / "s.yaml"
+    path.write_text(f"name: s\nabout: x\njob: {ROOT / 'jobs' / 'users_colors.py'}\n"
+                    "sources: {default: x}\ntransactions:\n  - name: t\n    ops: []\n")
+    with pytest.raises(ScenarioError, match="declares no sources"):
+        load_scenario(path)
+
+
+def test_scenario_prefixes_override_the_jobs() -> None:
+    scenario = load_scenario(ROOT / "scenarios" / "seed_000_two_databases.yaml")
+    assert scenario.prefixes == {"users": "users_db", "colors": "colors_db"}
+    schedule = compile_schedule(scenario)
+    assert "colors_db.transaction" in schedule.topics
+    assert "users_db.transaction" in schedule.topics
+
+
+def test_the_pair_check_catches_a_source_going_back_and_a_state_of_no_pair() -> None:
+    from txjoin.scenarios.checks import check_source_prefixes_consistent
+
+    grid = {(0, 0): {1: {"id": 1, "c": None}}, (1, 0): {1: {"id": 1, "c": "a"}},
+            (0, 1): {1: {"id": 1, "c": "b"}}, (1, 1): {1: {"id": 1, "c": "ab"}}}
+    sources = ["s1", "s2"]
+    rows = {k: list(v.values()) for k, v in grid.items()}
+    ok = check_source_prefixes_consistent([rows[(0, 0)], rows[(0, 1)], rows[(1, 1)]], grid,
+                                          sources, ["id"])
+    assert ok.ok
+    back = check_source_prefixes_consistent([rows[(1, 0)], rows[(0, 1)]], grid, sources, ["id"])
+    assert not back.ok and "after batch 1" in back.message
+    torn = check_source_prefixes_consistent([[{"id": 1, "c": "torn"}]], grid, sources, ["id"])
+    assert not torn.ok and "closest" in torn.message
