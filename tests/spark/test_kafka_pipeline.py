@@ -87,3 +87,59 @@ def test_without_spark_sql_kafka_the_python_source_is_used(spark: SparkSession) 
 
     # spark-sql-kafka is not reachable here: the check must say so, not fail.
     assert native_kafka_available(spark) is False
+
+
+def test_two_source_databases_over_kafka_converge_with_their_own_prefixes(
+        spark: SparkSession, bootstrap: str, pg_dsn: str, tmp_path: Path) -> None:
+    """Seed 000 over two databases: two prefixes (overridden as `--topic-prefix NAME=P`
+    would), two one-partition transaction topics, small batches that split both."""
+    import random
+
+    from txjoin.core.oracle import RowChange, SourceTransaction, outputs_by_source_prefixes
+    from txjoin.scenarios.synthesize import SourcesSynthesizer
+
+    job = load_job(ORDERS.parent / "users_colors_two_dbs.py")
+    prefixes = {"users": "k2users", "colors": "k2colors"}
+    rng = random.Random(7)
+    snapshot = {"public.users": [{"id": i, "full_name": f"user {i}"} for i in range(1, 6)],
+                "public.users_favorite_color": [
+                    {"id": 1, "user_id": 1, "favorite_color": "red"}]}
+    txs = []
+    for n in range(40):
+        if n % 3:
+            uid = rng.randint(1, 8)
+            op = "update" if uid <= 5 or any(
+                c.row.get("id") == uid for t in txs for c in t.changes
+                if t.source == "users") else "insert"
+            txs.append(SourceTransaction(f"u{n}", [RowChange(
+                op, "public.users", {"id": uid, "full_name": f"name {n}"})], "users"))
+        else:
+            txs.append(SourceTransaction(f"c{n}", [RowChange(
+                "insert", "public.users_favorite_color",
+                {"id": 100 + n, "user_id": rng.randint(1, 8),
+                 "favorite_color": rng.choice(["blue", "green", "pink"])})], "colors"))
+    synth = SourcesSynthesizer(job, prefixes)
+    records = list(synth.snapshot(snapshot))
+    for tx in txs:
+        records.extend(synth.transaction(tx))
+    create_topics(bootstrap, list(synth.topics))
+    produce(bootstrap, [(r.topic, r.key, r.value) for r in records])
+
+    register_kafka_source(spark)
+    config = RunConfig(topic_prefixes=prefixes, bootstrap_servers=bootstrap,
+                       max_events_per_trigger=9, checkpoint_dir=str(tmp_path / "ckpt"),
+                       output_dir=str(tmp_path / "out"), postgres_dsn=pg_dsn)
+    sinks = build_sinks(job, config, spark, pg_table_suffix="kafka2")
+    pipeline = Pipeline(spark, job, config, sinks)
+    pipeline.start(pipeline.kafka_source(), available_now=True).awaitTermination()
+
+    grid = outputs_by_source_prefixes(job, snapshot, txs)
+    for sink in sinks:
+        current = sink.read_current()
+        result = check_final([without_metadata(r) for r in current], grid[max(grid)], ["id"])
+        assert result.ok, f"{sink.name}: {result.message}"
+        changelog = sink.read_changelog()
+        assert check_exactly_once(changelog, ["id"], current).ok
+        assert {r["_source"] for r in changelog} <= {None, "users", "colors"}
+        assert {r["_source"] for r in changelog if r["_commit_seq"] > 0} == {"users", "colors"}
+        sink.close()

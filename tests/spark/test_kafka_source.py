@@ -190,6 +190,26 @@ def test_options_are_validated() -> None:
         KafkaSourceConfig.from_options(options)
 
 
+def test_several_transaction_topics_one_per_source_database() -> None:
+    from pyspark.sql.datasource import CaseInsensitiveDict
+
+    options = CaseInsensitiveDict({"bootstrap.servers": "h:1", "topics": "u.public.users",
+                                   "transactionTopic": "u.transaction, c.transaction"})
+    config = KafkaSourceConfig.from_options(options)
+    assert config.topics == ("u.public.users", "u.transaction", "c.transaction")
+    assert config.transaction_topics == ("u.transaction", "c.transaction")
+
+
+def test_second_transaction_topic_with_two_partitions_is_refused(bootstrap: str) -> None:
+    data, tx1 = _topics(bootstrap, count=2)
+    (tx2,) = _topics(bootstrap, count=1, partitions=2)
+    reader = KafkaStreamReader(KafkaSourceConfig(bootstrap, (data, tx1, tx2),
+                                                 transaction_topic=(tx1, tx2)))
+
+    with pytest.raises(ConfigError, match=rf"transaction topic '{tx2}'.*has 2 partitions"):
+        reader.initialOffset()
+
+
 # -- a checkpoint that no longer matches its topics ---------------------------------
 
 
