@@ -308,13 +308,14 @@ def check_source_prefixes_consistent(observed: Sequence[Sequence[Mapping[str, An
                                      grid: Mapping[tuple[int, ...], Mapping[Any, Row]],
                                      sources: Sequence[str],
                                      key_columns: Sequence[str] = (),
-                                     labels: Sequence[str] | None = None) -> CheckResult:
+                                     labels: Sequence[str] | None = None) -> PrefixResult:
     """Several sources: after every batch the output equals the oracle's on (S1 after some
     k1, S2 after some k2, ...), no k ever decreasing (``grid``: from
     :func:`~txjoin.core.oracle.outputs_by_source_prefixes`).
 
     Every tuple that matches is kept (a transaction that changed no output makes
     several match), so no choice made after one batch rules out a later one.
+    ``k_per_batch`` holds the number of batches that passed (no single k exists).
     """
     possible: set[tuple[int, ...]] | None = None  # None: nothing released yet
     for i, rows in enumerate(observed):
@@ -335,13 +336,13 @@ def check_source_prefixes_consistent(observed: Sequence[Sequence[Mapping[str, An
                 named = ", ".join(f"{s} after {k}" for s, k in zip(sources, best, strict=True))
                 detail = (f"\n  closest: the oracle's output on ({named}); expected vs actual "
                           f"rows:\n" + diff.format("    "))
-            return CheckResult(False, f"prefix_consistent failed after {label}: the output is "
-                                      f"not the job on one committed prefix per source, each "
-                                      f"at or after the previous batch's (a torn transaction, "
-                                      f"a lookup of the wrong state, or a source going back)."
-                                      f"{detail}")
+            return PrefixResult(
+                False, [None] * i,
+                f"prefix_consistent failed after {label}: the output is not the job on one "
+                f"committed prefix per source, each at or after the previous batch's (a torn "
+                f"transaction, a lookup of the wrong state, or a source going back).{detail}")
         possible = matched
-    return CheckResult(True, "")
+    return PrefixResult(True, [None] * len(observed), "")
 
 
 def check_final(actual: Sequence[Mapping[str, Any]], oracle_final: Mapping[Any, Row],
@@ -502,7 +503,7 @@ def check_scenario(scenario: Scenario, schedule: Schedule, seen: RunObservation)
         result_s = check_source_prefixes_consistent(seen.outputs, grid, job.source_names,
                                                     key_columns, labels)
         if not result_s.ok:
-            failures.append((0, result_s.message))
+            failures.append((len(result_s.k_per_batch), result_s.message))
     elif "prefix_consistent" in invariants:
         result = check_prefix_consistent(seen.outputs, oracle, key_columns, labels, names)
         if not result.ok:
