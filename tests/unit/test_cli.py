@@ -130,3 +130,22 @@ def test_the_real_process_prints_one_line_and_exits_2(tmp_path: Path) -> None:
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2
     assert done.stderr == f"error: {broken}:1: : expected a mapping, got a list\n"
+
+
+TWO_DBS_JOB = Path(__file__).resolve().parents[2] / "jobs" / "users_colors_two_dbs.py"
+
+
+@pytest.mark.parametrize(("prefixes", "what"), [
+    (["shop"], "reads several source databases (users, colors)"),
+    (["nope=x"], "the job has no source 'nope'"),
+    (["users=same", "colors=same"], "two sources share a topic prefix"),
+])
+def test_a_wrong_topic_prefix_for_a_two_database_job_is_one_line_and_exit_2(
+        prefixes: list[str], what: str, tmp_path: Path) -> None:
+    args = ["run", str(TWO_DBS_JOB), "--bootstrap-servers", "127.0.0.1:1", "--no-postgres",
+            "--dir", str(tmp_path)]
+    for prefix in prefixes:
+        args += ["--topic-prefix", prefix]
+    code, _out, err = invoke(*args)
+    assert code == 2
+    assert err.count("\n") == 1 and what in err, err
