@@ -154,3 +154,39 @@ def test_consecutive_replay_processes_all_exit_0(tmp_path: Path) -> None:
         assert ABORT not in done.stderr
         codes.append(done.returncode)
     assert codes == [0, 0, 0]
+
+
+def test_txjoin_run_reads_two_source_databases_with_a_prefix_override(
+        bootstrap: str, tmp_path: Path) -> None:
+    """`txjoin run` of seed 000 over two databases: the users prefix from the job's
+    Source, the colours one from `--topic-prefix colors=...`; both transaction topics."""
+    from txjoin.scenarios.synthesize import SourcesSynthesizer
+
+    job = load_job(ROOT / "jobs" / "users_colors_two_dbs.py")
+    prefixes = {"users": "users_db", "colors": "cli_colors"}
+    synth = SourcesSynthesizer(job, prefixes)
+    records = list(synth.snapshot({
+        "public.users": [{"id": 1, "full_name": "susanna smith"}],
+        "public.users_favorite_color": [{"id": 1, "user_id": 1, "favorite_color": "red"}]}))
+    records += synth.transaction(SourceTransaction("rename", [RowChange(
+        "update", "public.users", {"id": 1, "full_name": "sue smith"})], "users"))
+    records += synth.transaction(SourceTransaction("green", [RowChange(
+        "update", "public.users_favorite_color",
+        {"id": 1, "user_id": 1, "favorite_color": "green"})], "colors"))
+    create_topics(bootstrap, list(synth.topics))
+    produce(bootstrap, [(r.topic, r.key, r.value) for r in records])
+
+    done = txjoin("run", str(ROOT / "jobs" / "users_colors_two_dbs.py"),
+                  "--bootstrap-servers", bootstrap, "--topic-prefix", "colors=cli_colors",
+                  "--until-idle", "--no-postgres", "--checkpoint-dir",
+                  str(tmp_path / "checkpoints"), "--output-dir", str(tmp_path / "output"),
+                  "--master", "local[1]")
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = tmp_path / "output" / "users_full_name_and_favorite_color_two_dbs"
+    rows = read_table(table / "current").to_pylist()
+    assert [(r["id"], r["full_name"], r["favorite_color"]) for r in rows] == [
+        (1, "sue smith", "green")]
+    changelog = read_table(table / "changelog").to_pylist()
+    # one batch: users' transaction, then colours' (declared order); commit_seq across both
+    assert sorted(r["_commit_seq"] for r in changelog) == [0, 1, 2]
+    assert sorted(str(r["_source"]) for r in changelog) == ["None", "colors", "users"]
