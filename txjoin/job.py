@@ -82,6 +82,8 @@ class Table:
     key: Sequence[str] = ("id",)
     defaults: Mapping[str, Any] = field(default_factory=dict)
     decimal_handling_mode: str | None = field(default=None, repr=False)
+    source: str | None = None
+    """The :class:`Source` (by name) this table comes from; None: the job's only source."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "columns", dict(self.columns))
@@ -352,6 +354,14 @@ class Output:
 
 
 @dataclass(frozen=True)
+class Source:
+    """One source database of a job: its name and Debezium topic prefix."""
+
+    name: str
+    prefix: str | None = None
+
+
+@dataclass(frozen=True)
 class Job:
     """A validated job: fact table, lookup tree, output and semantics."""
 
@@ -367,6 +377,7 @@ class Job:
     """The connector's ``decimal.handling.mode`` when records carry no schema
     (``precise``, ``string`` or ``double``); ``None``: txjoin's shipped setting,
     ``string``. ``txjoin run --decimal-handling-mode`` overrides it."""
+    sources: Sequence[Source] = ()
     _by_name: dict[str, Table] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -408,6 +419,12 @@ class Job:
     def column_type(self, ref: str) -> str:
         alias, col = ref.split(".", 1)
         return self.alias_table(alias).columns[col]
+
+    def source_prefixes(self, default_prefix: str,
+                        overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Source name -> topic prefix (``overrides``, else the source's, else the default)."""
+        overrides = overrides or {}
+        return {s.name: overrides.get(s.name, s.prefix or default_prefix) for s in self.sources}
 
     def topics(self, prefix: str) -> list[str]:
         return [f"{prefix}.{t}" for t in self.table_names]
