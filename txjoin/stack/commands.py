@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from txjoin.errors import ServiceError, cli_errors
+from txjoin.errors import ConfigError, ServiceError, cli_errors
 from txjoin.sinks.postgres import mask_dsn
 from txjoin.stack import stack as stack_mod
 from txjoin.stack.generate import generate as generate_workload
@@ -31,11 +31,25 @@ _dir_option = click.option(
 @click.option("--broker-port", type=int, default=None, help="Broker port (default: a free one).")
 @click.option("--timeout", type=float, default=180.0, show_default=True,
               help="Seconds each component may take to become healthy.")
+@click.option("--job", "job_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A job with several sources (e.g. jobs/users_colors_two_dbs.py): start one "
+                   "database (named after the source's topic prefix, holding its tables) and "
+                   "one Debezium connector per source instead of the `shop` connector.")
 @cli_errors
-def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: float) -> None:
+def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: float,
+       job_file: Path | None) -> None:
     """Start PostgreSQL, the tansu broker and Debezium (Kafka Connect) in the background."""
+    sources: list[stack_mod.SourceSpec] = []
+    if job_file is not None:
+        from txjoin.job import load_job
+
+        sources = stack_mod.job_sources(load_job(job_file))
+        if not sources:
+            raise ConfigError(f"{job_file}: the job has no `sources`; a single-source job "
+                              f"runs on the default stack: `txjoin up` without --job")
     result = stack_mod.up(directory, pg_port=pg_port, broker_port=broker_port, timeout=timeout,
-                          progress=lambda line: _console.print(f"[dim]{line}[/dim]"))
+                          progress=lambda line: _console.print(f"[dim]{line}[/dim]"),
+                          sources=sources)
     info = result.info
     if result.already_running:
         _console.print(f"stack in {directory} is already running")
@@ -45,6 +59,9 @@ def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: f
                    f"  sink      {mask_dsn(info.pg_dsn_sink)}\n"
                    f"  bootstrap {info.bootstrap_servers}\n  topics    {', '.join(info.topics)}",
                    highlight=False)
+    for source in info.sources:
+        _console.print(f"  source {source.name!r}: {mask_dsn(source.dsn)} "
+                       f"(prefix {source.prefix})", highlight=False)
     stale = [] if result.already_running else stack_mod.stale_checkpoints(directory)
     if stale:
         _console.print(
@@ -92,6 +109,9 @@ def status(directory: Path) -> None:
         console.print(f"source    {mask_dsn(info.pg_dsn_source)}\n"
                       f"sink      {mask_dsn(info.pg_dsn_sink)}\n"
                       f"bootstrap {info.bootstrap_servers}", highlight=False)
+        for source in info.sources:
+            console.print(f"source {source.name!r}: {mask_dsn(source.dsn)}, topics "
+                          f"{', '.join(source.topics)}", highlight=False)
 
 
 @click.command()
