@@ -122,11 +122,20 @@ def status(directory: Path) -> None:
 @click.option("--duration", type=float, default=10.0, show_default=True, help="Seconds to run.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--writers", type=int, default=1, show_default=True,
-              help="Concurrent connections (serialised per transaction by an advisory lock).")
+              help="Concurrent connections (serialised per transaction by an advisory lock); "
+                   "with --job: per source database.")
+@click.option("--job", "job_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Drive the source databases of this multi-source job instead (the stack of "
+                   "`txjoin up --job`): jobs/users_colors_two_dbs.py gets users inserted and "
+                   "renamed in one database, colours added, changed and deleted in the other; "
+                   "--rate is then per database.")
 @cli_errors
 def generate(directory: Path, dsn: str | None, rate: float, duration: float, seed: int,
-             writers: int) -> None:
+             writers: int, job_file: Path | None) -> None:
     """Drive the pizzeria workload (and users/colours) against the source database."""
+    if job_file is not None:
+        _generate_sources(directory, job_file, rate, duration, seed, writers)
+        return
     if dsn is None:
         info = stack_mod.load_stack(directory)
         if info is None:
@@ -139,4 +148,35 @@ def generate(directory: Path, dsn: str | None, rate: float, duration: float, see
     table = Table("table", "events")
     for name, count in sorted(result.events_by_table.items()):
         table.add_row(name, str(count))
+    _console.print(table)
+
+
+def _generate_sources(directory: Path, job_file: Path, rate: float, duration: float, seed: int,
+                      writers: int) -> None:
+    from txjoin.job import load_job
+    from txjoin.stack.generate_sources import (
+        COLOURS_TABLE,
+        USERS_TABLE,
+        generate_two_sources,
+    )
+
+    job = load_job(job_file)
+    by_table = {t.name: t.source for t in job.tables}
+    users_source, colours_source = by_table.get(USERS_TABLE), by_table.get(COLOURS_TABLE)
+    if (users_source is None or colours_source is None or users_source == colours_source):
+        raise ConfigError(f"{job_file}: the two-source workload needs {USERS_TABLE} and "
+                          f"{COLOURS_TABLE} in two different sources (as in "
+                          f"jobs/users_colors_two_dbs.py)")
+    info = stack_mod.load_stack(directory)
+    if info is None:
+        raise ServiceError(f"no running stack in {directory}: `txjoin up --dir {directory} "
+                           f"--job {job_file}` first")
+    users, colours = info.source(users_source), info.source(colours_source)
+    result = generate_two_sources(users.dsn, colours.dsn, rate, duration, seed=seed,
+                                  writers=writers)
+    table = Table("source", "database", "transactions", "row changes")
+    for name, source, part in ((users_source, users, result.users),
+                               (colours_source, colours, result.colors)):
+        table.add_row(name, source.database, str(part.transactions), str(part.events))
+    _console.print(f"{result.transactions} transactions in {result.seconds:.1f}s")
     _console.print(table)
