@@ -1,0 +1,125 @@
+"""`txjoin verify` for a job over two source databases, on hand-made sink rows.
+
+The oracle side (the job evaluated on each database's state, read separately) and the
+per-source prefix check on the changelog are plain functions: these tests feed them rows
+a correct engine would write, and rows a broken one would, and expect the verdict to
+follow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from txjoin.job import load_job
+from txjoin.stack.verify import check_sink, evaluate_on_states, prefix_violations
+
+JOB = load_job(Path(__file__).resolve().parents[2] / "jobs" / "users_colors_two_dbs.py")
+
+USERS = [{"id": 1, "full_name": "leo"}, {"id": 2, "full_name": "raph"},
+         {"id": 3, "full_name": "donnie"}]
+COLOURS = [
+    {"id": 10, "user_id": 1, "favorite_color": "blue"},
+    {"id": 12, "user_id": 1, "favorite_color": "red"},  # greatest id wins
+    {"id": 11, "user_id": 1, "favorite_color": "green"},
+    {"id": 13, "user_id": 7, "favorite_color": "teal"},  # no such user (yet)
+    {"id": 14, "user_id": 2, "favorite_color": "black"},
+]
+STATES = {"public.users": USERS, "public.users_favorite_color": COLOURS}
+
+# Each source's commit order (xid -> position), as the generator's commit log records it.
+ORDERS: dict[str, dict[int, int] | None] = {
+    "users": {500: 1, 502: 2, 504: 3},
+    "colors": {700: 1, 701: 2},
+}
+
+
+def change(seq: int, source: str, xid: int | None, user: int, name: str | None = "x",
+           colour: str | None = None) -> dict[str, Any]:
+    return {"id": user, "full_name": name, "favorite_color": colour, "_op": "u",
+            "_commit_seq": seq, "_xid": xid, "_source": source, "_commit_ts": None}
+
+
+def good_changelog() -> list[dict[str, Any]]:
+    return [
+        change(0, "users", None, 1),  # the snapshot: no transaction
+        change(1, "users", 500, 1),
+        change(1, "users", 500, 2),  # one transaction, two rows, one _commit_seq
+        change(2, "colors", 700, 1, colour="blue"),
+        change(3, "users", 502, 3),
+        change(4, "colors", 701, 2, colour="black"),
+        change(5, "users", 504, 1),
+    ]
+
+
+def test_two_db_job_is_the_left_join_with_the_greatest_colour_id() -> None:
+    rows = sorted(evaluate_on_states(JOB, STATES), key=lambda r: r["id"])
+    assert rows == [
+        {"id": 1, "full_name": "leo", "favorite_color": "red"},
+        {"id": 2, "full_name": "raph", "favorite_color": "black"},
+        {"id": 3, "full_name": "donnie", "favorite_color": None},
+    ]
+
+
+def test_interleaved_sources_in_commit_order_have_no_violation() -> None:
+    assert prefix_violations(good_changelog(), ORDERS) == []
+
+
+def test_a_transaction_split_across_commit_seqs_is_a_violation() -> None:
+    rows = good_changelog()
+    rows[2]["_commit_seq"] = 2  # xid 500's second row lands with colours' xid 700
+    found = prefix_violations(rows, ORDERS)
+    assert any("xid 500 is split across _commit_seq [1, 2]" in v for v in found), found
+    assert any("_commit_seq 2 mixes transactions colors:700, users:500" in v for v in found)
+
+
+def test_a_source_going_back_in_its_commit_order_is_a_violation() -> None:
+    rows = good_changelog()
+    rows[4]["_commit_seq"], rows[6]["_commit_seq"] = 5, 3  # xid 504 before 502
+    found = prefix_violations(rows, ORDERS)
+    assert found == ["source 'users': xid 502 (commit #2) applied at _commit_seq 5, after "
+                     "xid 504 (commit #3) at _commit_seq 3: its commit order went back"]
+
+
+def test_sources_are_checked_independently_and_unknown_orders_only_group() -> None:
+    rows = good_changelog()
+    rows[3]["_commit_seq"], rows[5]["_commit_seq"] = 4, 2  # colours back, users fine
+    found = prefix_violations(rows, ORDERS)
+    assert len(found) == 1 and found[0].startswith("source 'colors': xid 700"), found
+    assert prefix_violations(rows, {"users": ORDERS["users"], "colors": None}) == []
+
+
+def test_a_changelog_without_the_source_column_is_reported() -> None:
+    rows = [{k: v for k, v in r.items() if k != "_source"} for r in good_changelog()]
+    assert prefix_violations(rows, ORDERS)[0].startswith("the changelog has no _source column")
+
+
+class HandMadeSink:
+    name = "hand-made"
+
+    def __init__(self, current: list[dict[str, Any]], changelog: list[dict[str, Any]]) -> None:
+        self.current, self.changelog = current, changelog
+
+    def read_current(self) -> list[dict[str, Any]]:
+        return self.current
+
+    def read_changelog(self) -> list[dict[str, Any]]:
+        return self.changelog
+
+
+def test_check_sink_counts_wrong_rows_and_prefix_violations_as_mismatches() -> None:
+    expected = evaluate_on_states(JOB, STATES)
+    right = HandMadeSink([dict(r) for r in expected], good_changelog())
+    check = check_sink(right, "memory", ["id"], expected, orders=ORDERS)  # type: ignore[arg-type]
+    assert check.ok, check
+
+    stale = [dict(r) for r in expected]
+    stale[0]["favorite_color"] = "green" if stale[0]["id"] == 1 else "blue"
+    bad_log = good_changelog()
+    bad_log[5]["_commit_seq"] = 2  # colours' 701 inside 700's commit
+    wrong = HandMadeSink(stale, bad_log)
+    check = check_sink(wrong, "memory", ["id"], expected, orders=ORDERS)  # type: ignore[arg-type]
+    assert not check.ok
+    assert len(check.diff.different) == 1
+    assert check.prefix_violations == ["_commit_seq 2 mixes transactions colors:700, colors:701"]
+    assert check.mismatches == 2
