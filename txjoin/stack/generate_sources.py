@@ -4,9 +4,9 @@ For ``jobs/users_colors_two_dbs.py`` on a stack started with ``txjoin up --job``
 database gets its own writers (threads, one connection each) racing for that database's
 advisory lock: as in :mod:`txjoin.stack.generate`, the lock is taken by the FIRST
 statement and held until commit, so one database's transactions commit one after another,
-and the LAST statement records ``pg_current_xact_id()`` in the uncaptured commit log
-(:data:`txjoin.stack.postgres.COMMIT_LOG`). Its ``seq`` is therefore that source's commit
-order: what ``txjoin verify`` checks the sink changelog's per-source order against.
+and the LAST statement records ``pg_current_xact_id()`` and its count of captured row
+changes in the uncaptured commit log (:data:`txjoin.stack.postgres.COMMIT_LOG`). Its
+``seq`` is therefore that source's commit order: what ``txjoin verify`` checks the sink changelog's per-source order against.
 
 The two databases are not coordinated at all: there is no order between them, which is
 the point (DESIGN §1 per source). Colour writers pick user ids up to a little past the
@@ -59,6 +59,7 @@ class _SourceWriter:
         self.rng, self.shared = rng, shared
         self.result = GenerateResult()
         self.kinds: list[tuple[Callable[[psycopg2.extensions.cursor], None], float]] = []
+        self.tx_events = 0
 
     def close(self) -> None:
         self.conn.close()
@@ -67,9 +68,11 @@ class _SourceWriter:
             args: tuple[object, ...] = ()) -> list[int]:
         cur.execute(sql, args)
         self.result.events_by_table[table] += cur.rowcount
+        self.tx_events += cur.rowcount
         return [int(r[0]) for r in cur.fetchall()] if cur.description is not None else []
 
     def step(self) -> None:
+        self.tx_events = 0
         try:
             with self.conn.cursor() as cur:
                 cur.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK_KEY,))
@@ -77,8 +80,10 @@ class _SourceWriter:
                 kind = self.rng.choices(funcs, weights)[0]
                 kind(cur)
                 # LAST statement, under the lock: this transaction's place in commit order.
-                cur.execute(f"INSERT INTO {COMMIT_LOG} (xid) "
-                            "VALUES (pg_current_xact_id()::text::bigint)")
+                # A transaction that changed no captured row (a delete of rows a racing
+                # writer removed) is never published: pgoutput skips empty transactions.
+                cur.execute(f"INSERT INTO {COMMIT_LOG} (xid, events) "
+                            "VALUES (pg_current_xact_id()::text::bigint, %s)", (self.tx_events,))
             self.conn.commit()
         except BaseException:
             self.conn.rollback()

@@ -252,7 +252,7 @@ def create_source_database(port: int, database: str, tables: Sequence[Table]) ->
             for table in tables:
                 cur.execute(table_ddl(table))
             cur.execute(f"CREATE TABLE IF NOT EXISTS {COMMIT_LOG} (seq bigserial PRIMARY KEY, "
-                        "xid bigint NOT NULL UNIQUE, "
+                        "xid bigint NOT NULL UNIQUE, events integer NOT NULL DEFAULT 0, "
                         "committed_at timestamptz NOT NULL DEFAULT clock_timestamp())")
     finally:
         conn.close()
