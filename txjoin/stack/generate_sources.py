@@ -6,7 +6,8 @@ advisory lock: as in :mod:`txjoin.stack.generate`, the lock is taken by the FIRS
 statement and held until commit, so one database's transactions commit one after another,
 and the LAST statement records ``pg_current_xact_id()`` and its count of captured row
 changes in the uncaptured commit log (:data:`txjoin.stack.postgres.COMMIT_LOG`). Its
-``seq`` is therefore that source's commit order: what ``txjoin verify`` checks the sink changelog's per-source order against.
+``seq`` is therefore that source's commit order: what ``txjoin verify`` checks the sink
+changelog's per-source order against.
 
 The two databases are not coordinated at all: there is no order between them, which is
 the point (DESIGN §1 per source). Colour writers pick user ids up to a little past the
