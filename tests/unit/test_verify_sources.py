@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from txjoin.job import load_job
-from txjoin.stack.verify import check_sink, evaluate_on_states, prefix_violations
+from txjoin.stack.verify import (
+    SourceHistory,
+    check_sink,
+    evaluate_on_states,
+    prefix_violations,
+    state_violations,
+)
 
 JOB = load_job(Path(__file__).resolve().parents[2] / "jobs" / "users_colors_two_dbs.py")
 
@@ -25,6 +31,7 @@ COLOURS = [
     {"id": 13, "user_id": 7, "favorite_color": "teal"},  # no such user (yet)
     {"id": 14, "user_id": 2, "favorite_color": "black"},
 ]
+COLOUR_TABLE = "public.users_favorite_color"
 STATES = {"public.users": USERS, "public.users_favorite_color": COLOURS}
 
 # Each source's commit order (xid -> position), as the generator's commit log records it.
@@ -123,3 +130,51 @@ def test_check_sink_counts_wrong_rows_and_prefix_violations_as_mismatches() -> N
     assert len(check.diff.different) == 1
     assert check.prefix_violations == ["_commit_seq 2 mixes transactions colors:700, colors:701"]
     assert check.mismatches == 2
+
+
+# -- every observable state is the job on some state of each source --------------------------
+
+HISTORIES = {
+    "users": SourceHistory([500, 502, 504], {
+        500: [("public.users", None, {"id": 1, "full_name": "leo"}),
+              ("public.users", None, {"id": 2, "full_name": "raph"})],
+        502: [("public.users", None, {"id": 3, "full_name": "donnie"})],
+        504: [("public.users", {"id": 1, "full_name": "leo"}, {"id": 1, "full_name": "LEO"})],
+    }),
+    "colors": SourceHistory([700, 701, 702], {
+        700: [(COLOUR_TABLE, None, {"id": 10, "user_id": 1, "favorite_color": "blue"})],
+        701: [(COLOUR_TABLE, None, {"id": 14, "user_id": 2, "favorite_color": "black"})],
+        # A colour of a user that does not exist: changes no output, leaves no changelog row.
+        702: [(COLOUR_TABLE, None, {"id": 13, "user_id": 7, "favorite_color": "teal"})],
+    }),
+}
+
+
+def state_changelog() -> list[dict[str, Any]]:
+    return [
+        change(1, "users", 500, 1, "leo"), change(1, "users", 500, 2, "raph"),
+        change(2, "colors", 700, 1, "leo", "blue"),
+        change(3, "users", 502, 3, "donnie"),
+        change(4, "colors", 701, 2, "raph", "black"),
+        change(5, "users", 504, 1, "LEO", "blue"),
+    ]
+
+
+def test_a_changelog_through_combined_source_states_has_no_state_violation() -> None:
+    assert state_violations(JOB, state_changelog(), HISTORIES) == []
+
+
+def test_a_sink_showing_part_of_a_transaction_is_a_state_violation() -> None:
+    rows = [r for r in state_changelog() if not (r["_commit_seq"] == 1 and r["id"] == 2)]
+    found = state_violations(JOB, rows, HISTORIES)
+    assert found and found[0].startswith("after _commit_seq 1 the sink equals no state of "
+                                         "the sources (colors after #0, users after #1"), found
+
+
+def test_a_colour_from_a_later_transaction_of_its_source_is_a_state_violation() -> None:
+    rows = state_changelog()
+    rows[2]["favorite_color"] = "black"  # colours' 700 shown with a value no state has
+    found = state_violations(JOB, rows, HISTORIES)
+    # Wrong until user 1's row is written again (by users' 504 at _commit_seq 5).
+    assert [v.split(" the sink")[0] for v in found] == [
+        "after _commit_seq 2", "after _commit_seq 3", "after _commit_seq 4"], found

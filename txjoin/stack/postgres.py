@@ -211,6 +211,25 @@ _PG_TYPES = {"int": "integer", "bool": "boolean", "double": "double precision"}
 
 COMMIT_LOG = "public.txjoin_commits"
 """Uncaptured table of a source database: the workload's transactions in commit order."""
+CHANGE_LOG = "public.txjoin_changes"
+"""Uncaptured table of a source database: every row change of its captured tables, by xid
+(a trigger writes it), so verify can rebuild the source's state after each transaction."""
+
+_CHANGE_LOG_SQL = f"""
+CREATE TABLE IF NOT EXISTS {CHANGE_LOG} (
+    id bigserial PRIMARY KEY, xid bigint NOT NULL, tbl text NOT NULL, op text NOT NULL,
+    old_row jsonb, new_row jsonb);
+CREATE OR REPLACE FUNCTION public.txjoin_record_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO {CHANGE_LOG} (xid, tbl, op, old_row, new_row) VALUES (
+        pg_current_xact_id()::text::bigint, TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, TG_OP,
+        CASE WHEN TG_OP = 'INSERT' THEN NULL ELSE to_jsonb(OLD) END,
+        CASE WHEN TG_OP = 'DELETE' THEN NULL ELSE to_jsonb(NEW) END);
+    RETURN NULL;
+END
+$$;
+"""
 
 
 def table_ddl(table: Table) -> str:
@@ -231,7 +250,7 @@ def table_ddl(table: Table) -> str:
 
 
 def create_source_database(port: int, database: str, tables: Sequence[Table]) -> str:
-    """Create ``database`` with ``tables`` and the commit log; return its DSN.
+    """Create ``database`` with ``tables``, the commit log and the change log; return its DSN.
 
     A second source of a multi-source job: one logical database per source in the one
     cluster (each with its own WAL stream position, slot and publication).
@@ -249,8 +268,12 @@ def create_source_database(port: int, database: str, tables: Sequence[Table]) ->
     conn = psycopg2.connect(url)
     try:
         with conn, conn.cursor() as cur:
+            cur.execute(_CHANGE_LOG_SQL)
             for table in tables:
                 cur.execute(table_ddl(table))
+                cur.execute(f"CREATE OR REPLACE TRIGGER txjoin_record_change AFTER INSERT OR "
+                            f"UPDATE OR DELETE ON {table.name} FOR EACH ROW EXECUTE FUNCTION "
+                            f"public.txjoin_record_change()")
             cur.execute(f"CREATE TABLE IF NOT EXISTS {COMMIT_LOG} (seq bigserial PRIMARY KEY, "
                         "xid bigint NOT NULL UNIQUE, events integer NOT NULL DEFAULT 0, "
                         "committed_at timestamptz NOT NULL DEFAULT clock_timestamp())")

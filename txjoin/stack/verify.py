@@ -26,6 +26,7 @@ changelog must not hold a key twice at one ``_commit_seq`` (exactly once).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -308,6 +309,112 @@ def prefix_violations(changelog: Sequence[Row],
     return violations
 
 
+@dataclass
+class SourceHistory:
+    """One source database's generated transactions: commit order and row changes."""
+
+    order: list[int]
+    """xids in commit order."""
+    changes: dict[int, list[tuple[str, Row | None, Row | None]]]
+    """xid -> (table, old row, new row) in statement order."""
+
+
+def read_history(dsn: str) -> SourceHistory | None:
+    """The change log a ``txjoin up --job`` database keeps (None if it has none)."""
+    from txjoin.stack.postgres import CHANGE_LOG, COMMIT_LOG
+
+    with _connect(dsn, "source") as conn:
+        if not _fetch(conn, "SELECT to_regclass(%s) IS NOT NULL AS found",
+                      (CHANGE_LOG,))[0]["found"]:
+            return None
+        order = [int(r["xid"]) for r in _fetch(conn, f"SELECT xid FROM {COMMIT_LOG} ORDER BY seq")]
+        changes: dict[int, list[tuple[str, Row | None, Row | None]]] = {}
+        for r in _fetch(conn, f"SELECT xid, tbl, old_row, new_row FROM {CHANGE_LOG} ORDER BY id"):
+            changes.setdefault(int(r["xid"]), []).append((r["tbl"], r["old_row"], r["new_row"]))
+    return SourceHistory(order, changes)
+
+
+def _states_after_each(job: Job, history: SourceHistory) -> list[dict[str, list[Row]]]:
+    """[state before the first transaction, after T1, after T2, ...] of one source."""
+    tables: dict[str, dict[tuple[Any, ...], Row]] = {}
+    states = [{}]  # type: list[dict[str, list[Row]]]
+    for xid in history.order:
+        for table, old, new in history.changes.get(xid, []):
+            rows = tables.setdefault(table, {})
+            if old is not None:
+                rows.pop(tuple(old[k] for k in job.table(table).key), None)
+            if new is not None:
+                rows[tuple(new[k] for k in job.table(table).key)] = new
+        states.append({t: list(rows.values()) for t, rows in tables.items()})
+    return states
+
+
+def state_violations(job: Job, changelog: Sequence[Row],
+                     histories: Mapping[str, SourceHistory], max_tries: int = 64) -> list[str]:
+    """Every state a reader of the sink could observe, checked against the job's output.
+
+    Replays the changelog ``_commit_seq`` by ``_commit_seq``; after each, the sink must
+    equal the job evaluated on (source 1 after some T1_k, source 2 after some T2_m, ...),
+    where k is at least the last transaction of that source the changelog shows and
+    below the next one it shows (transactions that changed no output leave no row).
+    One line per state that matches none.
+    """
+    keys = list(job.output.key)
+    names = sorted(histories)
+    states = {s: _states_after_each(job, histories[s]) for s in names}
+    position = {s: {xid: i + 1 for i, xid in enumerate(histories[s].order)} for s in names}
+    groups: dict[int, list[Row]] = {}
+    for row in changelog:
+        groups.setdefault(int(row[COMMIT_SEQ]), []).append(row)
+    shown: dict[str, list[int]] = {s: [] for s in names}  # positions, in changelog order
+    seq_tx: dict[int, tuple[str, int]] = {}
+    for seq in sorted(groups):
+        tx = next(((str(r[SOURCE_COLUMN]), position.get(str(r[SOURCE_COLUMN]), {}).get(
+            int(r[XID]), 0)) for r in groups[seq] if r.get(XID) is not None), None)
+        if tx is not None and tx[0] in shown and tx[1]:
+            seq_tx[seq] = tx
+            shown[tx[0]].append(tx[1])
+    violations = []
+    sink: dict[tuple[Any, ...], Row] = {}
+    at = {s: 0 for s in names}
+    nth = {s: 0 for s in names}
+    for seq in sorted(groups):
+        for row in groups[seq]:
+            key = tuple(row[k] for k in keys)
+            if row.get("_op") == "d":
+                sink.pop(key, None)
+            else:
+                sink[key] = {c: v for c, v in without_metadata(row).items()
+                             if c != SOURCE_COLUMN}
+        if seq in seq_tx:
+            source, pos = seq_tx[seq]
+            at[source] = pos
+            nth[source] += 1
+        ranges = []
+        for s in names:
+            following = shown[s][nth[s]] if nth[s] < len(shown[s]) else len(states[s])
+            ranges.append(range(at[s], max(at[s] + 1, following)))
+        actual = list(sink.values())
+        best: RowDiff | None = None
+        matched = False
+        for combo in itertools.islice(itertools.product(*ranges), max_tries):
+            tables: dict[str, list[Row]] = {}
+            for s, k in zip(names, combo, strict=True):
+                tables.update(states[s][k])
+            diff = diff_rows(evaluate_on_states(job, tables), actual, keys)
+            best = best or diff
+            if diff.size == 0:
+                matched = True
+                break
+        if best is not None and not matched:
+            where = ", ".join(f"{s} after #{at[s]}" for s in names)
+            violations.append(
+                f"after _commit_seq {seq} the sink equals no state of the sources ({where}, or "
+                f"later ones it shows no row of): {len(best.missing)} missing, "
+                f"{len(best.extra)} extra, {len(best.different)} different rows")
+    return violations
+
+
 # -- the comparison -----------------------------------------------------------------------
 
 
@@ -323,10 +430,12 @@ class SinkCheck:
     changelog_duplicates: list[tuple[Any, ...]] = field(default_factory=list)
     note: str | None = None
     prefix_violations: list[str] = field(default_factory=list)
+    state_violations: list[str] = field(default_factory=list)
 
     @property
     def mismatches(self) -> int:
-        return self.diff.size + len(self.changelog_duplicates) + len(self.prefix_violations)
+        return (self.diff.size + len(self.changelog_duplicates) + len(self.prefix_violations)
+                + len(self.state_violations))
 
     @property
     def ok(self) -> bool:
@@ -376,6 +485,10 @@ class VerifyResult:
             if s.prefix_violations:
                 lines.append(f"    prefix: {len(s.prefix_violations)} violation(s)")
                 lines += [f"      {v}" for v in s.prefix_violations[:show_rows]]
+            if s.state_violations:
+                lines.append(f"    states: {len(s.state_violations)} observable state(s) "
+                             f"that are no combination of the sources' states")
+                lines += [f"      {v}" for v in s.state_violations[:show_rows]]
         return "\n".join(lines)
 
 
@@ -402,18 +515,23 @@ def _duplicates(changelog: Sequence[Row], keys: Sequence[str]) -> list[tuple[Any
 
 def check_sink(sink: Sink, where: str, keys: Sequence[str], expected: Sequence[Row],
                note: str | None = None,
-               orders: Mapping[str, Mapping[int, int] | None] | None = None) -> SinkCheck:
+               orders: Mapping[str, Mapping[int, int] | None] | None = None,
+               job: Job | None = None,
+               histories: Mapping[str, SourceHistory] | None = None) -> SinkCheck:
     """Compare one sink's current table (and its changelog's uniqueness) with ``expected``.
 
     With ``orders`` (a multi-source job: per source, xid -> commit position) its changelog
-    gets the per-source prefix check as well.
+    gets the per-source prefix check as well; with ``job`` and ``histories`` (every
+    source's transactions) each state the changelog passes through is checked too.
     """
     current = sink.read_current()
     changelog = sink.read_changelog()
     diff = diff_rows(expected, current, keys)
     violations = [] if orders is None else prefix_violations(changelog, orders)
+    states = ([] if job is None or histories is None or violations
+              else state_violations(job, changelog, histories))
     return SinkCheck(sink.name, where, len(current), diff, len(changelog),
-                     _duplicates(changelog, keys), note, violations)
+                     _duplicates(changelog, keys), note, violations, states)
 
 
 def _dsns(stack_or_dsns: StackInfo | tuple[str, str | None]) -> tuple[str, str | None]:
@@ -425,19 +543,23 @@ def _dsns(stack_or_dsns: StackInfo | tuple[str, str | None]) -> tuple[str, str |
 
 def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
                output_dir: str | os.PathLike[str],
-               source_dsns: Mapping[str, str] | None = None) -> VerifyResult:
+               source_dsns: Mapping[str, str] | None = None,
+               check_states: bool = True) -> VerifyResult:
     """Compare ``job``'s PostgreSQL sink and Delta current table with PostgreSQL's answer.
 
     ``stack_or_dsns`` is a running stack, or ``(source_dsn, sink_dsn)`` (``sink_dsn``
     None: check the Delta tables only). A job with several sources reads each source's
     tables from ``source_dsns`` (source name -> DSN; default: the stack's source
-    databases) and checks per-source prefix consistency. Raises ConfigError when the
+    databases) and checks per-source prefix consistency, and (``check_states``, when the
+    databases keep a change log) that every state the changelog passes through is the job
+    on some state of each source. Raises ConfigError when the
     oracle or a database cannot be reached; mismatches are in the result, never raised.
     """
     from txjoin.spark.pipeline import RunConfig, build_sinks
 
     source_dsn, sink_dsn = _dsns(stack_or_dsns)
     orders: dict[str, Mapping[int, int] | None] | None = None
+    histories: dict[str, SourceHistory] | None = None
     if job.sources:
         if source_dsns is None:
             if not isinstance(stack_or_dsns, StackInfo):
@@ -449,6 +571,9 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
         oracle = "the job evaluated on " + " and ".join(
             f"{name}'s database" for name in source_dsns)
         orders = {name: commit_order(dsn) for name, dsn in source_dsns.items()}
+        found = {name: read_history(dsn) for name, dsn in source_dsns.items()}
+        histories = ({n: h for n, h in found.items() if h is not None}
+                     if check_states and all(h is not None for h in found.values()) else None)
     else:
         expected, absent, oracle = expected_rows(job, source_dsn)
     keys = list(job.output.key)
@@ -469,7 +594,8 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
                 where = f"table {job.output.table}"
                 note = None
             try:
-                checks.append(check_sink(sink, where, keys, expected, note, orders))
+                checks.append(check_sink(sink, where, keys, expected, note, orders, job,
+                                         histories))
             except psycopg2.Error as exc:
                 raise ConfigError(f"cannot read the {sink.name} sink: {exc}") from None
     finally:
