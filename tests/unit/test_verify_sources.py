@@ -8,12 +8,16 @@ follow.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from txjoin.job import load_job
 from txjoin.stack.verify import (
     SourceHistory,
+    _states_after_each,
     check_sink,
     evaluate_on_states,
     prefix_violations,
@@ -178,3 +182,86 @@ def test_a_colour_from_a_later_transaction_of_its_source_is_a_state_violation() 
     # Wrong until user 1's row is written again (by users' 504 at _commit_seq 5).
     assert [v.split(" the sink")[0] for v in found] == [
         "after _commit_seq 2", "after _commit_seq 3", "after _commit_seq 4"], found
+
+
+def interleaved_changelog(histories: dict[str, SourceHistory], seed: int
+                          ) -> list[dict[str, Any]]:
+    """What a correct engine writes: both sources' transactions applied whole, each source
+    in its commit order, interleaved at random; one _commit_seq per changed transaction."""
+    rng = random.Random(seed)
+    states = {s: _states_after_each(JOB, h) for s, h in histories.items()}
+    at = dict.fromkeys(histories, 0)
+    before: dict[Any, dict[str, Any]] = {}
+    rows: list[dict[str, Any]] = []
+    seq = 0
+    while any(at[s] < len(h.order) for s, h in histories.items()):
+        source = rng.choice([s for s, h in histories.items() if at[s] < len(h.order)])
+        at[source] += 1
+        tables: dict[str, list[dict[str, Any]]] = {}
+        for s in histories:
+            tables.update(states[s][at[s]])
+        after = {r["id"]: r for r in evaluate_on_states(JOB, tables)}
+        changed = [k for k in after.keys() | before.keys() if after.get(k) != before.get(k)]
+        if changed:
+            seq += 1
+            xid = histories[source].order[at[source] - 1]
+            for key in sorted(changed):
+                row = after.get(key) or {**before[key]}
+                rows.append({**row, "_op": "d" if key not in after else "u",
+                             "_commit_seq": seq, "_xid": xid, "_source": source,
+                             "_commit_ts": None})
+        before = after
+    return rows
+
+
+def random_histories(seed: int, transactions: int) -> dict[str, SourceHistory]:
+    rng = random.Random(seed)
+    users: dict[int, dict[str, Any]] = {}
+    colours: dict[int, dict[str, Any]] = {}
+    result = {"users": SourceHistory([], {}), "colors": SourceHistory([], {})}
+    for n in range(transactions):
+        xid = 1000 + n
+        source = rng.choice(["users", "colors"])
+        changes: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]] = []
+        for _ in range(rng.randint(1, 3)):
+            if source == "users":
+                uid = rng.randint(1, 12)
+                old = users.get(uid)
+                new = {"id": uid, "full_name": f"u{uid}-{n}"}
+                users[uid] = new
+                changes.append(("public.users", old, new))
+            elif colours and rng.random() < 0.3:
+                cid = rng.choice(sorted(colours))
+                changes.append((COLOUR_TABLE, colours.pop(cid), None))
+            else:
+                cid = len(colours) + 100 * n
+                new = {"id": cid, "user_id": rng.randint(1, 14),
+                       "favorite_color": rng.choice(["red", "blue", "teal"])}
+                colours[cid] = new
+                changes.append((COLOUR_TABLE, None, new))
+        result[source].order.append(xid)
+        result[source].changes[xid] = changes
+    return result
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_every_serial_interleaving_of_the_sources_passes_both_checks(seed: int) -> None:
+    histories = random_histories(seed, 80)
+    rows = interleaved_changelog(histories, seed)
+    orders: dict[str, dict[int, int] | None] = {
+        s: {x: i for i, x in enumerate(h.order)} for s, h in histories.items()}
+    assert prefix_violations(rows, orders) == []
+    assert state_violations(JOB, rows, histories) == []
+
+
+def test_swapping_two_transactions_of_one_source_is_caught() -> None:
+    histories = random_histories(1, 80)
+    rows = interleaved_changelog(histories, 1)
+    users_seqs = sorted({r["_commit_seq"] for r in rows if r["_source"] == "users"})
+    a, b = users_seqs[3], users_seqs[4]
+    for r in rows:
+        if r["_commit_seq"] in (a, b):
+            r["_commit_seq"] = b if r["_commit_seq"] == a else a
+    orders: dict[str, dict[int, int] | None] = {
+        s: {x: i for i, x in enumerate(h.order)} for s, h in histories.items()}
+    assert any("its commit order went back" in v for v in prefix_violations(rows, orders))

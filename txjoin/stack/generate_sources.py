@@ -199,15 +199,18 @@ def _known_ids(dsn: str, table: str) -> list[int]:
 
 
 def generate_two_sources(users_dsn: str, colors_dsn: str, rate_tx_per_s: float,
-                         duration_s: float, seed: int = 0,
-                         writers: int = 2) -> TwoSourceResult:
+                         duration_s: float, seed: int = 0, writers: int = 2,
+                         only: str | None = None) -> TwoSourceResult:
     """Drive both databases for ``duration_s`` seconds, ``writers`` racing threads on each.
 
-    ``rate_tx_per_s`` is the target per database. Returns each database's committed
+    ``rate_tx_per_s`` is the target per database; ``only`` (``"users"`` or ``"colors"``)
+    writes that database alone, the other one stays idle. Returns each database's committed
     transactions and row changes per table (= the data events its connector should emit).
     """
     if rate_tx_per_s <= 0 or duration_s < 0 or writers < 1:
         raise ConfigError("generate needs rate > 0, duration >= 0 and writers >= 1")
+    if only not in (None, "users", "colors"):
+        raise ConfigError(f"only={only!r}: expected 'users', 'colors' or None (both)")
     shared = _Shared(users=_known_ids(users_dsn, USERS_TABLE),
                      colours=_known_ids(colors_dsn, COLOURS_TABLE))
     shared.max_user = max(shared.users, default=0)
@@ -238,7 +241,7 @@ def generate_two_sources(users_dsn: str, colors_dsn: str, rate_tx_per_s: float,
                 writer.close()
 
     threads = [threading.Thread(target=work, args=(kind, i), name=f"txjoin-{kind}-{i}")
-               for i in range(writers) for kind in ("users", "colors")]
+               for i in range(writers) for kind in ("users", "colors") if only in (None, kind)]
     for thread in threads:
         thread.start()
     for thread in threads:
