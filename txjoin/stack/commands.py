@@ -129,13 +129,17 @@ def status(directory: Path) -> None:
                    "`txjoin up --job`): jobs/users_colors_two_dbs.py gets users inserted and "
                    "renamed in one database, colours added, changed and deleted in the other; "
                    "--rate is then per database.")
+@click.option("--only", type=click.Choice(["users", "colors"]), default=None,
+              help="With --job: write this database only; the other source stays idle.")
 @cli_errors
 def generate(directory: Path, dsn: str | None, rate: float, duration: float, seed: int,
-             writers: int, job_file: Path | None) -> None:
+             writers: int, job_file: Path | None, only: str | None) -> None:
     """Drive the pizzeria workload (and users/colours) against the source database."""
     if job_file is not None:
-        _generate_sources(directory, job_file, rate, duration, seed, writers)
+        _generate_sources(directory, job_file, rate, duration, seed, writers, only)
         return
+    if only is not None:
+        raise ConfigError("--only needs --job (a job with several sources)")
     if dsn is None:
         info = stack_mod.load_stack(directory)
         if info is None:
@@ -152,7 +156,7 @@ def generate(directory: Path, dsn: str | None, rate: float, duration: float, see
 
 
 def _generate_sources(directory: Path, job_file: Path, rate: float, duration: float, seed: int,
-                      writers: int) -> None:
+                      writers: int, only: str | None) -> None:
     from txjoin.job import load_job
     from txjoin.stack.generate_sources import (
         COLOURS_TABLE,
@@ -173,7 +177,7 @@ def _generate_sources(directory: Path, job_file: Path, rate: float, duration: fl
                            f"--job {job_file}` first")
     users, colours = info.source(users_source), info.source(colours_source)
     result = generate_two_sources(users.dsn, colours.dsn, rate, duration, seed=seed,
-                                  writers=writers)
+                                  writers=writers, only=only)
     table = Table("source", "database", "transactions", "row changes")
     for name, source, part in ((users_source, users, result.users),
                                (colours_source, colours, result.colors)):
