@@ -265,3 +265,18 @@ def test_swapping_two_transactions_of_one_source_is_caught() -> None:
     orders: dict[str, dict[int, int] | None] = {
         s: {x: i for i, x in enumerate(h.order)} for s, h in histories.items()}
     assert any("its commit order went back" in v for v in prefix_violations(rows, orders))
+
+
+def test_an_unreachable_source_database_is_one_line_naming_the_source(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from txjoin.cli import main
+
+    result = CliRunner().invoke(main, [
+        "verify", str(JOB.source_file), "--no-postgres", "--output-dir", str(tmp_path),
+        "--source-dsn", "users=postgresql://nobody@127.0.0.1:1/x",
+        "--source-dsn", "colors=postgresql://nobody@127.0.0.1:1/y"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: cannot connect to the 'users' source database: ")

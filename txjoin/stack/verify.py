@@ -155,8 +155,10 @@ def _connect(dsn: str, what: str) -> Iterator[psycopg2.extensions.connection]:
     try:
         conn = psycopg2.connect(dsn, connect_timeout=5)
     except psycopg2.OperationalError as exc:
-        raise ConfigError(f"cannot connect to the {what} database: {str(exc).strip()}; is the "
-                          f"stack up (`txjoin status`), or is the DSN right?") from None
+        # libpq's messages span lines: keep the error on one.
+        reason = " ".join(str(exc).split())
+        raise ConfigError(f"cannot connect to the {what} database: {reason}; is the stack up "
+                          f"(`txjoin status`), or is the DSN right?") from None
     try:
         # jsonb numbers as Decimal, like the sinks' numeric values.
         psycopg2.extras.register_default_jsonb(conn, loads=partial(json.loads,
