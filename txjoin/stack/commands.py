@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from txjoin.errors import ServiceError, cli_errors
+from txjoin.errors import ConfigError, ServiceError, cli_errors
 from txjoin.sinks.postgres import mask_dsn
 from txjoin.stack import stack as stack_mod
 from txjoin.stack.generate import generate as generate_workload
@@ -31,11 +31,25 @@ _dir_option = click.option(
 @click.option("--broker-port", type=int, default=None, help="Broker port (default: a free one).")
 @click.option("--timeout", type=float, default=180.0, show_default=True,
               help="Seconds each component may take to become healthy.")
+@click.option("--job", "job_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A job with several sources (e.g. jobs/users_colors_two_dbs.py): start one "
+                   "database (named after the source's topic prefix, holding its tables) and "
+                   "one Debezium connector per source instead of the `shop` connector.")
 @cli_errors
-def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: float) -> None:
+def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: float,
+       job_file: Path | None) -> None:
     """Start PostgreSQL, the tansu broker and Debezium (Kafka Connect) in the background."""
+    sources: list[stack_mod.SourceSpec] = []
+    if job_file is not None:
+        from txjoin.job import load_job
+
+        sources = stack_mod.job_sources(load_job(job_file))
+        if not sources:
+            raise ConfigError(f"{job_file}: the job has no `sources`; a single-source job "
+                              f"runs on the default stack: `txjoin up` without --job")
     result = stack_mod.up(directory, pg_port=pg_port, broker_port=broker_port, timeout=timeout,
-                          progress=lambda line: _console.print(f"[dim]{line}[/dim]"))
+                          progress=lambda line: _console.print(f"[dim]{line}[/dim]"),
+                          sources=sources)
     info = result.info
     if result.already_running:
         _console.print(f"stack in {directory} is already running")
@@ -45,6 +59,9 @@ def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: f
                    f"  sink      {mask_dsn(info.pg_dsn_sink)}\n"
                    f"  bootstrap {info.bootstrap_servers}\n  topics    {', '.join(info.topics)}",
                    highlight=False)
+    for source in info.sources:
+        _console.print(f"  source {source.name!r}: {mask_dsn(source.dsn)} "
+                       f"(prefix {source.prefix})", highlight=False)
     stale = [] if result.already_running else stack_mod.stale_checkpoints(directory)
     if stale:
         _console.print(
@@ -92,6 +109,9 @@ def status(directory: Path) -> None:
         console.print(f"source    {mask_dsn(info.pg_dsn_source)}\n"
                       f"sink      {mask_dsn(info.pg_dsn_sink)}\n"
                       f"bootstrap {info.bootstrap_servers}", highlight=False)
+        for source in info.sources:
+            console.print(f"source {source.name!r}: {mask_dsn(source.dsn)}, topics "
+                          f"{', '.join(source.topics)}", highlight=False)
 
 
 @click.command()
@@ -102,11 +122,24 @@ def status(directory: Path) -> None:
 @click.option("--duration", type=float, default=10.0, show_default=True, help="Seconds to run.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--writers", type=int, default=1, show_default=True,
-              help="Concurrent connections (serialised per transaction by an advisory lock).")
+              help="Concurrent connections (serialised per transaction by an advisory lock); "
+                   "with --job: per source database.")
+@click.option("--job", "job_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Drive the source databases of this multi-source job instead (the stack of "
+                   "`txjoin up --job`): jobs/users_colors_two_dbs.py gets users inserted and "
+                   "renamed in one database, colours added, changed and deleted in the other; "
+                   "--rate is then per database.")
+@click.option("--only", type=click.Choice(["users", "colors"]), default=None,
+              help="With --job: write this database only; the other source stays idle.")
 @cli_errors
 def generate(directory: Path, dsn: str | None, rate: float, duration: float, seed: int,
-             writers: int) -> None:
+             writers: int, job_file: Path | None, only: str | None) -> None:
     """Drive the pizzeria workload (and users/colours) against the source database."""
+    if job_file is not None:
+        _generate_sources(directory, job_file, rate, duration, seed, writers, only)
+        return
+    if only is not None:
+        raise ConfigError("--only needs --job (a job with several sources)")
     if dsn is None:
         info = stack_mod.load_stack(directory)
         if info is None:
@@ -119,4 +152,35 @@ def generate(directory: Path, dsn: str | None, rate: float, duration: float, see
     table = Table("table", "events")
     for name, count in sorted(result.events_by_table.items()):
         table.add_row(name, str(count))
+    _console.print(table)
+
+
+def _generate_sources(directory: Path, job_file: Path, rate: float, duration: float, seed: int,
+                      writers: int, only: str | None) -> None:
+    from txjoin.job import load_job
+    from txjoin.stack.generate_sources import (
+        COLOURS_TABLE,
+        USERS_TABLE,
+        generate_two_sources,
+    )
+
+    job = load_job(job_file)
+    by_table = {t.name: t.source for t in job.tables}
+    users_source, colours_source = by_table.get(USERS_TABLE), by_table.get(COLOURS_TABLE)
+    if (users_source is None or colours_source is None or users_source == colours_source):
+        raise ConfigError(f"{job_file}: the two-source workload needs {USERS_TABLE} and "
+                          f"{COLOURS_TABLE} in two different sources (as in "
+                          f"jobs/users_colors_two_dbs.py)")
+    info = stack_mod.load_stack(directory)
+    if info is None:
+        raise ServiceError(f"no running stack in {directory}: `txjoin up --dir {directory} "
+                           f"--job {job_file}` first")
+    users, colours = info.source(users_source), info.source(colours_source)
+    result = generate_two_sources(users.dsn, colours.dsn, rate, duration, seed=seed,
+                                  writers=writers, only=only)
+    table = Table("source", "database", "transactions", "row changes")
+    for name, source, part in ((users_source, users, result.users),
+                               (colours_source, colours, result.colors)):
+        table.add_row(name, source.database, str(part.transactions), str(part.events))
+    _console.print(f"{result.transactions} transactions in {result.seconds:.1f}s")
     _console.print(table)

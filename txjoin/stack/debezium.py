@@ -126,11 +126,14 @@ class Debezium:
 
 def start_debezium(work_dir: Path, bootstrap_servers: str, pg_port: int, pg_user: str,
                    pg_password: str, log_path: Path,
-                   config_path: Path = CONNECTOR_PROPERTIES) -> Debezium:
+                   config_path: Path = CONNECTOR_PROPERTIES,
+                   overrides: dict[str, str] | None = None) -> Debezium:
     """Compile the launcher into ``work_dir`` and start the worker in the background.
 
-    The caller waits for health (``task_state`` and the replication slot); this returns
-    as soon as the JVM runs.
+    ``overrides`` replace settings of ``config_path`` (a second source database's
+    connector: its name, database, topic prefix, slot, publication and tables). The
+    caller waits for health (``task_state`` and the replication slot); this returns as
+    soon as the JVM runs.
     """
     java, javac = java_home_check()
     libs = debezium_libs()
@@ -147,6 +150,7 @@ def start_debezium(work_dir: Path, bootstrap_servers: str, pg_port: int, pg_user
 
     connector = connector_config({"PG_HOST": "127.0.0.1", "PG_PORT": str(pg_port),
                                   "PG_USER": pg_user, "PG_PASSWORD": pg_password}, config_path)
+    connector.update(overrides or {})
     worker = {
         "bootstrap.servers": bootstrap_servers,
         "key.converter": "org.apache.kafka.connect.json.JsonConverter",
@@ -181,6 +185,19 @@ def start_debezium(work_dir: Path, bootstrap_servers: str, pg_port: int, pg_user
             start_new_session=True,
         )
     return Debezium(ProcessId.of(popen.pid), status_file, connector["slot.name"])
+
+
+def source_overrides(name: str, prefix: str, database: str,
+                     tables: list[str]) -> dict[str, str]:
+    """Connector settings for one source database of a multi-source job (DESIGN §3 otherwise).
+
+    Its own slot and publication (both are per database; distinct names keep logs and
+    ``pg_replication_slots`` legible) and its own topic prefix, hence its own
+    ``<prefix>.transaction`` topic.
+    """
+    return {"name": f"txjoin-{prefix}", "database.dbname": database, "topic.prefix": prefix,
+            "slot.name": f"txjoin_{prefix}", "publication.name": f"dbz_{prefix}",
+            "table.include.list": ",".join(tables)}
 
 
 def read_status(status_file: Path) -> dict[str, object] | None:

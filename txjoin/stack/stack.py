@@ -7,6 +7,14 @@ Everything lives in one stack directory (default ``.txjoin``)::
     postgres/       the data directory (elsewhere if the server's user cannot reach it)
     connect/        compiled launcher, worker/connector properties, offsets, status.json
 
+With ``up(sources=...)`` (``txjoin up --job FILE`` for a job with several sources) the
+cluster also gets one logical database per source (named after its topic prefix) holding
+that source's tables, and one Debezium worker per source (``debezium:<prefix>``, work
+directory ``connect-<prefix>/``) with its own slot, publication, topic prefix and
+one-partition ``<prefix>.transaction`` topic; the single ``shop`` connector is not
+started then. stack.json version 2 records them under ``sources``; a version 1 file
+(no ``sources``) still reads as the single-source stack.
+
 The broker keeps topics in memory only, so a stopped stack cannot resume (Debezium's slot
 and offsets would point past data the broker no longer has): ``up`` after ``down`` starts
 over from a fresh database and snapshot. A stack whose processes died without ``down`` is
@@ -21,14 +29,15 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg2
 
-from txjoin.errors import ServiceError
+from txjoin.errors import ConfigError, ServiceError
+from txjoin.job import Job, Table
 from txjoin.stack import broker as broker_mod
 from txjoin.stack import debezium as debezium_mod
 from txjoin.stack import postgres as postgres_mod
@@ -36,9 +45,67 @@ from txjoin.stack.processes import ProcessId, ensure_port_free, free_port, liste
 
 DEFAULT_DIR = Path(".txjoin")
 STATE_FILE = "stack.json"
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A source database to start: the job's source name, topic prefix, and its tables."""
+
+    name: str
+    prefix: str
+    tables: tuple[Table, ...]
+
+    @property
+    def database(self) -> str:
+        """Its logical database: named after the prefix (unique per stack)."""
+        return self.prefix
+
+    @property
+    def component(self) -> str:
+        """Its Debezium worker's name in stack.json and ``txjoin status``."""
+        return f"debezium:{self.prefix}"
+
+
+def job_sources(job: Job) -> list[SourceSpec]:
+    """The source databases ``job`` reads (empty for a single-source job)."""
+    prefixes = job.source_prefixes(DEFAULT_PREFIX)
+    specs = []
+    for source in job.sources:
+        tables = tuple(t for t in job.tables if t.source == source.name)
+        if not tables:
+            raise ConfigError(f"job {job.name!r} ({job.source_file}): source "
+                              f"{source.name!r} has no table; give a Table source="
+                              f"{source.name!r} or remove the source")
+        specs.append(SourceSpec(source.name, prefixes[source.name], tables))
+    databases = [s.database for s in specs]
+    clash = {d for d in databases if databases.count(d) > 1 or d in _RESERVED_DATABASES}
+    if clash:
+        raise ConfigError(f"job {job.name!r} ({job.source_file}): topic prefix(es) "
+                          f"{sorted(clash)} name the source databases and must be distinct and "
+                          f"not one of {_RESERVED_DATABASES}")
+    return specs
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """One running source database of a multi-source stack."""
+
+    name: str
+    prefix: str
+    database: str
+    dsn: str
+    tables: tuple[str, ...]
+
+    @property
+    def transaction_topic(self) -> str:
+        return f"{self.prefix}.transaction"
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        return (*(f"{self.prefix}.{t}" for t in self.tables), self.transaction_topic)
 
 
 @dataclass(frozen=True)
@@ -50,6 +117,8 @@ class StackInfo:
     bootstrap_servers: str
     topic_prefix: str
     tables: tuple[str, ...] = ()
+    sources: tuple[SourceInfo, ...] = ()
+    """The source databases of a multi-source stack (``up --job``); empty otherwise."""
 
     @property
     def transaction_topic(self) -> str:
@@ -59,7 +128,19 @@ class StackInfo:
     @property
     def topics(self) -> tuple[str, ...]:
         """Every topic Debezium writes: one per captured table, then the transaction topic."""
+        if self.sources:
+            return tuple(t for s in self.sources for t in s.topics)
         return (*(f"{self.topic_prefix}.{t}" for t in self.tables), self.transaction_topic)
+
+    def source(self, name: str) -> SourceInfo:
+        """The source database of the job's source ``name`` (ConfigError if not started)."""
+        for source in self.sources:
+            if source.name == name:
+                return source
+        started = ", ".join(s.name for s in self.sources) or "none (a single-source stack)"
+        raise ConfigError(f"the local stack has no source database for source {name!r} "
+                          f"(started: {started}); restart it with `txjoin down` and "
+                          f"`txjoin up --job <job file>`")
 
 
 @dataclass(frozen=True)
@@ -113,6 +194,20 @@ def _write_state(directory: Path, state: dict[str, Any]) -> None:
 
 
 _COMPONENTS = ("postgres", "broker", "debezium")
+DEFAULT_PREFIX = "shop"
+_RESERVED_DATABASES = ("postgres", "template0", "template1", "shop", "sink")
+
+
+def _components(state: dict[str, Any]) -> tuple[str, ...]:
+    """The recorded components: one Debezium worker, or one per source database."""
+    sources = state.get("sources") or []
+    if not sources:
+        return _COMPONENTS
+    return ("postgres", "broker", *(s["component"] for s in sources))
+
+
+def _debezium_components(state: dict[str, Any]) -> list[str]:
+    return [c for c in _components(state) if c.startswith("debezium")]
 
 
 def _process(state: dict[str, Any], name: str) -> ProcessId | None:
@@ -125,7 +220,7 @@ def _process(state: dict[str, Any], name: str) -> ProcessId | None:
 def _alive(state: dict[str, Any]) -> dict[str, bool]:
     """Liveness of each component that got as far as having a pid."""
     alive = {}
-    for name in _COMPONENTS:
+    for name in _components(state):
         proc = _process(state, name)
         if proc is not None:
             alive[name] = proc.alive()
@@ -133,8 +228,10 @@ def _alive(state: dict[str, Any]) -> dict[str, bool]:
 
 
 def _info(state: dict[str, Any]) -> StackInfo:
+    sources = tuple(SourceInfo(s["name"], s["prefix"], s["database"], s["dsn"],
+                               tuple(s["tables"])) for s in state.get("sources") or [])
     return StackInfo(state["pg_dsn_source"], state["pg_dsn_sink"], state["bootstrap_servers"],
-                     state["topic_prefix"], tuple(state["tables"]))
+                     state["topic_prefix"], tuple(state["tables"]), sources)
 
 
 def load_stack(directory: str | os.PathLike[str] = DEFAULT_DIR) -> StackInfo | None:
@@ -147,15 +244,19 @@ def load_stack(directory: str | os.PathLike[str] = DEFAULT_DIR) -> StackInfo | N
     if state is None or state.get("stopped"):
         return None
     alive = _alive(state)
-    if len(alive) != len(_COMPONENTS) or not all(alive.values()):
+    if len(alive) != len(_components(state)) or not all(alive.values()):
         return None
     return _info(state)
 
 
 def up(directory: str | os.PathLike[str] = DEFAULT_DIR, *, pg_port: int | None = None,
        broker_port: int | None = None, timeout: float = 180.0,
-       progress: Progress = _noop) -> UpResult:
+       progress: Progress = _noop, sources: Sequence[SourceSpec] = ()) -> UpResult:
     """Start PostgreSQL, the broker and Debezium in the background; wait until all are healthy.
+
+    With ``sources`` (:func:`job_sources`), one database and one Debezium worker per
+    source instead of the single ``shop`` connector. Asking a running stack for other
+    sources than it has is a ServiceError (``down`` it first).
 
     Harmless when the stack already runs (``already_running``). Raises ServiceError for a
     busy port, missing Java, a stale directory (processes died without ``down``), or a
@@ -167,9 +268,16 @@ def up(directory: str | os.PathLike[str] = DEFAULT_DIR, *, pg_port: int | None =
         state = _read_state(directory)
         if state is not None and not state.get("stopped"):
             alive = _alive(state)
-            if alive and all(alive.values()) and len(alive) == len(_COMPONENTS):
+            if alive and all(alive.values()) and len(alive) == len(_components(state)):
+                running = [s["prefix"] for s in state.get("sources") or []]
+                wanted = [s.prefix for s in sources]
+                if running != wanted:
+                    raise ServiceError(
+                        f"the stack in {directory} runs source databases "
+                        f"{running or ['shop']}, not {wanted or ['shop']}: run "
+                        f"`txjoin down --dir {directory}` first, then `txjoin up` again")
                 return UpResult(_info(state), True, 0.0)
-            dead = ", ".join(n for n in _COMPONENTS if not alive.get(n)) or "all"
+            dead = ", ".join(n for n in _components(state) if not alive.get(n)) or "all"
             raise ServiceError(
                 f"stale stack in {directory}: {dead} no longer running (pids in "
                 f"{directory / STATE_FILE}); run `txjoin down --dir {directory}` first"
@@ -200,6 +308,9 @@ def up(directory: str | os.PathLike[str] = DEFAULT_DIR, *, pg_port: int | None =
             "pg_dsn_sink": postgres_mod.dsn(pg_port, postgres_mod.SINK_DB),
             "bootstrap_servers": f"127.0.0.1:{broker_port}",
             "topic_prefix": prefix, "tables": list(tables),
+            "sources": [{"name": s.name, "prefix": s.prefix, "database": s.database,
+                         "dsn": postgres_mod.dsn(pg_port, s.database), "component": s.component,
+                         "tables": [t.name for t in s.tables]} for s in sources],
         }
         info = _info(state)
         try:
@@ -219,15 +330,34 @@ def up(directory: str | os.PathLike[str] = DEFAULT_DIR, *, pg_port: int | None =
             _write_state(directory, state)
             broker_mod.create_topics(info.bootstrap_servers, list(info.topics))
 
-            progress("debezium: compiling the launcher and starting Kafka Connect")
-            dbz = debezium_mod.start_debezium(
-                directory / "connect", info.bootstrap_servers, pg_port,
-                postgres_mod.DB_USER, postgres_mod.DB_PASSWORD, logs / "debezium.log")
-            state["debezium"] = {"pid": dbz.process.pid, "start_ticks": dbz.process.start_ticks,
-                                 "status_file": str(dbz.status_file), "slot": dbz.slot_name,
-                                 "log": str(logs / "debezium.log")}
-            _write_state(directory, state)
-            _wait_debezium(state, timeout)
+            if not sources:
+                progress("debezium: compiling the launcher and starting Kafka Connect")
+                dbz = debezium_mod.start_debezium(
+                    directory / "connect", info.bootstrap_servers, pg_port,
+                    postgres_mod.DB_USER, postgres_mod.DB_PASSWORD, logs / "debezium.log")
+                state["debezium"] = {"pid": dbz.process.pid,
+                                     "start_ticks": dbz.process.start_ticks,
+                                     "status_file": str(dbz.status_file), "slot": dbz.slot_name,
+                                     "log": str(logs / "debezium.log")}
+                _write_state(directory, state)
+            for spec, entry in zip(sources, state["sources"], strict=True):
+                progress(f"postgres: database {spec.database} for source {spec.name!r}")
+                postgres_mod.create_source_database(pg_port, spec.database, spec.tables)
+                progress(f"debezium: Kafka Connect for source {spec.name!r} "
+                         f"(topic prefix {spec.prefix})")
+                log = logs / f"debezium-{spec.prefix}.log"
+                dbz = debezium_mod.start_debezium(
+                    directory / f"connect-{spec.prefix}", info.bootstrap_servers, pg_port,
+                    postgres_mod.DB_USER, postgres_mod.DB_PASSWORD, log,
+                    overrides=debezium_mod.source_overrides(
+                        spec.name, spec.prefix, spec.database, list(entry["tables"])))
+                state[spec.component] = {
+                    "pid": dbz.process.pid, "start_ticks": dbz.process.start_ticks,
+                    "status_file": str(dbz.status_file), "slot": dbz.slot_name,
+                    "log": str(log), "dsn": entry["dsn"]}
+                _write_state(directory, state)
+            for name in _debezium_components(state):
+                _wait_debezium(state, timeout, name)
         except BaseException:
             _stop_all(state)
             state["stopped"] = True
@@ -252,8 +382,9 @@ def _slot_active(dsn: str, slot: str) -> bool:
     return bool(row and row[0])
 
 
-def _wait_debezium(state: dict[str, Any], timeout: float) -> None:
-    entry = state["debezium"]
+def _wait_debezium(state: dict[str, Any], timeout: float, name: str = "debezium") -> None:
+    entry = state[name]
+    dsn = entry.get("dsn", state["pg_dsn_source"])
     status_file = Path(entry["status_file"])
 
     def healthy() -> bool:
@@ -261,23 +392,22 @@ def _wait_debezium(state: dict[str, Any], timeout: float) -> None:
         if task == "FAILED":
             trace = (debezium_mod.task_trace(status_file) or "").strip().splitlines()
             raise ServiceError(
-                "Debezium's connector task FAILED: "
+                f"{name}: the connector task FAILED: "
                 f"{trace[0] if trace else 'no trace'}; see {entry['log']}"
             )
-        return task == "RUNNING" and _slot_active(state["pg_dsn_source"], entry["slot"])
+        return task == "RUNNING" and _slot_active(dsn, entry["slot"])
 
-    wait_until(healthy, timeout, "Debezium (task RUNNING and streaming from its slot)",
-               _process(state, "debezium"), entry["log"], interval=0.25)
+    wait_until(healthy, timeout, f"{name} (task RUNNING and streaming from its slot)",
+               _process(state, name), entry["log"], interval=0.25)
 
 
 def _stop_all(state: dict[str, Any]) -> list[str]:
     """Stop the recorded processes (Debezium first: it needs the others to shut down cleanly)."""
     stopped = []
-    stoppers = {"debezium": debezium_mod.stop_debezium, "postgres": postgres_mod.stop_postgres,
-                "broker": broker_mod.stop_broker}
-    for name in ("debezium", "postgres", "broker"):
+    stoppers = {"postgres": postgres_mod.stop_postgres, "broker": broker_mod.stop_broker}
+    for name in (*_debezium_components(state), "postgres", "broker"):
         proc = _process(state, name)
-        if proc is not None and stoppers[name](proc):
+        if proc is not None and stoppers.get(name, debezium_mod.stop_debezium)(proc):
             stopped.append(name)
     return stopped
 
@@ -296,7 +426,8 @@ def stale_checkpoints(directory: str | os.PathLike[str]) -> list[str]:
 
 def _remove_data(directory: Path, state: dict[str, Any] | None) -> None:
     """Remove what the stack created in ``directory`` (never anything else that lives there)."""
-    roots = [directory / "postgres", directory / "connect"]
+    roots = [directory / "postgres", directory / "connect",
+             *(directory / f"connect-{s['prefix']}" for s in (state or {}).get("sources") or [])]
     pg_root = (state or {}).get("postgres", {}).get("data_root")
     if pg_root:
         roots.append(Path(pg_root))
@@ -342,7 +473,7 @@ def status(directory: str | os.PathLike[str] = DEFAULT_DIR) -> list[ComponentSta
     if state is None:
         return []
     result = []
-    for name in _COMPONENTS:
+    for name in _components(state):
         entry = state.get(name)
         proc = _process(state, name)
         if entry is None or proc is None:
@@ -357,7 +488,7 @@ def status(directory: str | os.PathLike[str] = DEFAULT_DIR) -> list[ComponentSta
             health = "listening" if listening(int(port)) else "not listening"
         else:
             task = debezium_mod.task_state(Path(entry["status_file"]))
-            streaming = _slot_active(state["pg_dsn_source"], entry["slot"])
+            streaming = _slot_active(entry.get("dsn", state["pg_dsn_source"]), entry["slot"])
             health = f"task {task}, " + ("streaming" if streaming else "not streaming yet")
         result.append(ComponentStatus(name, proc.pid, port, running, health))
     return result

@@ -11,6 +11,13 @@ The oracle depends on the job's semantics (DESIGN §1):
   database. It is the answer after the last committed transaction, so compare once the
   pipeline has caught up (``txjoin run --until-idle`` after the writers stopped).
 
+A job with several sources (``Job.sources``: one database each, no cross-database SQL)
+is evaluated in Python instead: each table is read from its own source database and the
+oracle (:mod:`txjoin.core.oracle`) evaluates the job on those states. Its changelogs get a
+per-source prefix check too (:func:`prefix_violations`): each transaction's changes sit
+at exactly one ``_commit_seq``, and each source's transactions appear in that source's
+commit order, as its writers recorded it in ``public.txjoin_commits``.
+
 Both the PostgreSQL sink and the Delta current table are compared, values by value
 (``Decimal("9.00")`` equals the JSON number ``9.0``; lists in order), and each sink's
 changelog must not hold a key twice at one ``_commit_seq`` (exactly once).
@@ -19,6 +26,7 @@ changelog must not hold a key twice at one ``_commit_seq`` (exactly once).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -38,7 +46,7 @@ import psycopg2.extras
 from txjoin.errors import ConfigError, TxjoinError
 from txjoin.job import Collect, Job, Lookup
 from txjoin.scenarios.checks import RowDiff, diff_rows, show
-from txjoin.sinks import COMMIT_SEQ, Sink, without_metadata
+from txjoin.sinks import COMMIT_SEQ, XID, Sink, without_metadata
 from txjoin.stack.stack import DEFAULT_DIR, StackInfo, load_stack
 
 Row = dict[str, Any]
@@ -147,8 +155,10 @@ def _connect(dsn: str, what: str) -> Iterator[psycopg2.extensions.connection]:
     try:
         conn = psycopg2.connect(dsn, connect_timeout=5)
     except psycopg2.OperationalError as exc:
-        raise ConfigError(f"cannot connect to the {what} database: {str(exc).strip()}; is the "
-                          f"stack up (`txjoin status`), or is the DSN right?") from None
+        # libpq's messages span lines: keep the error on one.
+        reason = " ".join(str(exc).split())
+        raise ConfigError(f"cannot connect to the {what} database: {reason}; is the stack up "
+                          f"(`txjoin status`), or is the DSN right?") from None
     try:
         # jsonb numbers as Decimal, like the sinks' numeric values.
         psycopg2.extras.register_default_jsonb(conn, loads=partial(json.loads,
@@ -200,6 +210,213 @@ def expected_rows(job: Job, source_dsn: str) -> tuple[list[Row], set[tuple[Any, 
     return present, absent, table
 
 
+# -- several source databases -----------------------------------------------------------
+
+SOURCE_COLUMN = "_source"
+"""The metadata column naming the source of each changelog row (multi-source jobs)."""
+
+
+def evaluate_on_states(job: Job, rows_by_table: Mapping[str, Sequence[Row]]) -> list[Row]:
+    """The job's output on the given table states (one state per source, read separately)."""
+    from txjoin.core.oracle import Oracle
+
+    oracle = Oracle(job)
+    oracle.load_snapshot({t: rows_by_table.get(t, []) for t in job.table_names})
+    return list(oracle.output.values())
+
+
+def expected_rows_sources(job: Job, source_dsns: Mapping[str, str]) -> list[Row]:
+    """The job evaluated on each source database's current state (read one by one)."""
+    rows: dict[str, list[Row]] = {}
+    for table in job.tables:
+        dsn = source_dsns.get(table.source or "")
+        if dsn is None:
+            raise ConfigError(f"job {job.name!r}: no database for source {table.source!r} "
+                              f"(table {table.name}); have {sorted(source_dsns)}: start the "
+                              f"stack with `txjoin up --job {job.source_file}` or pass "
+                              f"--source-dsn {table.source}=DSN")
+        columns = ", ".join(_ident(c) for c in table.columns)
+        with _connect(dsn, f"{table.source!r} source") as conn:
+            try:
+                rows[table.name] = _fetch(conn, f"SELECT {columns} FROM {_qualified(table.name)}")
+            except psycopg2.Error as exc:
+                raise ConfigError(f"cannot read {table.name} of source {table.source!r}: "
+                                  f"{str(exc).strip()}") from None
+    return evaluate_on_states(job, rows)
+
+
+def commit_order(dsn: str) -> dict[int, int] | None:
+    """xid -> position in commit order, from the generator's log (None if there is none)."""
+    from txjoin.stack.postgres import COMMIT_LOG
+
+    with _connect(dsn, "source") as conn:
+        if not _fetch(conn, "SELECT to_regclass(%s) IS NOT NULL AS found",
+                      (COMMIT_LOG,))[0]["found"]:
+            return None
+        return {int(r["xid"]): int(r["seq"]) for r in _fetch(
+            conn, f"SELECT xid, seq FROM {COMMIT_LOG}")}
+
+
+def prefix_violations(changelog: Sequence[Row],
+                      orders: Mapping[str, Mapping[int, int] | None]) -> list[str]:
+    """Per-source prefix consistency of a multi-source changelog, one line per violation.
+
+    ``orders``: per source name, xid -> its place in that source's commit order (None:
+    unknown, only the grouping is checked). A transaction's changes must share one
+    ``_commit_seq`` and a ``_commit_seq`` must hold one transaction (never part of one);
+    ordered by ``_commit_seq``, each source's transactions must follow its commit order
+    (its k never goes back). Rows without an xid (the snapshot) are not transactions.
+    """
+    if changelog and SOURCE_COLUMN not in changelog[0]:
+        return [f"the changelog has no {SOURCE_COLUMN} column: it is not a multi-source "
+                f"job's output"]
+    violations = []
+    tx_seqs: dict[tuple[str, int], set[int]] = {}
+    seq_txs: dict[int, set[tuple[str, int]]] = {}
+    for row in changelog:
+        if row.get(XID) is None:
+            continue
+        tx = (str(row[SOURCE_COLUMN]), int(row[XID]))
+        seq = int(row[COMMIT_SEQ])
+        tx_seqs.setdefault(tx, set()).add(seq)
+        seq_txs.setdefault(seq, set()).add(tx)
+    for (source, xid), seqs in sorted(tx_seqs.items()):
+        if len(seqs) > 1:
+            violations.append(f"source {source!r} xid {xid} is split across _commit_seq "
+                              f"{sorted(seqs)}")
+    for seq, txs in sorted(seq_txs.items()):
+        if len(txs) > 1:
+            violations.append(f"_commit_seq {seq} mixes transactions "
+                              + ", ".join(f"{s}:{x}" for s, x in sorted(txs)))
+    for source in sorted({s for s, _ in tx_seqs}):
+        if source not in orders:
+            violations.append(f"source {source!r} in the changelog is not a source of the job "
+                              f"({sorted(orders)})")
+            continue
+        order = orders[source]
+        if order is None:
+            continue
+        applied = sorted((min(seqs), xid) for (s, xid), seqs in tx_seqs.items() if s == source)
+        previous: tuple[int, int, int] | None = None  # (_commit_seq, xid, commit position)
+        for seq, xid in applied:
+            position = order.get(xid)
+            if position is None:
+                continue  # not the generator's (e.g. set-up before it ran): no order known
+            if previous is not None and position < previous[2]:
+                violations.append(
+                    f"source {source!r}: xid {xid} (commit #{position}) applied at _commit_seq "
+                    f"{seq}, after xid {previous[1]} (commit #{previous[2]}) at _commit_seq "
+                    f"{previous[0]}: its commit order went back")
+            previous = (seq, xid, position)
+    return violations
+
+
+@dataclass
+class SourceHistory:
+    """One source database's generated transactions: commit order and row changes."""
+
+    order: list[int]
+    """xids in commit order."""
+    changes: dict[int, list[tuple[str, Row | None, Row | None]]]
+    """xid -> (table, old row, new row) in statement order."""
+
+
+def read_history(dsn: str) -> SourceHistory | None:
+    """The change log a ``txjoin up --job`` database keeps (None if it has none)."""
+    from txjoin.stack.postgres import CHANGE_LOG, COMMIT_LOG
+
+    with _connect(dsn, "source") as conn:
+        if not _fetch(conn, "SELECT to_regclass(%s) IS NOT NULL AS found",
+                      (CHANGE_LOG,))[0]["found"]:
+            return None
+        order = [int(r["xid"]) for r in _fetch(conn, f"SELECT xid FROM {COMMIT_LOG} ORDER BY seq")]
+        changes: dict[int, list[tuple[str, Row | None, Row | None]]] = {}
+        for r in _fetch(conn, f"SELECT xid, tbl, old_row, new_row FROM {CHANGE_LOG} ORDER BY id"):
+            changes.setdefault(int(r["xid"]), []).append((r["tbl"], r["old_row"], r["new_row"]))
+    return SourceHistory(order, changes)
+
+
+def _states_after_each(job: Job, history: SourceHistory) -> list[dict[str, list[Row]]]:
+    """[state before the first transaction, after T1, after T2, ...] of one source."""
+    tables: dict[str, dict[tuple[Any, ...], Row]] = {}
+    states = [{}]  # type: list[dict[str, list[Row]]]
+    for xid in history.order:
+        for table, old, new in history.changes.get(xid, []):
+            rows = tables.setdefault(table, {})
+            if old is not None:
+                rows.pop(tuple(old[k] for k in job.table(table).key), None)
+            if new is not None:
+                rows[tuple(new[k] for k in job.table(table).key)] = new
+        states.append({t: list(rows.values()) for t, rows in tables.items()})
+    return states
+
+
+def state_violations(job: Job, changelog: Sequence[Row],
+                     histories: Mapping[str, SourceHistory], max_tries: int = 64) -> list[str]:
+    """Every state a reader of the sink could observe, checked against the job's output.
+
+    Replays the changelog ``_commit_seq`` by ``_commit_seq``; after each, the sink must
+    equal the job evaluated on (source 1 after some T1_k, source 2 after some T2_m, ...),
+    where k is at least the last transaction of that source the changelog shows and
+    below the next one it shows (transactions that changed no output leave no row).
+    One line per state that matches none.
+    """
+    keys = list(job.output.key)
+    names = sorted(histories)
+    states = {s: _states_after_each(job, histories[s]) for s in names}
+    position = {s: {xid: i + 1 for i, xid in enumerate(histories[s].order)} for s in names}
+    groups: dict[int, list[Row]] = {}
+    for row in changelog:
+        groups.setdefault(int(row[COMMIT_SEQ]), []).append(row)
+    shown: dict[str, list[int]] = {s: [] for s in names}  # positions, in changelog order
+    seq_tx: dict[int, tuple[str, int]] = {}
+    for seq in sorted(groups):
+        tx = next(((str(r[SOURCE_COLUMN]), position.get(str(r[SOURCE_COLUMN]), {}).get(
+            int(r[XID]), 0)) for r in groups[seq] if r.get(XID) is not None), None)
+        if tx is not None and tx[0] in shown and tx[1]:
+            seq_tx[seq] = tx
+            shown[tx[0]].append(tx[1])
+    violations = []
+    sink: dict[tuple[Any, ...], Row] = {}
+    at = {s: 0 for s in names}
+    nth = {s: 0 for s in names}
+    for seq in sorted(groups):
+        for row in groups[seq]:
+            key = tuple(row[k] for k in keys)
+            if row.get("_op") == "d":
+                sink.pop(key, None)
+            else:
+                sink[key] = {c: v for c, v in without_metadata(row).items()
+                             if c != SOURCE_COLUMN}
+        if seq in seq_tx:
+            source, pos = seq_tx[seq]
+            at[source] = pos
+            nth[source] += 1
+        ranges = []
+        for s in names:
+            following = shown[s][nth[s]] if nth[s] < len(shown[s]) else len(states[s])
+            ranges.append(range(at[s], max(at[s] + 1, following)))
+        actual = list(sink.values())
+        best: RowDiff | None = None
+        matched = False
+        for combo in itertools.islice(itertools.product(*ranges), max_tries):
+            tables: dict[str, list[Row]] = {}
+            for s, k in zip(names, combo, strict=True):
+                tables.update(states[s][k])
+            diff = diff_rows(evaluate_on_states(job, tables), actual, keys)
+            best = best or diff
+            if diff.size == 0:
+                matched = True
+                break
+        if best is not None and not matched:
+            where = ", ".join(f"{s} after #{at[s]}" for s in names)
+            violations.append(
+                f"after _commit_seq {seq} the sink equals no state of the sources ({where}, or "
+                f"later ones it shows no row of): {len(best.missing)} missing, "
+                f"{len(best.extra)} extra, {len(best.different)} different rows")
+    return violations
+
+
 # -- the comparison -----------------------------------------------------------------------
 
 
@@ -214,10 +431,13 @@ class SinkCheck:
     changelog_rows: int = 0
     changelog_duplicates: list[tuple[Any, ...]] = field(default_factory=list)
     note: str | None = None
+    prefix_violations: list[str] = field(default_factory=list)
+    state_violations: list[str] = field(default_factory=list)
 
     @property
     def mismatches(self) -> int:
-        return self.diff.size + len(self.changelog_duplicates)
+        return (self.diff.size + len(self.changelog_duplicates) + len(self.prefix_violations)
+                + len(self.state_violations))
 
     @property
     def ok(self) -> bool:
@@ -264,6 +484,13 @@ class VerifyResult:
                 lines.append(f"    changelog: {len(dup)} (key, _commit_seq) written more than "
                              f"once: " + ", ".join(show(list(d)) for d in dup[:show_rows])
                              + (" ..." if len(dup) > show_rows else ""))
+            if s.prefix_violations:
+                lines.append(f"    prefix: {len(s.prefix_violations)} violation(s)")
+                lines += [f"      {v}" for v in s.prefix_violations[:show_rows]]
+            if s.state_violations:
+                lines.append(f"    states: {len(s.state_violations)} observable state(s) "
+                             f"that are no combination of the sources' states")
+                lines += [f"      {v}" for v in s.state_violations[:show_rows]]
         return "\n".join(lines)
 
 
@@ -289,13 +516,24 @@ def _duplicates(changelog: Sequence[Row], keys: Sequence[str]) -> list[tuple[Any
 
 
 def check_sink(sink: Sink, where: str, keys: Sequence[str], expected: Sequence[Row],
-               note: str | None = None) -> SinkCheck:
-    """Compare one sink's current table (and its changelog's uniqueness) with ``expected``."""
+               note: str | None = None,
+               orders: Mapping[str, Mapping[int, int] | None] | None = None,
+               job: Job | None = None,
+               histories: Mapping[str, SourceHistory] | None = None) -> SinkCheck:
+    """Compare one sink's current table (and its changelog's uniqueness) with ``expected``.
+
+    With ``orders`` (a multi-source job: per source, xid -> commit position) its changelog
+    gets the per-source prefix check as well; with ``job`` and ``histories`` (every
+    source's transactions) each state the changelog passes through is checked too.
+    """
     current = sink.read_current()
     changelog = sink.read_changelog()
     diff = diff_rows(expected, current, keys)
+    violations = [] if orders is None else prefix_violations(changelog, orders)
+    states = ([] if job is None or histories is None or violations
+              else state_violations(job, changelog, histories))
     return SinkCheck(sink.name, where, len(current), diff, len(changelog),
-                     _duplicates(changelog, keys), note)
+                     _duplicates(changelog, keys), note, violations, states)
 
 
 def _dsns(stack_or_dsns: StackInfo | tuple[str, str | None]) -> tuple[str, str | None]:
@@ -306,17 +544,40 @@ def _dsns(stack_or_dsns: StackInfo | tuple[str, str | None]) -> tuple[str, str |
 
 
 def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
-               output_dir: str | os.PathLike[str]) -> VerifyResult:
+               output_dir: str | os.PathLike[str],
+               source_dsns: Mapping[str, str] | None = None,
+               check_states: bool = True) -> VerifyResult:
     """Compare ``job``'s PostgreSQL sink and Delta current table with PostgreSQL's answer.
 
     ``stack_or_dsns`` is a running stack, or ``(source_dsn, sink_dsn)`` (``sink_dsn``
-    None: check the Delta tables only). Raises ConfigError when the oracle or a database
-    cannot be reached; mismatches are in the result, never raised.
+    None: check the Delta tables only). A job with several sources reads each source's
+    tables from ``source_dsns`` (source name -> DSN; default: the stack's source
+    databases) and checks per-source prefix consistency, and (``check_states``, when the
+    databases keep a change log) that every state the changelog passes through is the job
+    on some state of each source. Raises ConfigError when the
+    oracle or a database cannot be reached; mismatches are in the result, never raised.
     """
     from txjoin.spark.pipeline import RunConfig, build_sinks
 
     source_dsn, sink_dsn = _dsns(stack_or_dsns)
-    expected, absent, oracle = expected_rows(job, source_dsn)
+    orders: dict[str, Mapping[int, int] | None] | None = None
+    histories: dict[str, SourceHistory] | None = None
+    if job.sources:
+        if source_dsns is None:
+            if not isinstance(stack_or_dsns, StackInfo):
+                raise ConfigError(f"job {job.name!r} has several sources: give each one's "
+                                  f"database (--source-dsn NAME=DSN)")
+            source_dsns = {s.name: stack_or_dsns.source(s.name).dsn for s in job.sources}
+        expected = expected_rows_sources(job, source_dsns)
+        absent: set[tuple[Any, ...]] = set()
+        oracle = "the job evaluated on " + " and ".join(
+            f"{name}'s database" for name in source_dsns)
+        orders = {name: commit_order(dsn) for name, dsn in source_dsns.items()}
+        found = {name: read_history(dsn) for name, dsn in source_dsns.items()}
+        histories = ({n: h for n, h in found.items() if h is not None}
+                     if check_states and all(h is not None for h in found.values()) else None)
+    else:
+        expected, absent, oracle = expected_rows(job, source_dsn)
     keys = list(job.output.key)
     config = RunConfig(output_dir=str(output_dir), postgres_dsn=sink_dsn)
     try:
@@ -335,7 +596,8 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
                 where = f"table {job.output.table}"
                 note = None
             try:
-                checks.append(check_sink(sink, where, keys, expected, note))
+                checks.append(check_sink(sink, where, keys, expected, note, orders, job,
+                                         histories))
             except psycopg2.Error as exc:
                 raise ConfigError(f"cannot read the {sink.name} sink: {exc}") from None
     finally:
@@ -355,26 +617,61 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
                    "--output-dir <dir>/output.")
 @click.option("--postgres-dsn", envvar="TXJOIN_POSTGRES_DSN", show_envvar=True, default=None,
               help="PostgreSQL sink DSN (default: the local stack's sink database).")
-@click.option("--source-dsn", default=None,
-              help="Source database DSN (default: the local stack's source database).")
+@click.option("--source-dsn", "source_dsn_items", multiple=True, metavar="[NAME=]DSN",
+              help="Source database DSN (default: the local stack's source database); for a "
+                   "job with several sources, NAME=DSN once per source (default: the "
+                   "databases of `txjoin up --job`).")
 @click.option("--no-postgres", is_flag=True, help="Check the Delta tables only.")
 @click.option("--output-dir", envvar="TXJOIN_OUTPUT_DIR", show_envvar=True, default=None,
               help="Delta tables root (default: <--dir>/output).")
 @click.option("--show", "show_rows", type=int, default=5, show_default=True,
               help="Mismatched rows to print per kind and sink.")
-def verify(job_file: Path, directory: Path, postgres_dsn: str | None, source_dsn: str | None,
-           no_postgres: bool, output_dir: str | None, show_rows: int) -> None:
+@click.option("--no-state-check", is_flag=True,
+              help="Job with several sources: skip replaying every state the changelog "
+                   "passes through (the job is evaluated once per _commit_seq; slow for "
+                   "long workloads). The order and grouping checks still run.")
+def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
+           source_dsn_items: tuple[str, ...], no_postgres: bool, output_dir: str | None,
+           show_rows: int, no_state_check: bool) -> None:
     """Compare JOB_FILE's sinks with PostgreSQL's own answer.
 
     as_of_fact jobs are checked against <fact>_expected (written by `txjoin generate`),
     current jobs against the job's query on the source database: run this after
-    `txjoin run --until-idle` once the writers stopped. Exit code 0: every sink matches;
-    1: a mismatch; 2: wrong options, or a database or oracle table that is not there.
+    `txjoin run --until-idle` once the writers stopped. A job with several sources is
+    evaluated on each source database's state, and each sink's changelog must keep every
+    source's commit order with no transaction split (per-source prefix consistency).
+    Exit code 0: every sink matches; 1: a mismatch; 2: wrong options, or a database or
+    oracle table that is not there.
     """
     from txjoin.job import load_job
 
     try:
         job = load_job(job_file)
+        # NAME=DSN only names one of the job's sources (a libpq "host=... dbname=..." has
+        # '=' too).
+        names = {s.name for s in job.sources}
+        named = dict(item.split("=", 1) for item in source_dsn_items
+                     if item.split("=", 1)[0] in names)
+        plain = [item for item in source_dsn_items if item.split("=", 1)[0] not in names]
+        source_dsn = plain[-1] if plain else None
+        source_dsns: dict[str, str] | None = None
+        if job.sources:
+            if plain:
+                raise ConfigError(f"--source-dsn {plain[0]!r}: job {job.name!r} has sources "
+                                  f"{sorted(names)}; give NAME=DSN for each")
+            stack = None
+            if len(named) < len(job.sources) or (postgres_dsn is None and not no_postgres):
+                stack = load_stack(directory)
+                if stack is None:
+                    raise ConfigError(
+                        f"no local stack is running in {directory}/: start it with `txjoin up "
+                        f"--dir {directory} --job {job_file}`, or pass --source-dsn NAME=DSN "
+                        f"for each source and --postgres-dsn (or --no-postgres)")
+                postgres_dsn = postgres_dsn or stack.pg_dsn_sink
+            source_dsns = {s.name: named.get(s.name) or (stack.source(s.name).dsn if stack
+                                                         else "")
+                           for s in job.sources}
+            source_dsn = source_dsn or (stack.pg_dsn_source if stack else "")
         if source_dsn is None or (postgres_dsn is None and not no_postgres):
             stack = load_stack(directory)
             if stack is None:
@@ -383,8 +680,10 @@ def verify(job_file: Path, directory: Path, postgres_dsn: str | None, source_dsn
                                   f"--postgres-dsn (or --no-postgres)")
             source_dsn = source_dsn or stack.pg_dsn_source
             postgres_dsn = postgres_dsn or stack.pg_dsn_sink
+        assert source_dsn is not None
         result = verify_job(job, (source_dsn, None if no_postgres else postgres_dsn),
-                            output_dir or directory / "output")
+                            output_dir or directory / "output", source_dsns,
+                            check_states=not no_state_check)
     except TxjoinError as exc:
         click.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(2)

@@ -1,0 +1,277 @@
+"""Seed 000 over two source databases, on the real stack (`txjoin up --job`).
+
+Two logical databases in the one PostgreSQL cluster, one Debezium connector each (own
+slot, publication, topic prefix and one-partition transaction topic), racing writers on
+both. What the stack guarantees is checked now: each connector delivers its own
+database's transactions whole, in that database's commit order, to its own topics. The
+full pipeline (`txjoin run` of jobs/users_colors_two_dbs.py, then `txjoin verify`: 0
+mismatches and no per-source prefix violation) needs the multi-source engine (issue 10,
+items 1-4); those tests skip, saying so, until `txjoin run --topic-prefix` takes
+NAME=PREFIX.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+from click.testing import CliRunner
+from confluent_kafka import Consumer, TopicPartition
+
+from tests.e2e.conftest import E2EStack
+from tests.e2e.test_end_to_end import fresh_sink_database, run_until_idle, streaming_run, tail
+from txjoin.cli import main, run
+from txjoin.job import load_job
+from txjoin.stack import down, status, up
+from txjoin.stack.generate_sources import TwoSourceResult, generate_two_sources
+from txjoin.stack.postgres import COMMIT_LOG
+from txjoin.stack.stack import SourceInfo, StackInfo, job_sources
+from txjoin.stack.verify import VerifyResult, _states_after_each, read_history, verify_job
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+TWO_DBS = REPO / "jobs" / "users_colors_two_dbs.py"
+MASTER = "local[2]"
+JOB = load_job(TWO_DBS)
+
+
+def engine_runs_multi_source_jobs() -> bool:
+    """The contract of issue 10: ``--topic-prefix`` becomes repeatable (NAME=PREFIX)."""
+    return any(p.name == "topic_prefix" and getattr(p, "multiple", False) for p in run.params)
+
+
+needs_engine = pytest.mark.skipif(
+    not engine_runs_multi_source_jobs(),
+    reason="the engine cannot run a multi-source job yet (issue 10 items 1-4, branch "
+           "h4-core: Source prefixes, _source column, repeatable --topic-prefix)")
+
+
+@pytest.fixture(scope="module")
+def two_db_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, StackInfo]]:
+    directory = tmp_path_factory.mktemp("two-db-stack")
+    started = time.monotonic()
+    result = up(directory, sources=job_sources(load_job(TWO_DBS)))
+    print(f"\n[two-db] stack up in {time.monotonic() - started:.1f}s")
+    try:
+        yield directory, result.info
+    finally:
+        down(directory, wipe=True)
+
+
+def table_rows(source: SourceInfo, table: str) -> list[dict[str, Any]]:
+    with psycopg2.connect(source.dsn) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT to_jsonb(t) FROM {table} t ORDER BY id")
+        rows = [r[0] for r in cur.fetchall()]
+    conn.close()
+    return rows
+
+
+def commit_log(source: SourceInfo) -> list[int]:
+    """The source's generated transactions' xids in commit order (those Debezium publishes:
+    pgoutput skips a transaction that changed no captured row)."""
+    with psycopg2.connect(source.dsn) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT xid FROM {COMMIT_LOG} WHERE events > 0 ORDER BY seq")
+        xids = [int(r[0]) for r in cur.fetchall()]
+    conn.close()
+    return xids
+
+
+def read_source_topics(info: StackInfo, source: SourceInfo, ends_wanted: int,
+                       timeout: float = 180.0) -> dict[str, list[Any]]:
+    """Every record of one source's topics, read until its transaction topic holds
+    ``ends_wanted`` END markers."""
+    consumer = Consumer({"bootstrap.servers": info.bootstrap_servers,
+                         "group.id": f"two-db-{source.prefix}", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(t, 0, 0) for t in source.topics])
+    seen: dict[str, list[Any]] = defaultdict(list)
+    deadline = time.monotonic() + timeout
+
+    def ends() -> int:
+        return sum(1 for e in seen[source.transaction_topic] if e and e["status"] == "END")
+
+    def data_behind() -> bool:
+        # The topics are read side by side: an END can arrive before its data events.
+        announced: Counter[str] = Counter()
+        for end in seen[source.transaction_topic]:
+            for collection in (end or {}).get("data_collections") or []:
+                announced[collection["data_collection"]] += collection["event_count"]
+        return any(sum(1 for e in seen[f"{source.prefix}.{table}"] if e is not None) < count
+                   for table, count in announced.items())
+
+    try:
+        while ends() < ends_wanted or data_behind():
+            assert time.monotonic() < deadline, (
+                f"{source.prefix}: {ends()} of {ends_wanted} transactions published")
+            for msg in consumer.consume(500, 0.5):
+                assert msg.error() is None, msg.error()
+                value = msg.value()
+                seen[msg.topic()].append(None if value is None else json.loads(value))
+    finally:
+        consumer.close()
+    return seen
+
+
+def test_each_source_has_its_own_connector_slot_and_one_partition_topics(
+        two_db_stack: tuple[Path, StackInfo]) -> None:
+    directory, info = two_db_stack
+    assert [s.prefix for s in info.sources] == ["users_db", "colors_db"]
+    components = {c.name: c for c in status(directory)}
+    assert set(components) == {"postgres", "broker", "debezium:users_db", "debezium:colors_db"}
+    assert all(c.running for c in components.values())
+    for source in info.sources:
+        assert components[f"debezium:{source.prefix}"].health == "task RUNNING, streaming"
+        with psycopg2.connect(source.dsn) as conn, conn.cursor() as cur:
+            cur.execute("SELECT slot_name, active FROM pg_replication_slots "
+                        "WHERE database = current_database()")
+            assert cur.fetchall() == [(f"txjoin_{source.prefix}", True)]
+        conn.close()
+    consumer = Consumer({"bootstrap.servers": info.bootstrap_servers, "group.id": "meta"})
+    try:
+        topics = consumer.list_topics(timeout=10).topics
+    finally:
+        consumer.close()
+    for topic in info.topics:
+        assert len(topics[topic].partitions) == 1, topic
+    assert info.topics == ("users_db.public.users", "users_db.transaction",
+                           "colors_db.public.users_favorite_color", "colors_db.transaction")
+    # Asking the running stack for other sources is refused, not silently ignored.
+    with pytest.raises(Exception, match="runs source databases"):
+        up(directory)
+
+
+def test_racing_writers_arrive_whole_and_in_each_sources_commit_order(
+        two_db_stack: tuple[Path, StackInfo]) -> None:
+    _, info = two_db_stack
+    result = generate_two_sources(info.source("users").dsn, info.source("colors").dsn,
+                                  rate_tx_per_s=40, duration_s=6, seed=3, writers=2)
+    print(f"[two-db] {result.users.transactions} users tx, {result.colors.transactions} "
+          f"colours tx")
+    for source, produced in ((info.source("users"), result.users),
+                             (info.source("colors"), result.colors)):
+        log = commit_log(source)
+        assert produced.transactions >= len(log) > 0
+        seen = read_source_topics(info, source, len(log))
+        ends = [e for e in seen[source.transaction_topic] if e and e["status"] == "END"]
+        # Commit order: the END markers' order is the writers' commit order.
+        end_xids = [int(e["id"].split(":")[0]) for e in ends]
+        generated = set(log)
+        assert [x for x in end_xids if x in generated] == log, source.prefix
+        # Whole transactions: each END's per-table counts are the data events with its xid.
+        events: Counter[tuple[int, str]] = Counter()
+        for topic in source.topics[:-1]:
+            for event in seen[topic]:
+                if event is not None and event["source"].get("txId") is not None \
+                        and event["op"] != "r":
+                    events[(int(event["source"]["txId"]), topic.split(".", 1)[1])] += 1
+        for end in ends:
+            xid = int(end["id"].split(":")[0])
+            for collection in end["data_collections"] or []:
+                assert events[(xid, collection["data_collection"])] == \
+                    collection["event_count"], (source.prefix, xid, collection)
+        # Each connector sees only its own database.
+        assert sum(events.values()) == produced.events, source.prefix
+        # The change log verify replays rebuilds exactly the database's current state.
+        history = read_history(source.dsn)
+        assert history is not None
+        final = _states_after_each(JOB, history)[-1]
+        for table in JOB.tables:
+            if table.source == source.name:
+                assert sorted(final.get(table.name, []), key=lambda r: r["id"]) == \
+                    table_rows(source, table.name), (source.prefix, table.name)
+
+
+def test_verify_reads_each_source_database_and_fails_before_any_run(
+        two_db_stack: tuple[Path, StackInfo], tmp_path: Path) -> None:
+    directory, info = two_db_stack
+    with psycopg2.connect(info.source("users").dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM public.users")
+        (users,) = cur.fetchone()
+    conn.close()
+    assert users > 0, "run after the workload test"
+    cli = CliRunner().invoke(main, ["verify", str(TWO_DBS), "--dir", str(directory),
+                                    "--no-postgres", "--output-dir", str(tmp_path / "none")])
+    print(cli.output)
+    assert cli.exit_code == 1, cli.output
+    assert (f"vs the job evaluated on users's database and colors's database: {users} "
+            f"expected rows") in cli.output
+    assert f"missing ({users})" in cli.output
+    assert "no Delta table" in cli.output
+
+    wrong = CliRunner().invoke(main, ["verify", str(TWO_DBS), "--dir", str(directory),
+                                      "--no-postgres", "--source-dsn", info.pg_dsn_source])
+    assert wrong.exit_code == 2
+    assert "has sources ['colors', 'users']; give NAME=DSN for each" in wrong.output
+
+
+def assert_two_db_verified(result: VerifyResult) -> None:
+    print(f"[two-db] {result.summary()}")
+    assert {s.sink for s in result.sinks} == {"delta", "postgres"}
+    assert result.expected > 0
+    assert result.ok, result.format(10)
+
+
+class Writers(threading.Thread):
+    """Both databases' racing writers in a thread; ``result`` once joined."""
+
+    def __init__(self, info: StackInfo, duration: float, seed: int) -> None:
+        super().__init__(name="two-db-writers", daemon=True)
+        self.info, self.duration, self.seed = info, duration, seed
+        self.result: TwoSourceResult | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = generate_two_sources(
+                self.info.source("users").dsn, self.info.source("colors").dsn,
+                rate_tx_per_s=15, duration_s=self.duration, seed=self.seed, writers=2)
+        except BaseException as exc:
+            self.error = exc
+
+
+@needs_engine
+def test_two_db_job_matches_both_databases_while_and_after_racing_writers(
+        two_db_stack: tuple[Path, StackInfo], tmp_path: Path) -> None:
+    directory, info = two_db_stack
+    sink_dsn = fresh_sink_database(E2EStack(directory, info), "sink_two_dbs")
+    args = [str(TWO_DBS), "--dir", str(directory), "--master", MASTER,
+            "--checkpoint-dir", str(tmp_path / "checkpoints"),
+            "--output-dir", str(tmp_path / "output"), "--postgres-dsn", sink_dsn]
+    log = tmp_path / "run.log"
+    # Small enough for verify's replay of every observable state (it evaluates the job
+    # once per _commit_seq).
+    writers = Writers(info, duration=15, seed=5)
+    # Streaming while both databases are written; then drained after they stop.
+    with streaming_run(log, *args) as proc:
+        writers.start()
+        writers.join()
+        assert writers.error is None, writers.error
+        assert proc.poll() is None, f"txjoin run died:\n{tail(log)}"
+    seconds = run_until_idle(log, *args)
+    print(f"[two-db] txjoin run --until-idle: {seconds:.1f}s")
+    assert_two_db_verified(verify_job(load_job(TWO_DBS), (info.pg_dsn_source, sink_dsn),
+                                      tmp_path / "output",
+                                      {s.name: s.dsn for s in info.sources}))
+
+    cli = CliRunner().invoke(main, ["verify", str(TWO_DBS), "--dir", str(directory),
+                                    "--postgres-dsn", sink_dsn,
+                                    "--output-dir", str(tmp_path / "output")])
+    assert cli.exit_code == 0, cli.output
+    assert "verify: OK" in cli.output
+
+    # An idle source never holds the other back: only users change now, and the sinks
+    # still converge to the job on both final states.
+    users_only = generate_two_sources(info.source("users").dsn, info.source("colors").dsn,
+                                      rate_tx_per_s=15, duration_s=5, seed=6, only="users")
+    assert users_only.colors.transactions == 0 < users_only.users.transactions
+    run_until_idle(log, *args)
+    assert_two_db_verified(verify_job(load_job(TWO_DBS), (info.pg_dsn_source, sink_dsn),
+                                      tmp_path / "output",
+                                      {s.name: s.dsn for s in info.sources}))
