@@ -359,6 +359,18 @@ class _Writer:
         return None
 
 
+def paced(step: Callable[[], None], deadline: float, interval: float) -> None:
+    """Call ``step`` every ``interval`` seconds until ``deadline`` (monotonic), flat out when
+    a step takes longer than the interval."""
+    next_at = time.monotonic()
+    while time.monotonic() < deadline:
+        step()
+        next_at += interval
+        pause = next_at - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+
+
 def generate(dsn: str, rate_tx_per_s: float, duration_s: float, seed: int = 0,
              writers: int = 1) -> GenerateResult:
     """Drive the pizzeria workload against ``dsn`` for ``duration_s`` seconds.
@@ -387,13 +399,7 @@ def generate(dsn: str, rate_tx_per_s: float, duration_s: float, seed: int = 0,
         writer: _Writer | None = None
         try:
             writer = _Writer(dsn, world, random.Random(seed * 1_000 + index))
-            next_at = time.monotonic()
-            while time.monotonic() < deadline:
-                writer.step()
-                next_at += interval
-                pause = next_at - time.monotonic()
-                if pause > 0:
-                    time.sleep(pause)
+            paced(writer.step, deadline, interval)
         except BaseException as exc:
             errors.append(exc)
         finally:

@@ -28,7 +28,7 @@ import psycopg2.extensions
 
 from txjoin.errors import ConfigError, ServiceError
 from txjoin.sinks.postgres import mask_dsn
-from txjoin.stack.generate import ADVISORY_LOCK_KEY, COLOURS, NAMES, GenerateResult
+from txjoin.stack.generate import ADVISORY_LOCK_KEY, COLOURS, NAMES, GenerateResult, paced
 from txjoin.stack.postgres import COMMIT_LOG
 
 USERS_TABLE = "public.users"
@@ -226,13 +226,7 @@ def generate_two_sources(users_dsn: str, colors_dsn: str, rate_tx_per_s: float,
             rng = random.Random(seed * 1_000 + index * 2 + (kind == "colors"))
             writer = (_UsersWriter(users_dsn, rng, shared) if kind == "users"
                       else _ColoursWriter(colors_dsn, rng, shared))
-            next_at = time.monotonic()
-            while time.monotonic() < deadline:
-                writer.step()
-                next_at += interval
-                pause = next_at - time.monotonic()
-                if pause > 0:
-                    time.sleep(pause)
+            paced(writer.step, deadline, interval)
         except BaseException as exc:
             errors.append(exc)
         finally:

@@ -53,6 +53,7 @@ from txjoin.spark.sources.kafka import (
     Offsets,
     caught_up_batch,
     split_budget,
+    topic_tuple,
 )
 
 SOURCE_NAME = "txjoin_files"
@@ -181,11 +182,7 @@ class FileSourceConfig:
     @property
     def transaction_topics(self) -> tuple[str, ...]:
         """Every transaction topic (each must have exactly one partition)."""
-        if self.transaction_topic is None:
-            return ()
-        if isinstance(self.transaction_topic, str):
-            return (self.transaction_topic,)
-        return tuple(self.transaction_topic)
+        return topic_tuple(self.transaction_topic)
 
     @classmethod
     def from_options(cls, options: Any) -> FileSourceConfig:

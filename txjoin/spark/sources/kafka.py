@@ -99,6 +99,15 @@ RECOVER = ("start a new checkpoint and re-derive the sinks from the topics with 
            "`txjoin run --rebuild`")
 
 
+def topic_tuple(topics: str | Sequence[str] | None) -> tuple[str, ...]:
+    """One topic, several, or none, as a tuple (the sources' ``transaction_topic`` option)."""
+    if topics is None:
+        return ()
+    if isinstance(topics, str):
+        return (topics,)
+    return tuple(topics)
+
+
 @dataclass(frozen=True)
 class KafkaSourceConfig:
     """The source's options, validated once."""
@@ -113,11 +122,7 @@ class KafkaSourceConfig:
     @property
     def transaction_topics(self) -> tuple[str, ...]:
         """Every transaction topic (each must have exactly one partition)."""
-        if self.transaction_topic is None:
-            return ()
-        if isinstance(self.transaction_topic, str):
-            return (self.transaction_topic,)
-        return tuple(self.transaction_topic)
+        return topic_tuple(self.transaction_topic)
 
     @classmethod
     def from_options(cls, options: Any) -> KafkaSourceConfig:
