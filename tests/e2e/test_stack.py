@@ -18,6 +18,7 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 
+from tests.fixtures import broker as broker_fixture
 from txjoin.errors import ServiceError
 from txjoin.stack import debezium, down, load_stack, status, up
 from txjoin.stack.generate import generate
@@ -39,23 +40,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def consume_all(info: StackInfo, until: Any, timeout: float = 180.0) -> dict[str, list[Any]]:
-    """Read every topic from the start (no group join: tansu's are slow) until ``until(seen)``."""
-    consumer = Consumer({"bootstrap.servers": info.bootstrap_servers, "group.id": "txjoin-test",
-                         "enable.auto.commit": False, "enable.partition.eof": False})
-    consumer.assign([TopicPartition(t, 0, 0) for t in info.topics])
-    seen: dict[str, list[Any]] = defaultdict(list)
-    deadline = time.monotonic() + timeout
-    try:
-        while not until(seen):
-            counts = {topic: len(events) for topic, events in seen.items()}
-            assert time.monotonic() < deadline, f"timed out; got {counts}"
-            for msg in consumer.consume(500, 0.5):
-                assert msg.error() is None, msg.error()
-                value = msg.value()
-                seen[msg.topic()].append(None if value is None else json.loads(value))
-    finally:
-        consumer.close()
-    return seen
+    """Every topic of the stack, read from the start until ``until(seen)``."""
+    return broker_fixture.consume_all(info.bootstrap_servers, info.topics, until, timeout)
 
 
 def high_watermarks(info: StackInfo) -> dict[str, int]:

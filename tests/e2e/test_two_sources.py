@@ -12,10 +12,9 @@ NAME=PREFIX.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,11 @@ from typing import Any
 import psycopg2
 import pytest
 from click.testing import CliRunner
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer
 
 from tests.e2e.conftest import E2EStack
 from tests.e2e.test_end_to_end import fresh_sink_database, run_until_idle, streaming_run, tail
+from tests.fixtures.broker import consume_all
 from txjoin.cli import main, run
 from txjoin.job import load_job
 from txjoin.stack import down, status, up
@@ -88,16 +88,10 @@ def read_source_topics(info: StackInfo, source: SourceInfo, ends_wanted: int,
                        timeout: float = 180.0) -> dict[str, list[Any]]:
     """Every record of one source's topics, read until its transaction topic holds
     ``ends_wanted`` END markers."""
-    consumer = Consumer({"bootstrap.servers": info.bootstrap_servers,
-                         "group.id": f"two-db-{source.prefix}", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(t, 0, 0) for t in source.topics])
-    seen: dict[str, list[Any]] = defaultdict(list)
-    deadline = time.monotonic() + timeout
-
-    def ends() -> int:
+    def ends(seen: dict[str, list[Any]]) -> int:
         return sum(1 for e in seen[source.transaction_topic] if e and e["status"] == "END")
 
-    def data_behind() -> bool:
+    def data_behind(seen: dict[str, list[Any]]) -> bool:
         # The topics are read side by side: an END can arrive before its data events.
         announced: Counter[str] = Counter()
         for end in seen[source.transaction_topic]:
@@ -106,17 +100,10 @@ def read_source_topics(info: StackInfo, source: SourceInfo, ends_wanted: int,
         return any(sum(1 for e in seen[f"{source.prefix}.{table}"] if e is not None) < count
                    for table, count in announced.items())
 
-    try:
-        while ends() < ends_wanted or data_behind():
-            assert time.monotonic() < deadline, (
-                f"{source.prefix}: {ends()} of {ends_wanted} transactions published")
-            for msg in consumer.consume(500, 0.5):
-                assert msg.error() is None, msg.error()
-                value = msg.value()
-                seen[msg.topic()].append(None if value is None else json.loads(value))
-    finally:
-        consumer.close()
-    return seen
+    def published(seen: dict[str, list[Any]]) -> bool:  # seen: a defaultdict(list)
+        return ends(seen) >= ends_wanted and not data_behind(seen)
+
+    return consume_all(info.bootstrap_servers, source.topics, published, timeout)
 
 
 def test_each_source_has_its_own_connector_slot_and_one_partition_topics(
