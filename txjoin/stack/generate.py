@@ -126,15 +126,20 @@ class _Tx:
             self.result.orders_recorded += 1
 
 
+def connect_source(dsn: str) -> psycopg2.extensions.connection:
+    """A connection for a workload writer; an unreachable database is one ServiceError line."""
+    try:
+        return psycopg2.connect(dsn)
+    except psycopg2.OperationalError as exc:
+        raise ServiceError(f"cannot connect to the source database {mask_dsn(dsn)}: "
+                           f"{str(exc).strip()}") from None
+
+
 class _Writer:
     """One connection generating transactions at its share of the rate."""
 
     def __init__(self, dsn: str, world: _World, rng: random.Random) -> None:
-        try:
-            self.conn = psycopg2.connect(dsn)
-        except psycopg2.OperationalError as exc:
-            raise ServiceError(f"cannot connect to the source database {mask_dsn(dsn)}: "
-                               f"{exc}") from None
+        self.conn = connect_source(dsn)
         self.world, self.rng = world, rng
         self.result = GenerateResult()
         self.kinds: list[tuple[Callable[[_Tx], None], float]] = [

@@ -28,7 +28,14 @@ import psycopg2.extensions
 
 from txjoin.errors import ConfigError, ServiceError
 from txjoin.sinks.postgres import mask_dsn
-from txjoin.stack.generate import ADVISORY_LOCK_KEY, COLOURS, NAMES, GenerateResult, paced
+from txjoin.stack.generate import (
+    ADVISORY_LOCK_KEY,
+    COLOURS,
+    NAMES,
+    GenerateResult,
+    connect_source,
+    paced,
+)
 from txjoin.stack.postgres import COMMIT_LOG
 
 USERS_TABLE = "public.users"
@@ -52,11 +59,7 @@ class _SourceWriter:
     """One connection to one source database, one transaction per ``step``."""
 
     def __init__(self, dsn: str, rng: random.Random, shared: _Shared) -> None:
-        try:
-            self.conn = psycopg2.connect(dsn)
-        except psycopg2.OperationalError as exc:
-            raise ServiceError(f"cannot connect to the source database {mask_dsn(dsn)}: "
-                               f"{str(exc).strip()}") from None
+        self.conn = connect_source(dsn)
         self.rng, self.shared = rng, shared
         self.result = GenerateResult()
         self.kinds: list[tuple[Callable[[psycopg2.extensions.cursor], None], float]] = []
