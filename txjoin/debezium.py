@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from txjoin.errors import DecodeError
+from txjoin.errors import ConfigError, DecodeError
 
 DATA_OPS = frozenset({"c", "u", "d", "r", "t"})
 SNAPSHOT_CLOSING = frozenset({"last", "last_in_data_collection"})
@@ -120,6 +120,20 @@ def _loads(value: str | bytes) -> Any:
         return orjson.loads(value)
     except orjson.JSONDecodeError:
         return json.loads(value)
+
+
+ONE_PARTITION = (
+    "txjoin reads every Debezium topic from one partition: a transaction's completeness, a "
+    "connector restart inside it and the end of the snapshot are read from each topic's "
+    "order, which Kafka keeps only within a partition")
+
+
+def raise_partitioned(pos: Position) -> None:
+    """Refuse a record from a topic with several partitions (see :data:`ONE_PARTITION`)."""
+    raise ConfigError(
+        f"{pos.topic} has a record in partition {pos.partition} (offset {pos.offset}); "
+        f"{ONE_PARTITION}. Recreate the topic with 1 partition (Debezium: "
+        f"topic.creation.default.partitions=1) and snapshot again")
 
 
 def split_transaction_id(tx_id: Any, pos: Position) -> tuple[int, int | None]:

@@ -146,6 +146,16 @@ def test_transaction_topic_with_two_partitions_is_refused_with_a_clear_error(
         reader.initialOffset()
 
 
+def test_table_topic_with_two_partitions_is_refused_with_a_clear_error(bootstrap: str) -> None:
+    (tx,) = _topics(bootstrap, count=1)
+    (data,) = _topics(bootstrap, count=1, partitions=2)
+    reader = KafkaStreamReader(KafkaSourceConfig(bootstrap, (data, tx), transaction_topic=tx))
+
+    with pytest.raises(ConfigError, match=rf"table topic '{data}'.*has 2 partitions.*one "
+                                          r"partition.*topic.creation.default.partitions=1"):
+        reader.initialOffset()
+
+
 def test_transaction_topic_error_reaches_the_streaming_query(
         spark: SparkSession, bootstrap: str, tmp_path: Path) -> None:
     (data,) = _topics(bootstrap, count=1)

@@ -33,7 +33,7 @@ import pandas as pd
 from txjoin.core.assembly import SNAPSHOT_XID, Assembler, IncompletePolicy, Transaction
 from txjoin.core.frontier import Frontier
 from txjoin.core.join import OutputChange, TemporalJoin
-from txjoin.debezium import ChangeEvent, Position, TxMarker, decode
+from txjoin.debezium import ChangeEvent, Position, TxMarker, decode, raise_partitioned
 from txjoin.errors import DecodeError, JobError
 from txjoin.job import TRANSACTION_STREAM, Job
 
@@ -153,6 +153,8 @@ class Engine:
         first = self.job.source_names[0]
         table_sources = self._table_sources
         for item in items:
+            if item.position.partition:
+                raise_partitioned(item.position)
             if isinstance(item, TxMarker):
                 source = first if single else self.marker_source(item)
                 ts, stream = item.ts_ms, self.job.transaction_stream(source)

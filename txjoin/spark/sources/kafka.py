@@ -61,6 +61,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from txjoin.debezium import ONE_PARTITION
 from txjoin.errors import CheckpointError, ConfigError, DecodeError, ServiceError
 
 if TYPE_CHECKING:
@@ -261,6 +262,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     "kept within a partition; recreate it with 1 partition (e.g. "
                     f"kafka-topics --create --topic {topic} --partitions 1) before Debezium "
                     "writes to it")
+            if count != 1:
+                raise ConfigError(
+                    f"{SOURCE_NAME}: table topic {topic!r} on {servers!r} has {count} partitions; "
+                    f"{ONE_PARTITION}. Recreate it with 1 partition (Debezium: "
+                    "topic.creation.default.partitions=1) and snapshot again")
             result.extend((topic, p) for p in sorted(meta.partitions))
         return result
 
