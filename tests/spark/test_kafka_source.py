@@ -135,24 +135,19 @@ def test_latest_starts_after_what_is_already_there(
     assert batches == []
 
 
-def test_transaction_topic_with_two_partitions_is_refused_with_a_clear_error(
-        bootstrap: str) -> None:
-    (data,) = _topics(bootstrap, count=1)
-    (tx,) = _topics(bootstrap, count=1, partitions=2)
+@pytest.mark.parametrize("partitioned, expected", [
+    ("transaction", r"transaction topic '{topic}'.*has 2 partitions.*exactly 1"),
+    ("table", r"table topic '{topic}'.*has 2 partitions.*one partition"
+              r".*topic.creation.default.partitions=1"),
+])
+def test_a_topic_with_two_partitions_is_refused_with_a_clear_error(
+        bootstrap: str, partitioned: str, expected: str) -> None:
+    (single,) = _topics(bootstrap, count=1)
+    (split,) = _topics(bootstrap, count=1, partitions=2)
+    data, tx = (single, split) if partitioned == "transaction" else (split, single)
     reader = KafkaStreamReader(KafkaSourceConfig(bootstrap, (data, tx), transaction_topic=tx))
 
-    with pytest.raises(ConfigError, match=rf"transaction topic '{tx}'.*has 2 partitions"
-                                          r".*exactly 1"):
-        reader.initialOffset()
-
-
-def test_table_topic_with_two_partitions_is_refused_with_a_clear_error(bootstrap: str) -> None:
-    (tx,) = _topics(bootstrap, count=1)
-    (data,) = _topics(bootstrap, count=1, partitions=2)
-    reader = KafkaStreamReader(KafkaSourceConfig(bootstrap, (data, tx), transaction_topic=tx))
-
-    with pytest.raises(ConfigError, match=rf"table topic '{data}'.*has 2 partitions.*one "
-                                          r"partition.*topic.creation.default.partitions=1"):
+    with pytest.raises(ConfigError, match=expected.format(topic=split)):
         reader.initialOffset()
 
 
