@@ -92,8 +92,9 @@ class _SourceWriter:
         except BaseException:
             self.conn.rollback()
             raise
-        self.result.transactions += 1
-        self.result.transactions_by_kind[kind.__name__] += 1
+        if self.tx_events:  # an empty transaction is never published (see above)
+            self.result.transactions += 1
+            self.result.transactions_by_kind[kind.__name__] += 1
 
 
 @dataclass
