@@ -125,15 +125,15 @@ def _loads(value: str | bytes) -> Any:
 ONE_PARTITION = (
     "txjoin reads every Debezium topic from one partition: a transaction's completeness, a "
     "connector restart inside it and the end of the snapshot are read from each topic's "
-    "order, which Kafka keeps only within a partition")
+    "order, which Kafka keeps only within a partition. Recreate the topic with 1 partition "
+    "(Debezium: topic.creation.default.partitions=1) and snapshot again")
+"""Why a topic with several partitions is refused, and what to do (every such error ends so)."""
 
 
 def raise_partitioned(pos: Position) -> None:
     """Refuse a record from a topic with several partitions (see :data:`ONE_PARTITION`)."""
-    raise ConfigError(
-        f"{pos.topic} has a record in partition {pos.partition} (offset {pos.offset}); "
-        f"{ONE_PARTITION}. Recreate the topic with 1 partition (Debezium: "
-        f"topic.creation.default.partitions=1) and snapshot again")
+    raise ConfigError(f"{pos.topic} has a record in partition {pos.partition} "
+                      f"(offset {pos.offset}); {ONE_PARTITION}")
 
 
 def split_transaction_id(tx_id: Any, pos: Position) -> tuple[int, int | None]:

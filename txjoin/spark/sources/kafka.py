@@ -265,8 +265,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if count != 1:
                 raise ConfigError(
                     f"{SOURCE_NAME}: table topic {topic!r} on {servers!r} has {count} partitions; "
-                    f"{ONE_PARTITION}. Recreate it with 1 partition (Debezium: "
-                    "topic.creation.default.partitions=1) and snapshot again")
+                    f"{ONE_PARTITION}")
             result.extend((topic, p) for p in sorted(meta.partitions))
         return result
 
