@@ -24,6 +24,7 @@ import statistics
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,17 +71,20 @@ class RssSampler:
         self._thread.join()
 
 
-def produce(bootstrap: str, records: list[tuple[str, str | None, str | None]]) -> float:
-    """Write records with one record per produce batch (tansu's watermark defect); seconds."""
+def produce(bootstrap: str, records: list[tuple[str, str | None, str | None]],
+            partitions: list[int] | None = None) -> float:
+    """Write (topic, key, value) records (to ``partitions[i]``, else partition 0) with one
+    record per produce batch (tansu's watermark defect); seconds."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.size": 1,
                          "enable.idempotence": True, "queue.buffering.max.messages": 1_000_000})
     started = time.monotonic()
-    for topic, key, value in records:
+    for i, (topic, key, value) in enumerate(records):
+        partition = partitions[i] if partitions is not None else 0
         while True:
             try:
-                producer.produce(topic, key=key, value=value)
+                producer.produce(topic, key=key, value=value, partition=partition)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -95,22 +99,39 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def replay_schedule(produced: list[Any], max_events: int) -> Iterator[tuple[list, list]]:
-    """The produced records in production order, ``max_events`` per micro-batch; a topic is
-    caught up in a batch when none of its records comes later."""
+def spread(produced: list[Any], partitions: int, transaction_topic: str
+           ) -> list[tuple[str, int, int, str | None, str | None]]:
+    """(topic, partition, offset, key, value) of the produced records, each table topic over
+    ``partitions`` partitions by record key (as Kafka's default partitioner does for
+    Debezium: a row's changes stay in one partition), the transaction topic in one."""
+    rows = []
+    offsets: dict[tuple[str, int], int] = {}
+    for r in produced:
+        part = 0
+        if partitions > 1 and r.topic != transaction_topic:
+            part = zlib.crc32((r.key or "").encode()) % partitions
+        offset = offsets.get((r.topic, part), 0)
+        offsets[(r.topic, part)] = offset + 1
+        rows.append((r.topic, part, offset, r.key, r.value))
+    return rows
+
+
+def replay_schedule(rows: list[tuple[str, int, int, str | None, str | None]], max_events: int
+                    ) -> Iterator[tuple[list, list]]:
+    """The records in production order, ``max_events`` per micro-batch; a topic is caught
+    up in a batch when none of its records comes later."""
     last: dict[str, int] = {}
-    for i, r in enumerate(produced):
-        last[r.topic] = i
-    for start in range(0, len(produced), max_events):
-        chunk = produced[start:start + max_events]
+    for i, r in enumerate(rows):
+        last[r[0]] = i
+    for start in range(0, len(rows), max_events):
+        chunk = rows[start:start + max_events]
         end = start + len(chunk)
-        yield ([(r.topic, 0, r.offset, r.key, r.value) for r in chunk],
-               sorted(t for t, i in last.items() if i < end))
+        yield chunk, sorted(t for t, i in last.items() if i < end)
 
 
 def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: str,
               keep: bool = False, snapshot_orders: int = 0, source_kind: str = "kafka",
-              shards: int | None = None) -> dict[str, Any]:
+              shards: int | None = None, partitions: int = 1) -> dict[str, Any]:
     from pyspark.sql import DataFrame
 
     from txjoin.spark.pipeline import Pipeline, RunConfig, build_sinks
@@ -141,18 +162,22 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
     result: dict[str, Any] = {"transactions": len(txs), "data_events": data_events,
                               "records": len(produced), "max_events_per_trigger": max_events,
                               "master": master, "source": source_kind,
-                              "snapshot_orders": snapshot_orders}
+                              "snapshot_orders": snapshot_orders, "partitions": partitions}
     try:
         spark = get_session(master, app_name="txjoin-bench")
         n_shards = shards or spark.sparkContext.defaultParallelism
         result["shards"] = n_shards
         topics = list(synth.topics)
         tx_topic = f"{synth.prefix}.transaction"
+        rows = spread(produced, partitions, tx_topic)
         if source_kind == "kafka":
             broker = start_broker(free_port(), work / "logs" / "broker.log")
             bootstrap = broker.bootstrap_servers
-            create_topics(bootstrap, topics)
-            produce_s = produce(bootstrap, [(r.topic, r.key, r.value) for r in produced])
+            create_topics(bootstrap, [tx_topic])
+            create_topics(bootstrap, [t for t in topics if t != tx_topic],
+                          partitions=partitions)
+            produce_s = produce(bootstrap, [(t, k, v) for t, _, _, k, v in rows],
+                                [row[1] for row in rows])
             result["produce_records_per_s"] = round(len(produced) / produce_s)
             click.echo(f"produced in {produce_s:.1f}s")
             register_kafka_source(spark)
@@ -161,7 +186,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                 return read_stream(spark, bootstrap, topics, tx_topic, "earliest", limit)
         else:
             schedule = str(work / "schedule")
-            batches = write_schedule_dir(schedule, replay_schedule(produced, max_events))
+            batches = write_schedule_dir(schedule, replay_schedule(rows, max_events))
             click.echo(f"replay schedule: {batches} micro-batches of <= {max_events} records")
             spark.dataSource.register(ReplaySource)
 
@@ -240,8 +265,9 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                                            max(1, result["ceiling_events_per_s"]), 3)
         # The oracle scans (quadratic: for tests); the core alone is the fast reference here.
         reference = Engine(job)
-        reference.process([(r.topic, 0, r.offset, r.value) for r in produced],
-                          caught_up=[*job.table_names, "transaction"])
+        reference.process([(t, p, o, v) for t, p, o, _, v in rows],
+                          caught_up=[*job.table_names, "transaction"],
+                          partitioned=job.table_names if partitions > 1 else ())
         expected = reference.outputs()
         delta_rows = {(r["order_id"],) for r in sinks[0].read_current()}
         pg_rows = {(r["order_id"],) for r in sinks[1].read_current()}
@@ -275,6 +301,9 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                    "assignments), before the transactions.")
 @click.option("--shards", type=click.IntRange(min=1), default=None,
               help="Shards of the join (default: Spark's default parallelism).")
+@click.option("--partitions", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Partitions of each table topic (records spread by key, as Debezium's are); "
+                   "the transaction topic keeps one. kafka and replay sources.")
 @click.option("--keep", is_flag=True, help="Keep the work directory (checkpoints, Delta, logs).")
 @click.option("--peer", "peers", multiple=True, type=click.Choice(["flink"]),
               help="Also run this system on the same workload, archived as files, and compare "
@@ -286,8 +315,8 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                    "(the engine apart from the broker); files:DIR: archive the workload in DIR "
                    "(Kafka Connect sink layout) and read it with the file source.")
 def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, master: str,
-          snapshot_orders: int, source_kind: str, shards: int | None, keep: bool,
-          peers: tuple[str, ...], chart: Path | None) -> None:
+          snapshot_orders: int, source_kind: str, shards: int | None, partitions: int,
+          keep: bool, peers: tuple[str, ...], chart: Path | None) -> None:
     """Benchmark the full pipeline (source -> shards -> Delta + PostgreSQL) against its ceiling.
 
     With --peer or --source files:DIR: the same workload through txjoin's file source and
@@ -306,7 +335,8 @@ def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, 
     if source_kind not in ("kafka", "replay"):
         raise click.BadParameter("expected kafka, replay or files:DIR", param_hint="--source")
     result = run_bench(transactions, max_events_per_trigger, seed, out, master, keep,
-                       snapshot_orders=snapshot_orders, source_kind=source_kind, shards=shards)
+                       snapshot_orders=snapshot_orders, source_kind=source_kind, shards=shards,
+                       partitions=partitions)
     width = max(len(k) for k in result)
     for key, value in result.items():
         click.echo(f"{key:<{width}}  {value}")

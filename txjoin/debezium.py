@@ -123,17 +123,25 @@ def _loads(value: str | bytes) -> Any:
 
 
 ONE_PARTITION = (
-    "txjoin reads every Debezium topic from one partition: a transaction's completeness, a "
-    "connector restart inside it and the end of the snapshot are read from each topic's "
-    "order, which Kafka keeps only within a partition. Recreate the topic with 1 partition "
-    "(Debezium: topic.creation.default.partitions=1) and snapshot again")
-"""Why a topic with several partitions is refused, and what to do (every such error ends so)."""
+    "a transaction topic must have exactly 1 partition: commit order is read from its "
+    "order, which Kafka keeps only within a partition. Recreate it with 1 partition before "
+    "Debezium writes to it, and snapshot again")
+"""Why a transaction topic with several partitions is refused, and what to do."""
+
+UNDECLARED_PARTITIONS = (
+    "the source did not declare this table topic as having several partitions, and txjoin "
+    "reads the snapshot's end and restarted transactions differently for such a topic. "
+    "txjoin's own sources (txjoin_kafka, files, replay) declare it; Spark's built-in kafka "
+    "format cannot: run with --max-events-per-trigger N to use txjoin_kafka")
+"""Why a record from an undeclared partition is refused, and what to do."""
 
 
-def raise_partitioned(pos: Position) -> None:
-    """Refuse a record from a topic with several partitions (see :data:`ONE_PARTITION`)."""
+def raise_partitioned(pos: Position, transaction_topic: bool = False) -> None:
+    """Refuse a record from partition > 0 of a transaction topic, or of a table topic the
+    source did not declare partitioned."""
+    why = ONE_PARTITION if transaction_topic else UNDECLARED_PARTITIONS
     raise ConfigError(f"{pos.topic} has a record in partition {pos.partition} "
-                      f"(offset {pos.offset}); {ONE_PARTITION}")
+                      f"(offset {pos.offset}); {why}")
 
 
 def split_transaction_id(tx_id: Any, pos: Position) -> tuple[int, int | None]:

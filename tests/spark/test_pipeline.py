@@ -19,6 +19,7 @@ import pytest
 import yaml
 from pyspark.sql import SparkSession
 
+from txjoin.bench import spread
 from txjoin.core.oracle import outputs_after_each
 from txjoin.job import load_job
 from txjoin.scenarios.checks import check_exactly_once, check_final
@@ -90,26 +91,30 @@ def test_restart_at_every_batch_boundary_changes_nothing(spark: SparkSession, pg
     assert report.batches == sum(1 for d in delivery if d != "restart")
 
 
-def _kill_schedule(tmp_path: Path, n_tx: int) -> tuple[Path, dict, list]:
+def _kill_schedule(tmp_path: Path, n_tx: int, partitions: int = 1
+                   ) -> tuple[Path, dict, list]:
     job = load_job(ORDERS)
     snapshot, txs = pizzeria_workload(n_tx, seed=11)
     synth = Synthesizer(job)
     produced = list(synth.snapshot(snapshot))
     for tx in txs:
         produced.extend(synth.transaction(tx))
-    # interleave topics at random, keeping each topic's order; ~40 batches
+    # table topics over `partitions` partitions by key; interleave topic-partitions at
+    # random, keeping each one's order; ~40 batches
     rnd = random.Random(5)
-    queues: dict[str, list] = {}
-    for rec in produced:
-        queues.setdefault(rec.topic, []).append(rec)
+    queues: dict[tuple[str, int], list] = {}
+    for row in spread(produced, partitions, f"{synth.prefix}.transaction"):
+        queues.setdefault((row[0], row[1]), []).append(row)
     batches: list[tuple[list, list]] = []
     while any(queues.values()):
         rows = []
         for queue in queues.values():
             take = rnd.randint(0, 30)
-            rows += [(r.topic, 0, r.offset, r.key, r.value) for r in queue[:take]]
+            rows += queue[:take]
             del queue[:take]
-        batches.append((rows, [t for t, q in queues.items() if not q]))
+        done = {t for (t, _), q in queues.items() if not q}
+        done -= {t for (t, _), q in queues.items() if q}  # every partition read to its end
+        batches.append((rows, sorted(done)))
     path = tmp_path / "schedule.json"
     write_schedule(str(path), batches)
     return path, snapshot, txs
@@ -127,10 +132,13 @@ def _wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> None:
     raise AssertionError(f"no {needle!r} within {timeout}s")
 
 
-@pytest.mark.parametrize("shards", [1, 4], ids=["shards1", "shards4"])
-def test_kill_9_and_restart_loses_nothing_and_applies_nothing_twice(pg_dsn: str, shards: int,
-                                                                   tmp_path: Path) -> None:
-    schedule, snapshot, txs = _kill_schedule(tmp_path, 150)
+@pytest.mark.parametrize("shards, partitions", [(1, 1), (4, 1), (2, 3)],
+                         ids=["shards1", "shards4", "shards2-partitions3"])
+def test_kill_9_and_restart_loses_nothing_and_applies_nothing_twice(
+        pg_dsn: str, shards: int, partitions: int, tmp_path: Path) -> None:
+    """partitions: table topics spread over that many partitions by key (declared by the
+    replay source), read with any lag between partitions."""
+    schedule, snapshot, txs = _kill_schedule(tmp_path, 150, partitions)
     work = tmp_path / "work"
     cmd = [sys.executable, "-m", "tests.spark.kill_target", str(schedule), str(work), pg_dsn,
            str(ORDERS), f"--shards={shards}"]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.unit.delivery import Pipeline, delete, insert, only, update, without
-from txjoin.errors import ConfigError, DecodeError
+from txjoin.errors import DecodeError
 from txjoin.job import UNAVAILABLE, Job, load_job
 from txjoin.scenarios.synthesize import Produced
 
@@ -492,24 +492,6 @@ def test_toast_placeholder_without_a_previous_version_is_a_clear_error() -> None
     message = str(exc.value)
     assert f"{event.topic}[0]@{event.offset}" in message
     assert "REPLICA IDENTITY FULL" in message and "public.orders" in message
-
-
-def test_a_record_from_a_second_partition_is_refused_saying_why_and_what_to_do() -> None:
-    """Completeness, restarts and the snapshot's end are read from each topic's order, which
-    Kafka keeps only within a partition: a topic with several partitions stops the job with
-    a one-line error instead of stalling transactions or releasing a partial snapshot."""
-    pipe = pizzeria()
-    records = pipe.commit("place", insert("orders", **order(100, [1])))
-    event = only(records, kind="data")[0]
-    with pytest.raises(ConfigError) as exc:
-        pipe.engine.process([(event.topic, 1, event.offset, event.value)])
-    message = str(exc.value)
-    assert "\n" not in message
-    assert f"{event.topic} has a record in partition 1 (offset {event.offset})" in message
-    assert "topic.creation.default.partitions=1" in message
-    # Nothing was applied: the same records from partition 0 go through.
-    pipe.deliver_rest()
-    assert pipe.output[(100,)] == enriched(100, [1])
 
 
 # -- truncate ----------------------------------------------------------------------------

@@ -42,6 +42,26 @@ arrive in that table's topic order, so a table's snapshot part is complete
 The snapshot is complete when every table of the job is settled; no streaming
 transaction is released before that. This holds when rows of different tables
 arrive in any order relative to each other and to the ``last`` row.
+
+**Table topics with several partitions** (declared by the source, see
+``Engine.process``): Kafka keeps order only within a partition, and Debezium
+spreads a table's events over the partitions by row key, so a row's changes
+stay in order but one partition says nothing about another. For such a table:
+
+- numbering is collected over all partitions (the union of the numbers read),
+  and a restart is recognised by BEGIN read twice or by a number that does not
+  increase *within one partition*; a restarted transaction then waits until
+  the source reports the table's whole topic read to its end in a batch in
+  which the END had been read (rule of confirmation above), when every event
+  Debezium wrote before that END, in every partition, has been read;
+- the snapshot settles only by rule 3 (the whole topic read to its end after
+  the snapshot visibly finished): a closing row or a streaming event proves
+  only that its own partition's snapshot rows were read.
+
+Events of one transaction and table are applied in the order read (partition
+by partition); a row's events share a partition, so each row's changes keep
+their order, and what a transaction leaves behind does not depend on the order
+of different rows.
 """
 
 from __future__ import annotations
@@ -75,7 +95,8 @@ class PendingTransaction:
     identities: set[tuple[object, ...]] = field(default_factory=set)
     deliveries: set[tuple[object, ...]] = field(default_factory=set)  # (identity, number)
     per_table: dict[str, int] = field(default_factory=dict)  # distinct events
-    last_number: dict[str, int] = field(default_factory=dict)
+    # last number read per table, or per (table, partition) for a partitioned topic
+    last_number: dict[str | tuple[str, int], int] = field(default_factory=dict)
     run: dict[str, set[int]] = field(default_factory=dict)  # numbers of the last run
     end: TxMarker | None = None
     first_ts_ms: int | None = None
@@ -83,13 +104,22 @@ class PendingTransaction:
     restarted: bool = False
     confirmed: set[str] = field(default_factory=set)  # tables whose last run is known final
 
-    def add(self, event: ChangeEvent) -> bool:
-        """Buffer an event; False when its content was already buffered."""
+    def add(self, event: ChangeEvent, partitioned: bool = False) -> bool:
+        """Buffer an event; False when its content was already buffered.
+
+        ``partitioned``: the table's topic has several partitions (module docstring).
+        """
         ident, number, table = event.identity, event.data_collection_order, event.table
         if (ident, number) in self.deliveries:
             return False
         self.deliveries.add((ident, number))
-        if number is not None:
+        if number is not None and partitioned:
+            where = (table, event.position.partition)  # order holds within a partition only
+            if number <= self.last_number.get(where, 0):
+                self.restarted = True  # confirmed only by the whole topic's end
+            self.last_number[where] = number
+            self.run.setdefault(table, set()).add(number)
+        elif number is not None:
             if number <= self.last_number.get(table, 0):
                 self.run[table] = set()  # renumbered from 1: a restart inside the transaction
                 self.restarted = True
@@ -164,7 +194,9 @@ class SnapshotBuffer:
         self.finished_evidence = False  # `last` row or a transaction marker read
         self.done = False  # released (or nothing to release)
 
-    def add(self, event: ChangeEvent) -> None:
+    def add(self, event: ChangeEvent, partitioned: bool = False) -> None:
+        """Buffer a snapshot row; ``partitioned``: its topic has several partitions, so
+        its closing row settles nothing (it proves only its own partition read)."""
         if self.done:
             if event.identity in self.identities:
                 return  # a redelivered snapshot row: already applied
@@ -178,13 +210,14 @@ class SnapshotBuffer:
         self.identities.add(event.identity)
         self.rows.append(event)
         self.tables_with_rows.add(event.table)
-        if event.snapshot in SNAPSHOT_CLOSING:
+        if event.snapshot in SNAPSHOT_CLOSING and not partitioned:
             self.settled.add(event.table)
         if event.snapshot == "last":
             self.finished_evidence = True
 
-    def streaming_seen(self, table: str) -> None:
-        self.settled.add(table)
+    def streaming_seen(self, table: str, partitioned: bool = False) -> None:
+        if not partitioned:
+            self.settled.add(table)
         self.finished_evidence = True
 
     def caught_up(self, tables: set[str]) -> None:
@@ -204,19 +237,21 @@ class Assembler:
         self.snapshot = SnapshotBuffer(tables)
         self.duplicates = 0
 
-    def add_event(self, event: ChangeEvent, released: set[int]) -> None:
+    def add_event(self, event: ChangeEvent, released: set[int], partitioned: bool = False
+                  ) -> None:
+        """Buffer an event; ``partitioned``: its table's topic has several partitions."""
         if event.table not in self.tables:
             return
         if event.is_snapshot:
-            self.snapshot.add(event)
+            self.snapshot.add(event, partitioned)
             return
-        self.snapshot.streaming_seen(event.table)
+        self.snapshot.streaming_seen(event.table, partitioned)
         assert event.xid is not None
         if event.xid in released:
             self.duplicates += 1
             return
         tx = self.pending.setdefault(event.xid, PendingTransaction(event.xid))
-        if not tx.add(event):
+        if not tx.add(event, partitioned):
             self.duplicates += 1
 
     def add_marker(self, marker: TxMarker, released: set[int]) -> bool:

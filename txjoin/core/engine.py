@@ -74,6 +74,9 @@ class Engine:
         # newest source commit time read per stream (table, or a transaction stream)
         self.stream_ts_ms: dict[str, int] = {}
         self.snapshot_released = False
+        # Tables whose topic has several partitions, as the sources declared them (once
+        # declared, always: see assembly.py for what changes for them).
+        self.partitioned: set[str] = set()
         self._derive()
 
     def _derive(self) -> None:
@@ -121,7 +124,8 @@ class Engine:
     # -- the batch API ------------------------------------------------------------
 
     def process(self, records: pd.DataFrame | Iterable[tuple[str, int, int, Any]],
-                caught_up: Iterable[str] = ()) -> list[OutputChange]:
+                caught_up: Iterable[str] = (), partitioned: Iterable[str] = ()
+                ) -> list[OutputChange]:
         """Process one batch of records and return the output changes it releases.
 
         ``records``: a frame with columns ``topic, partition, offset, value`` (or
@@ -129,6 +133,9 @@ class Engine:
         order; interleaving between topics is free. ``caught_up``: tables whose
         topic the source has read to its end offset in this batch (lets an
         empty table settle the snapshot without a change; see assembly).
+        ``partitioned``: tables whose topic has several partitions, as the source
+        knows them when it plans the batch (every txjoin source declares them in
+        every batch). A record from a partition > 0 of any other topic is refused.
         """
         if isinstance(records, pd.DataFrame):
             frame = records.sort_values(["topic", "partition", "offset"], kind="stable")
@@ -143,18 +150,22 @@ class Engine:
             item = decode(value, Position(str(topic), int(partition), int(offset)))
             if item is not None:
                 decoded.append(item)
-        return self.process_decoded(decoded, caught_up)
+        return self.process_decoded(decoded, caught_up, partitioned)
 
     def process_decoded(self, items: Iterable[ChangeEvent | TxMarker],
-                        caught_up: Iterable[str] = ()) -> list[OutputChange]:
+                        caught_up: Iterable[str] = (), partitioned: Iterable[str] = ()
+                        ) -> list[OutputChange]:
         """Like :meth:`process`, for records already decoded."""
+        self.partitioned.update(t for t in partitioned if t in self._table_sources)
+        parted = self.partitioned
         stream_ts = self.stream_ts_ms
         single = self._marker_sources is None
         first = self.job.source_names[0]
         table_sources = self._table_sources
         for item in items:
-            if item.position.partition:
-                raise_partitioned(item.position)
+            if item.position.partition and (isinstance(item, TxMarker)
+                                            or item.table not in parted):
+                raise_partitioned(item.position, isinstance(item, TxMarker))
             if isinstance(item, TxMarker):
                 source = first if single else self.marker_source(item)
                 ts, stream = item.ts_ms, self.job.transaction_stream(source)
@@ -173,7 +184,8 @@ class Engine:
                     frontier.on_end(item)
             else:
                 self.stats.events += 1
-                self.assemblers[source].add_event(item, self.frontiers[source].released)
+                self.assemblers[source].add_event(item, self.frontiers[source].released,
+                                                  item.table in parted)
         caught = set(caught_up)
         for assembler in self.assemblers.values():
             assembler.caught_up(caught & assembler.tables)

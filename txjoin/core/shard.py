@@ -59,8 +59,8 @@ class ShardEngine(Engine):
         self.log_version = 0
         self.log_token = ""
 
-    def process_wire(self, records: Iterable[bytes], caught_up: Iterable[str] = ()
-                     ) -> list[OutputChange]:
+    def process_wire(self, records: Iterable[bytes], caught_up: Iterable[str] = (),
+                     partitioned: Iterable[str] = ()) -> list[OutputChange]:
         """Process one batch of routed records (``routing.to_wire``); output changes.
 
         Also records the batch's *effects* (:attr:`last_effects`): what a copy of
@@ -76,7 +76,7 @@ class ShardEngine(Engine):
         remembered = {s: f.remembered for s, f in self.frontiers.items()}
         self.join.journal = []
         try:
-            changes = self.process_decoded(items, caught_up)
+            changes = self.process_decoded(items, caught_up, partitioned)
             journal = self.join.journal
         finally:
             self.join.journal = None

@@ -53,18 +53,20 @@ class ShardedEngine:
         return per_shard
 
     def process(self, records: Iterable[tuple[str, int, int, str | None]],
-                caught_up: Iterable[str] = (), drop_cache: Iterable[int] = ()
-                ) -> list[OutputChange]:
-        """One micro-batch; ``drop_cache``: shards that lose their cached engine first."""
+                caught_up: Iterable[str] = (), drop_cache: Iterable[int] = (),
+                partitioned: Iterable[str] = ()) -> list[OutputChange]:
+        """One micro-batch; ``drop_cache``: shards that lose their cached engine first;
+        ``partitioned``: tables whose topic has several partitions (``Engine.process``)."""
         for shard in drop_cache:
             self.cache.pop(shard, None)
         caught = list(caught_up)
+        parted = list(partitioned)
         changes: list[OutputChange] = []
         self.last = []
         for shard, wires in enumerate(self.route(records)):
             log = ShardLog(self.stores[shard], self.job, shard, self.n_shards, self.policy,
                            max_transaction_bytes=self.max_transaction_bytes)
-            result = log.process(self.cache.get(shard), wires, caught)
+            result = log.process(self.cache.get(shard), wires, caught, parted)
             self.cache[shard] = result.engine
             self.last.append(result)
             changes.extend(result.changes)

@@ -264,9 +264,11 @@ class Pipeline:
 
         assert self.config.bootstrap_servers is not None
         # Same checks as txjoin_kafka: the topics exist, the transaction topic has one
-        # partition, the brokers answer.
+        # partition, the brokers answer; and table topics have one partition, since this
+        # format cannot declare partitioned ones to the shards.
         KafkaStreamReader(KafkaSourceConfig(self.config.bootstrap_servers, tuple(topics),
-                                            transaction_topic=tuple(transaction_topics))
+                                            transaction_topic=tuple(transaction_topics),
+                                            one_partition_tables=True)
                           ).initialOffset()
         self.always_caught_up = True
         return (self.spark.readStream.format("kafka")

@@ -41,6 +41,7 @@ from txjoin.core.shard import ShardEngine
 from txjoin.core.state_log import ShardLog
 from txjoin.debezium import Position, decode
 from txjoin.job import Job
+from txjoin.spark.sources.kafka import CAUGHT_UP_OFFSET, PARTITIONS_OFFSET
 
 ROUTED_SCHEMA = "shard int, topic string, partition int, offset long, wire binary, counted boolean"
 ROUTED_ARROW = pa.schema([("shard", pa.int32()), ("topic", pa.string()),
@@ -88,7 +89,7 @@ def make_decoder(job: Job, labels: Sequence[int]) -> Any:
             for topic, partition, offset, value in zip(cols["topic"], cols["partition"],
                                                        cols["offset"], cols["value"],
                                                        strict=True):
-                if offset < 0:  # caught-up marker: every shard
+                if offset < 0:  # caught-up or partitions marker: every shard
                     for label in all_labels:
                         out.emit(label, topic, partition, offset, None, False)
                     continue
@@ -212,7 +213,10 @@ class ShardProcessor(StatefulProcessor):
         markers = frame["offset"] < 0
         every = set(self.streams.values())
         caught = every if self.always_caught_up else {
-            self.streams[t] for t in frame.loc[markers, "topic"] if t in self.streams}
+            self.streams[t] for t in frame.loc[frame["offset"] == CAUGHT_UP_OFFSET, "topic"]
+            if t in self.streams}
+        parted = {self.streams[t] for t in frame.loc[frame["offset"] == PARTITIONS_OFFSET, "topic"]
+                  if t in self.streams}
         wires = [w for w in frame.loc[~markers, "wire"] if w is not None]
         cache: OrderedDict[tuple[str, int], ShardEngine] = importlib.import_module(
             __name__)._CACHE
@@ -222,7 +226,7 @@ class ShardProcessor(StatefulProcessor):
         log = ShardLog(self.store, self.job, shard, len(self.labels), self.policy,
                        where=f"shard {shard} of {len(self.labels)}",
                        max_transaction_bytes=self.max_transaction_bytes)
-        result = log.process(cached, wires, caught)
+        result = log.process(cached, wires, caught, parted)
         engine = result.engine
         cache[cache_key] = engine
         while len(cache) > _CACHE_SIZE:

@@ -68,14 +68,16 @@ def start_broker(port: int, log_path: Path, timeout: float = 30.0) -> Broker:
     return broker
 
 
-def create_topics(bootstrap_servers: str, names: list[str], timeout: float = 30.0) -> None:
-    """Create ``names`` with one partition each; topics that already exist must have one."""
+def create_topics(bootstrap_servers: str, names: list[str], timeout: float = 30.0,
+                  partitions: int = 1) -> None:
+    """Create ``names`` with ``partitions`` partitions each (transaction topics: always 1);
+    topics that already exist must have as many."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     futures = admin.create_topics(
-        [NewTopic(name, num_partitions=1, replication_factor=1) for name in names],
+        [NewTopic(name, num_partitions=partitions, replication_factor=1) for name in names],
         operation_timeout=timeout, request_timeout=timeout,
     )
     for name, future in futures.items():
@@ -88,11 +90,11 @@ def create_topics(bootstrap_servers: str, names: list[str], timeout: float = 30.
     metadata = admin.list_topics(timeout=timeout)
     for name in names:
         topic = metadata.topics.get(name)
-        if topic is None or len(topic.partitions) != 1:
+        if topic is None or len(topic.partitions) != partitions:
             found = "missing" if topic is None else f"{len(topic.partitions)} partitions"
             raise ServiceError(
-                f"topic {name} on {bootstrap_servers} must have exactly 1 partition ({found}): "
-                "BEGIN and END of a transaction could otherwise land apart; recreate it"
+                f"topic {name} on {bootstrap_servers} must have exactly {partitions} "
+                f"partition(s) ({found}); recreate it"
             )
 
 

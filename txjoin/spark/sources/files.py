@@ -15,7 +15,10 @@ Offsets are Kafka's: ``{topic: {"<partition>": next offset}}`` plus
 ``__caught_up__``, checkpointed by Spark. Each ``latestOffset`` lists the
 directory again, so files that appear while the job runs are read by the next
 micro-batch; a partition whose last file has been read counts as read to its end
-(the caught-up rule: "no newer file" plays the broker's high watermark).
+(the caught-up rule: "no newer file" plays the broker's high watermark). A table
+topic with several ``partition=<p>`` folders is declared partitioned in every
+batch, as ``txjoin_kafka`` does; its folders must all exist from the start
+(the snapshot's end is read from every partition that the batch knows).
 
 Files must appear complete (S3 objects do; on a local disk write them under
 another name and rename, as ``txjoin export`` does): a file is read and checked
@@ -318,8 +321,10 @@ class FileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """One input partition per topic-partition with records in ``[start, end)``."""
         result: list[InputPartition] = []
         caught = sorted(t for t, flag in end.get(CAUGHT_UP, {}).items() if flag)
-        if caught:
-            result.append(CaughtUpPartition(caught))
+        parted = {t: len(parts) for t, parts in end.items()
+                  if t != CAUGHT_UP and len(parts) > 1}
+        if caught or parted:
+            result.append(CaughtUpPartition(caught, parted))
         listing = self._listing
         for topic, parts in sorted(end.items()):
             if topic == CAUGHT_UP:
@@ -343,7 +348,7 @@ class FileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Yield the records of the planned range as Arrow batches."""
         if isinstance(partition, CaughtUpPartition):
-            return iter([caught_up_batch(partition.topics)])
+            return iter([caught_up_batch(partition.topics, partition.partitioned)])
         assert isinstance(partition, FileRangePartition)
         return _read_range(partition)
 

@@ -15,7 +15,11 @@ of what the broker had when the batch was planned (not cut short by
 batch after a crash reports the same. One extra input partition turns it into
 marker rows (``offset = -1``, ``value`` null, ``key`` = ``__caught_up__``) that
 the transactional core uses to settle the snapshot of empty tables and to
-confirm restarted transactions (see ``txjoin.core.assembly``).
+confirm restarted transactions (see ``txjoin.core.assembly``). The same input
+partition declares, in every batch, the table topics with several partitions
+(``offset = -2``, ``partition`` = the count, ``key`` = ``__partitions__``), read
+from the batch's end offsets: the core reads a table's snapshot end and
+restarted transactions differently for them.
 
 Topic identity: the offsets also record, under ``__topic_ids__``, each topic's
 Kafka topic id where the broker reports one. On every planned batch (and on the
@@ -42,7 +46,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +65,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from txjoin.debezium import ONE_PARTITION
+from txjoin.debezium import UNDECLARED_PARTITIONS
 from txjoin.errors import CheckpointError, ConfigError, DecodeError, ServiceError
 
 if TYPE_CHECKING:
@@ -93,6 +97,9 @@ METADATA_TIMEOUT_S = 15.0
 READ_STALL_TIMEOUT_S = 60.0
 _CONSUME_CHUNK = 10_000
 CAUGHT_UP = "__caught_up__"
+PARTITIONS = "__partitions__"
+CAUGHT_UP_OFFSET = -1  # marker row: the topic was read to its end in this batch
+PARTITIONS_OFFSET = -2  # marker row: the topic has `partition` partitions
 TOPIC_IDS = "__topic_ids__"
 RESERVED = (CAUGHT_UP, TOPIC_IDS)
 _NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # Kafka's zero UUID: the broker has no id
@@ -119,6 +126,8 @@ class KafkaSourceConfig:
     max_events_per_trigger: int | None = None
     transaction_topic: str | tuple[str, ...] | None = None
     """The transaction topic, or several (a job over several source databases)."""
+    one_partition_tables: bool = False
+    """Refuse table topics with several partitions (for a reader that cannot declare them)."""
 
     @property
     def transaction_topics(self) -> tuple[str, ...]:
@@ -262,10 +271,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     "kept within a partition; recreate it with 1 partition (e.g. "
                     f"kafka-topics --create --topic {topic} --partitions 1) before Debezium "
                     "writes to it")
-            if count != 1:
+            if count != 1 and self.config.one_partition_tables:
                 raise ConfigError(
-                    f"{SOURCE_NAME}: table topic {topic!r} on {servers!r} has {count} partitions; "
-                    f"{ONE_PARTITION}")
+                    f"table topic {topic!r} on {servers!r} has {count} partitions; "
+                    f"{UNDECLARED_PARTITIONS}")
             result.extend((topic, p) for p in sorted(meta.partitions))
         return result
 
@@ -415,8 +424,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.validate(end, "the checkpoint's planned end offset")
         result: list[InputPartition] = []
         caught = sorted(t for t, flag in end.get(CAUGHT_UP, {}).items() if flag)
-        if caught:
-            result.append(CaughtUpPartition(caught))
+        parted = {t: len(parts) for t, parts in end.items()
+                  if t not in RESERVED and len(parts) > 1}
+        if caught or parted:
+            result.append(CaughtUpPartition(caught, parted))
         for topic, parts in sorted(end.items()):
             if topic in RESERVED:
                 continue
@@ -441,25 +452,38 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Yield the records ``[start, end)`` of one topic-partition as Arrow batches."""
         if isinstance(partition, CaughtUpPartition):
-            return iter([caught_up_batch(partition.topics)])
+            return iter([caught_up_batch(partition.topics, partition.partitioned)])
         assert isinstance(partition, KafkaInputPartition)
         return _read_range(self.config.bootstrap_servers, partition)
 
 
 class CaughtUpPartition(InputPartition):
-    """The topics a batch reads to their end; read as marker rows."""
+    """The topics a batch reads to their end, and the topics with several partitions
+    (topic -> partition count); read as marker rows."""
 
-    def __init__(self, topics: list[str]) -> None:
-        super().__init__(tuple(topics))
+    def __init__(self, topics: list[str], partitioned: dict[str, int] | None = None) -> None:
+        super().__init__((tuple(topics), tuple(sorted((partitioned or {}).items()))))
         self.topics = topics
+        self.partitioned = dict(partitioned or {})
 
 
-def caught_up_batch(topics: Sequence[str]) -> pa.RecordBatch:
-    """Marker rows (offset -1, key ``__caught_up__``) naming caught-up topics."""
-    n = len(topics)
+def caught_up_batch(topics: Sequence[str], partitioned: Mapping[str, int] | None = None
+                    ) -> pa.RecordBatch:
+    """Marker rows: caught-up topics (offset -1, key ``__caught_up__``), then the topics
+    with several partitions (offset -2, key ``__partitions__``, ``partition`` = the count).
+
+    Every batch declares its partitioned topics, so a stateful stage knows them before
+    it reads any of their records (see ``Engine.process``).
+    """
+    declared = sorted((partitioned or {}).items())
+    names = [*topics, *(t for t, _ in declared)]
+    n = len(names)
     return pa.RecordBatch.from_arrays([
-        pa.array(list(topics), pa.string()), pa.array([0] * n, pa.int32()),
-        pa.array([-1] * n, pa.int64()), pa.array([CAUGHT_UP] * n, pa.string()),
+        pa.array(names, pa.string()),
+        pa.array([0] * len(topics) + [c for _, c in declared], pa.int32()),
+        pa.array([CAUGHT_UP_OFFSET] * len(topics) + [PARTITIONS_OFFSET] * len(declared),
+                 pa.int64()),
+        pa.array([CAUGHT_UP] * len(topics) + [PARTITIONS] * len(declared), pa.string()),
         pa.array([None] * n, pa.string()), pa.array([None] * n, pa.timestamp("us", tz="UTC")),
     ], schema=ARROW_SCHEMA)
 

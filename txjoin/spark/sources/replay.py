@@ -7,7 +7,9 @@ batch reads to their end (``caught_up``). The offset in the checkpoint is
 delivers exactly one schedule batch, so the harness can read the sinks after
 every one of them; ``until`` stops an ``availableNow`` run at a restart point.
 The rows have the same schema as ``txjoin_kafka`` (caught-up topics as marker
-rows with offset -1), so everything after the source is the same code path.
+rows with offset -1, and in every batch the topics with records in a partition
+> 0, with their partition count, as marker rows with offset -2), so everything
+after the source is the same code path.
 
 Like ``txjoin_kafka``, the source checks the checkpoint's offset on start and on
 every batch: the offset also records a digest of the schedule, and a checkpoint
@@ -48,11 +50,13 @@ def write_schedule_dir(path: str, batches: Iterable[tuple[Sequence[Sequence[Any]
     each read task loads only its batch). Returns the number of batches."""
     os.makedirs(path, exist_ok=True)
     topics: list[list[str]] = []
+    counts: dict[str, int] = {}
     for records, caught in batches:
         index = len(topics)
         per_topic: dict[str, list[list[Any]]] = {}
         for r in records:
             per_topic.setdefault(r[0], []).append(list(r))
+            counts[r[0]] = max(counts.get(r[0], 1), int(r[1]) + 1)
         for n, topic in enumerate(sorted(per_topic)):
             with open(os.path.join(path, f"batch-{index:06d}-{n}.json"), "w",
                       encoding="utf-8") as fh:
@@ -61,7 +65,8 @@ def write_schedule_dir(path: str, batches: Iterable[tuple[Sequence[Sequence[Any]
             json.dump({"records": [], "caught_up": sorted(caught)}, fh)
         topics.append(sorted(per_topic))
     with open(os.path.join(path, "index.json"), "w", encoding="utf-8") as fh:
-        json.dump({"batches": len(topics), "topics": topics}, fh)
+        json.dump({"batches": len(topics), "topics": topics,
+                   "partitions": {t: c for t, c in sorted(counts.items()) if c > 1}}, fh)
     return len(topics)
 
 
@@ -97,9 +102,15 @@ class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.count = int(index["batches"])
             self.batches: list[Any] = []
             self.topics: list[list[str]] = index["topics"]
+            self.partitioned: dict[str, int] = index.get("partitions", {})
         else:
             self.batches = json.loads(raw)
             self.count = len(self.batches)
+            self.partitioned = {}
+            for batch in self.batches:
+                for r in batch["records"]:
+                    if r[1] > 0:
+                        self.partitioned[r[0]] = max(self.partitioned.get(r[0], 1), r[1] + 1)
         self.until = self.count if until is None else min(until, self.count)
 
     def _offset(self, batch: int) -> dict[str, Any]:
@@ -144,7 +155,8 @@ class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, ReplayPartition)
         if partition.topic is not None:
             if partition.topic == "":
-                yield caught_up_batch(_load_batch(self.path, partition.index)["caught_up"])
+                yield caught_up_batch(_load_batch(self.path, partition.index)["caught_up"],
+                                      self.partitioned)
                 return
             part = self.topics[partition.index].index(partition.topic)
             batch = _load_batch(self.path, partition.index, part)
@@ -160,7 +172,7 @@ class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             pa.array([None] * len(records), pa.timestamp("us", tz="UTC")),
         ], schema=ARROW_SCHEMA)
         if partition.topic is None:
-            yield caught_up_batch(batch["caught_up"])
+            yield caught_up_batch(batch["caught_up"], self.partitioned)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release."""
