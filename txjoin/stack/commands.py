@@ -35,9 +35,12 @@ _dir_option = click.option(
               help="A job with several sources (e.g. jobs/users_colors_two_dbs.py): start one "
                    "database (named after the source's topic prefix, holding its tables) and "
                    "one Debezium connector per source instead of the `shop` connector.")
+@click.option("--partitions", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Partitions of each table topic (Debezium spreads records by row key; "
+                   "transaction topics always have one).")
 @cli_errors
 def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: float,
-       job_file: Path | None) -> None:
+       job_file: Path | None, partitions: int) -> None:
     """Start PostgreSQL, the tansu broker and Debezium (Kafka Connect) in the background."""
     sources: list[stack_mod.SourceSpec] = []
     if job_file is not None:
@@ -49,7 +52,7 @@ def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: f
                               f"runs on the default stack: `txjoin up` without --job")
     result = stack_mod.up(directory, pg_port=pg_port, broker_port=broker_port, timeout=timeout,
                           progress=lambda line: _console.print(f"[dim]{line}[/dim]"),
-                          sources=sources)
+                          sources=sources, partitions=partitions)
     info = result.info
     if result.already_running:
         _console.print(f"stack in {directory} is already running")

@@ -251,12 +251,15 @@ def load_stack(directory: str | os.PathLike[str] = DEFAULT_DIR) -> StackInfo | N
 
 def up(directory: str | os.PathLike[str] = DEFAULT_DIR, *, pg_port: int | None = None,
        broker_port: int | None = None, timeout: float = 180.0,
-       progress: Progress = _noop, sources: Sequence[SourceSpec] = ()) -> UpResult:
+       progress: Progress = _noop, sources: Sequence[SourceSpec] = (),
+       partitions: int = 1) -> UpResult:
     """Start PostgreSQL, the broker and Debezium in the background; wait until all are healthy.
 
     With ``sources`` (:func:`job_sources`), one database and one Debezium worker per
     source instead of the single ``shop`` connector. Asking a running stack for other
-    sources than it has is a ServiceError (``down`` it first).
+    sources than it has is a ServiceError (``down`` it first). ``partitions``: each table
+    topic is created with that many partitions (Debezium spreads records by row key);
+    transaction topics always have one.
 
     Harmless when the stack already runs (``already_running``). Raises ServiceError for a
     busy port, missing Java, a stale directory (processes died without ``down``), or a
@@ -275,6 +278,11 @@ def up(directory: str | os.PathLike[str] = DEFAULT_DIR, *, pg_port: int | None =
                     raise ServiceError(
                         f"the stack in {directory} runs source databases "
                         f"{running or ['shop']}, not {wanted or ['shop']}: run "
+                        f"`txjoin down --dir {directory}` first, then `txjoin up` again")
+                if state.get("partitions", 1) != partitions:
+                    raise ServiceError(
+                        f"the stack in {directory} has table topics with "
+                        f"{state.get('partitions', 1)} partition(s), not {partitions}: run "
                         f"`txjoin down --dir {directory}` first, then `txjoin up` again")
                 return UpResult(_info(state), True, 0.0)
             dead = ", ".join(n for n in _components(state) if not alive.get(n)) or "all"
@@ -307,7 +315,7 @@ def up(directory: str | os.PathLike[str] = DEFAULT_DIR, *, pg_port: int | None =
             "pg_dsn_source": postgres_mod.dsn(pg_port, postgres_mod.SOURCE_DB),
             "pg_dsn_sink": postgres_mod.dsn(pg_port, postgres_mod.SINK_DB),
             "bootstrap_servers": f"127.0.0.1:{broker_port}",
-            "topic_prefix": prefix, "tables": list(tables),
+            "topic_prefix": prefix, "tables": list(tables), "partitions": partitions,
             "sources": [{"name": s.name, "prefix": s.prefix, "database": s.database,
                          "dsn": postgres_mod.dsn(pg_port, s.database), "component": s.component,
                          "tables": [t.name for t in s.tables]} for s in sources],
@@ -328,7 +336,12 @@ def up(directory: str | os.PathLike[str] = DEFAULT_DIR, *, pg_port: int | None =
             state["broker"] = {"pid": br.process.pid, "start_ticks": br.process.start_ticks,
                                "port": broker_port, "log": str(logs / "broker.log")}
             _write_state(directory, state)
-            broker_mod.create_topics(info.bootstrap_servers, list(info.topics))
+            transaction_topics = ({s.transaction_topic for s in info.sources}
+                                  or {info.transaction_topic})
+            broker_mod.create_topics(info.bootstrap_servers, sorted(transaction_topics))
+            broker_mod.create_topics(info.bootstrap_servers,
+                                     [t for t in info.topics if t not in transaction_topics],
+                                     partitions=partitions)
 
             if not sources:
                 progress("debezium: compiling the launcher and starting Kafka Connect")
