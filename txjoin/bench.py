@@ -32,6 +32,7 @@ from typing import Any
 import click
 import psutil
 
+from txjoin.core.assembly import TopicPartitions
 from txjoin.core.engine import Engine
 from txjoin.job import load_job
 from txjoin.scenarios.synthesize import Synthesizer
@@ -117,16 +118,23 @@ def spread(produced: list[Any], partitions: int, transaction_topic: str
 
 
 def replay_schedule(rows: list[tuple[str, int, int, str | None, str | None]], max_events: int
-                    ) -> Iterator[tuple[list, list]]:
-    """The records in production order, ``max_events`` per micro-batch; a topic is caught
-    up in a batch when none of its records comes later."""
+                    ) -> Iterator[tuple[list, list, dict[str, list[int]]]]:
+    """The records in production order, ``max_events`` per micro-batch; a topic (or a
+    partition of a topic with several) is caught up in a batch when none of its records
+    comes later."""
     last: dict[str, int] = {}
+    last_part: dict[tuple[str, int], int] = {}
     for i, r in enumerate(rows):
         last[r[0]] = i
+        last_part[(r[0], r[1])] = i
+    several = {t: 1 + max(p for (u, p) in last_part if u == t) for t in last}
+    several = {t: n for t, n in several.items() if n > 1}
     for start in range(0, len(rows), max_events):
         chunk = rows[start:start + max_events]
         end = start + len(chunk)
-        yield chunk, sorted(t for t, i in last.items() if i < end)
+        parts = {t: [p for p in range(n) if last_part.get((t, p), -1) < end]
+                 for t, n in several.items()}
+        yield chunk, sorted(t for t, i in last.items() if i < end), parts
 
 
 def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: str,
@@ -267,7 +275,8 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
         reference = Engine(job)
         reference.process([(t, p, o, v) for t, p, o, _, v in rows],
                           caught_up=[*job.table_names, "transaction"],
-                          partitioned=job.table_names if partitions > 1 else ())
+                          partitions=TopicPartitions(dict.fromkeys(job.table_names, partitions))
+                          if partitions > 1 else None)
         expected = reference.outputs()
         delta_rows = {(r["order_id"],) for r in sinks[0].read_current()}
         pg_rows = {(r["order_id"],) for r in sinks[1].read_current()}

@@ -172,6 +172,8 @@ def test_a_table_topic_with_two_partitions_is_read_whole_and_declared_in_every_b
     assert {r[1] for r in data} == {0, 1}
     for batch in rows:  # the partitioned topic (not the transaction topic), every batch
         assert [(r[0], r[1]) for r in batch if r[2] == -2] == [(split, 2)]
+    # the last batch reads both partitions to their end, and says so per partition
+    assert sorted((r[0], r[1]) for r in rows[-1] if r[2] == -3) == [(split, 0), (split, 1)]
 
 
 def test_transaction_topic_error_reaches_the_streaming_query(

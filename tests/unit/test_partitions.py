@@ -6,10 +6,10 @@ with the job, workload (connector restarts and resends included), partition
 count, shard count and delivery drawn at random: after every batch every shard
 has released the same transactions, the union of their outputs is the oracle's
 output after that committed prefix, and at the end it is the oracle's after the
-last transaction. Example tests pin the rules that differ for such topics: a
-closing row settles nothing (only the whole topic read to its end does), and a
-record from an undeclared partition, or a transaction topic's partition > 0, is
-refused.
+last transaction. The source reports caught-up partitions, or only whole
+topics. Example tests pin the rules that differ for such topics: a closing row
+settles only its own partition, and a record from an undeclared partition, or a
+transaction topic's partition > 0, is refused.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from tests.unit.delivery import Pipeline, insert, only
 from tests.unit.strategies import Production, deliveries, produce, workloads
 from tests.unit.test_failure_modes import enriched, order, pizzeria
 from tests.unit.test_properties import JOB_VARIANTS, ORDERS
+from txjoin.core.assembly import TopicPartitions
 from txjoin.core.oracle import outputs_after_each
 from txjoin.core.sharded import ShardedEngine
 from txjoin.errors import ConfigError
@@ -70,7 +71,7 @@ def run_partitioned(job: Any, workload: Any, data: Any, parts: int, n_shards: in
     production, where = split(produce(job, workload), parts)
     batches = data.draw(deliveries(production), label="delivery")
     expected = outputs_after_each(job, workload.snapshot, workload.transactions)
-    partitioned = {t for t in job.table_names} if parts > 1 else set()
+    counts = dict.fromkeys(job.table_names, parts) if parts > 1 else {}
     engine = ShardedEngine(job, n_shards)
     applied: dict[Any, Any] = {}
     last_k = -1
@@ -79,8 +80,17 @@ def run_partitioned(job: Any, workload: Any, data: Any, parts: int, n_shards: in
         # a topic is read to its end when every one of its partitions is
         caught = {where[t][0].removeprefix(PREFIX) for t in batch.caught_up}
         caught -= {where[t][0].removeprefix(PREFIX) for t in where if t not in batch.caught_up}
+        caught_parts: dict[str, set[int]] = {}
+        for t in batch.caught_up:
+            topic, p = where[t]
+            if topic.removeprefix(PREFIX) in counts:
+                caught_parts.setdefault(topic.removeprefix(PREFIX), set()).add(p)
+        # a source that reports only whole topics is drawn too
+        if data.draw(st.booleans(), label=f"whole topics only {n}"):
+            caught_parts = {}
+        partitions = TopicPartitions(counts, {t: frozenset(p) for t, p in caught_parts.items()})
         drop = data.draw(st.sets(st.integers(0, n_shards - 1)), label=f"drop cache {n}")
-        for ch in engine.process(records, caught, drop_cache=drop, partitioned=partitioned):
+        for ch in engine.process(records, caught, drop_cache=drop, partitions=partitions):
             if ch.row is None:
                 applied.pop(ch.key, None)
             else:
@@ -107,17 +117,35 @@ def test_partitioned_topics_still_give_committed_prefixes_only(variant: str, dat
     run_partitioned(job, workload, data, parts, n_shards)
 
 
-def test_a_closing_row_of_a_partitioned_topic_settles_nothing_until_the_topic_is_read() -> None:
+CLIENTS_IN_3 = TopicPartitions({"public.clients": 3})
+
+
+def test_a_partitioned_table_settles_when_every_partition_has_shown_its_end() -> None:
     """The closing row proves only its own partition read: another partition's snapshot rows
-    may still come. The table settles once the source reports its whole topic read."""
+    may still come. Each partition settles by its closing row, a streaming event read from
+    it, or the source reporting it read to its end after the snapshot finished."""
     pipe = Pipeline(ORDERS)
     snapshot = pipe.snapshot({"clients": [{"id": 1, "name": "Ann"}, {"id": 2, "name": "Bob"}]})
     snap = pipe.engine.assembler.snapshot
-    last = [r for r in snapshot if r.table == "public.clients"][-1]
-    pipe.engine.process([(last.topic, 1, 0, last.value)], partitioned={"public.clients"})
-    assert "public.clients" not in snap.settled
-    pipe.engine.process([], caught_up={"public.clients"}, partitioned={"public.clients"})
+    first, last = [r for r in snapshot if r.table == "public.clients"]
+    engine = pipe.engine
+    engine.process([(last.topic, 1, 0, last.value)], partitions=CLIENTS_IN_3)
+    assert "public.clients" not in snap.settled  # partition 1 only
+    engine.process([(first.topic, 0, 0, first.value)], partitions=TopicPartitions(
+        {"public.clients": 3}, {"public.clients": frozenset({0})}))
+    assert "public.clients" not in snap.settled  # partitions 0 and 1
+    engine.process([], partitions=TopicPartitions(
+        {"public.clients": 3}, {"public.clients": frozenset({2})}))
     assert "public.clients" in snap.settled
+
+
+def test_a_partitioned_table_also_settles_when_its_whole_topic_is_read() -> None:
+    pipe = Pipeline(ORDERS)
+    snapshot = pipe.snapshot({"clients": [{"id": 1, "name": "Ann"}, {"id": 2, "name": "Bob"}]})
+    last = [r for r in snapshot if r.table == "public.clients"][-1]
+    pipe.engine.process([(last.topic, 1, 0, last.value)], partitions=CLIENTS_IN_3)
+    pipe.engine.process([], caught_up={"public.clients"}, partitions=CLIENTS_IN_3)
+    assert "public.clients" in pipe.engine.assembler.snapshot.settled
 
 
 def test_a_record_from_an_undeclared_partition_is_refused_saying_why_and_what_to_do() -> None:
@@ -133,7 +161,10 @@ def test_a_record_from_an_undeclared_partition_is_refused_saying_why_and_what_to
     end = only(records, kind="end")[0]
     with pytest.raises(ConfigError, match="transaction topic must have exactly 1 partition"):
         pipe.engine.process([(end.topic, 1, end.offset, end.value)],
-                            partitioned={"public.orders"})
+                            partitions=TopicPartitions({"public.orders": 2}))
+    with pytest.raises(ConfigError, match=r"partition 2 .*did not declare"):  # beyond the count
+        pipe.engine.process([(event.topic, 2, event.offset, event.value)],
+                            partitions=TopicPartitions({"public.orders": 2}))
     # Nothing was applied: the same records from partition 0 go through.
     pipe.deliver_rest()
     assert pipe.output[(100,)] == enriched(100, [1])

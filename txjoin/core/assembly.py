@@ -43,20 +43,22 @@ The snapshot is complete when every table of the job is settled; no streaming
 transaction is released before that. This holds when rows of different tables
 arrive in any order relative to each other and to the ``last`` row.
 
-**Table topics with several partitions** (declared by the source, see
-``Engine.process``): Kafka keeps order only within a partition, and Debezium
-spreads a table's events over the partitions by row key, so a row's changes
-stay in order but one partition says nothing about another. For such a table:
+**Table topics with several partitions** (declared by the source with their
+partition count, see :class:`TopicPartitions`): Kafka keeps order only within a
+partition, and Debezium spreads a table's events over the partitions by row
+key, so a row's changes stay in order but one partition says nothing about
+another. So every rule above holds *per partition*:
 
+- the snapshot: a partition of the table is settled by its own closing row, a
+  streaming event read from it, or the source reporting that partition read to
+  its end after the snapshot visibly finished; the table is settled when all
+  its partitions are (or rule 3 for the whole topic);
 - numbering is collected over all partitions (the union of the numbers read),
   and a restart is recognised by BEGIN read twice or by a number that does not
-  increase *within one partition*; a restarted transaction then waits until
-  the source reports the table's whole topic read to its end in a batch in
-  which the END had been read (rule of confirmation above), when every event
-  Debezium wrote before that END, in every partition, has been read;
-- the snapshot settles only by rule 3 (the whole topic read to its end after
-  the snapshot visibly finished): a closing row or a streaming event proves
-  only that its own partition's snapshot rows were read.
+  increase within one partition; a restarted transaction then waits until
+  every partition of the table was reported read to its end in a batch in
+  which the END had been read (every event Debezium wrote before that END, in
+  every partition, was then read).
 
 Events of one transaction and table are applied in the order read (partition
 by partition); a row's events share a partition, so each row's changes keep
@@ -66,6 +68,7 @@ of different rows.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -86,6 +89,20 @@ class Transaction:
     source: str | None = None  # the source database (None: the initial snapshot)
 
 
+@dataclass(frozen=True)
+class TopicPartitions:
+    """What the source says, with one micro-batch, about table topics with several partitions.
+
+    ``counts``: table -> its topic's partition count (only counts > 1), for every such
+    topic the source reads, in every batch. ``caught_up``: table -> the partitions of
+    such a topic that this batch reads to their end (a whole topic read to its end is
+    reported as caught up as before).
+    """
+
+    counts: Mapping[str, int] = field(default_factory=dict)
+    caught_up: Mapping[str, frozenset[int]] = field(default_factory=dict)
+
+
 @dataclass
 class PendingTransaction:
     """Events of one xid buffered until its END's counts are met."""
@@ -103,20 +120,22 @@ class PendingTransaction:
     begins: int = 0
     restarted: bool = False
     confirmed: set[str] = field(default_factory=set)  # tables whose last run is known final
+    # partitions read to their end since END, per table of a partitioned topic
+    confirmed_parts: dict[str, set[int]] = field(default_factory=dict)
 
-    def add(self, event: ChangeEvent, partitioned: bool = False) -> bool:
+    def add(self, event: ChangeEvent, partitions: int = 1) -> bool:
         """Buffer an event; False when its content was already buffered.
 
-        ``partitioned``: the table's topic has several partitions (module docstring).
+        ``partitions``: of the table's topic (several: module docstring).
         """
         ident, number, table = event.identity, event.data_collection_order, event.table
         if (ident, number) in self.deliveries:
             return False
         self.deliveries.add((ident, number))
-        if number is not None and partitioned:
+        if number is not None and partitions > 1:
             where = (table, event.position.partition)  # order holds within a partition only
             if number <= self.last_number.get(where, 0):
-                self.restarted = True  # confirmed only by the whole topic's end
+                self.restarted = True  # confirmed only by every partition's end
             self.last_number[where] = number
             self.run.setdefault(table, set()).add(number)
         elif number is not None:
@@ -194,9 +213,9 @@ class SnapshotBuffer:
         self.finished_evidence = False  # `last` row or a transaction marker read
         self.done = False  # released (or nothing to release)
 
-    def add(self, event: ChangeEvent, partitioned: bool = False) -> None:
-        """Buffer a snapshot row; ``partitioned``: its topic has several partitions, so
-        its closing row settles nothing (it proves only its own partition read)."""
+    def add(self, event: ChangeEvent, partitions: int = 1) -> None:
+        """Buffer a snapshot row; ``partitions``: of its topic (several: a closing row
+        settles only its own partition)."""
         if self.done:
             if event.identity in self.identities:
                 return  # a redelivered snapshot row: already applied
@@ -210,19 +229,36 @@ class SnapshotBuffer:
         self.identities.add(event.identity)
         self.rows.append(event)
         self.tables_with_rows.add(event.table)
-        if event.snapshot in SNAPSHOT_CLOSING and not partitioned:
-            self.settled.add(event.table)
+        if event.snapshot in SNAPSHOT_CLOSING:
+            self._settle(event.table, event.position.partition, partitions)
         if event.snapshot == "last":
             self.finished_evidence = True
 
-    def streaming_seen(self, table: str, partitioned: bool = False) -> None:
-        if not partitioned:
-            self.settled.add(table)
+    def streaming_seen(self, table: str, partition: int = 0, partitions: int = 1) -> None:
+        self._settle(table, partition, partitions)
         self.finished_evidence = True
 
-    def caught_up(self, tables: set[str]) -> None:
+    def _settle(self, table: str, partition: int, partitions: int) -> None:
+        """Partition ``partition`` of ``table``'s topic has shown all its snapshot rows."""
+        if partitions == 1:
+            self.settled.add(table)
+            return
+        # (setdefault: a state written before partitioned topics has no `parts`)
+        parts = self.__dict__.setdefault("parts", {}).setdefault(table, set())
+        parts.add(partition)
+        if len(parts) >= partitions:
+            self.settled.add(table)
+
+    def caught_up(self, tables: set[str], parts: Mapping[str, Iterable[int]] | None = None,
+                  counts: Mapping[str, int] | None = None) -> None:
+        """Topics (``tables``) or single partitions (``parts``: table -> partitions of a
+        topic with ``counts[table]`` partitions) read to their end in this batch."""
         if self.finished_evidence:
             self.settled |= tables & self.tables
+            for table, numbers in (parts or {}).items():
+                if table in self.tables:
+                    for number in numbers:
+                        self._settle(table, number, (counts or {}).get(table, 1))
 
     def is_complete(self) -> bool:
         return self.tables <= self.settled
@@ -237,21 +273,20 @@ class Assembler:
         self.snapshot = SnapshotBuffer(tables)
         self.duplicates = 0
 
-    def add_event(self, event: ChangeEvent, released: set[int], partitioned: bool = False
-                  ) -> None:
-        """Buffer an event; ``partitioned``: its table's topic has several partitions."""
+    def add_event(self, event: ChangeEvent, released: set[int], partitions: int = 1) -> None:
+        """Buffer an event; ``partitions``: of its table's topic."""
         if event.table not in self.tables:
             return
         if event.is_snapshot:
-            self.snapshot.add(event, partitioned)
+            self.snapshot.add(event, partitions)
             return
-        self.snapshot.streaming_seen(event.table, partitioned)
+        self.snapshot.streaming_seen(event.table, event.position.partition, partitions)
         assert event.xid is not None
         if event.xid in released:
             self.duplicates += 1
             return
         tx = self.pending.setdefault(event.xid, PendingTransaction(event.xid))
-        if not tx.add(event, partitioned):
+        if not tx.add(event, partitions):
             self.duplicates += 1
 
     def add_marker(self, marker: TxMarker, released: set[int]) -> bool:
@@ -272,12 +307,20 @@ class Assembler:
         tx.end = marker
         return True
 
-    def caught_up(self, tables: set[str]) -> None:
-        """The source read these tables' topics to their end in the batch just added."""
-        self.snapshot.caught_up(tables)
+    def caught_up(self, tables: set[str], parts: Mapping[str, Iterable[int]] | None = None,
+                  counts: Mapping[str, int] | None = None) -> None:
+        """The source read these tables' topics (or, ``parts``, these partitions of a
+        topic with ``counts[table]`` partitions) to their end in the batch just added."""
+        parts = {t: set(ps) for t, ps in (parts or {}).items() if t in self.tables}
+        self.snapshot.caught_up(tables, parts, counts)
         for tx in self.pending.values():
             if tx.end is not None and tx.restarted:
                 tx.confirmed |= tables
+                for table, numbers in parts.items():
+                    got = tx.__dict__.setdefault("confirmed_parts", {}).setdefault(table, set())
+                    got |= numbers
+                    if len(got) >= (counts or {}).get(table, 1):
+                        tx.confirmed.add(table)
 
     def is_complete(self, xid: int) -> bool:
         tx = self.pending.get(xid)

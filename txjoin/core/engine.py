@@ -30,7 +30,13 @@ from typing import Any
 
 import pandas as pd
 
-from txjoin.core.assembly import SNAPSHOT_XID, Assembler, IncompletePolicy, Transaction
+from txjoin.core.assembly import (
+    SNAPSHOT_XID,
+    Assembler,
+    IncompletePolicy,
+    TopicPartitions,
+    Transaction,
+)
 from txjoin.core.frontier import Frontier
 from txjoin.core.join import OutputChange, TemporalJoin
 from txjoin.debezium import ChangeEvent, Position, TxMarker, decode, raise_partitioned
@@ -74,9 +80,9 @@ class Engine:
         # newest source commit time read per stream (table, or a transaction stream)
         self.stream_ts_ms: dict[str, int] = {}
         self.snapshot_released = False
-        # Tables whose topic has several partitions, as the sources declared them (once
-        # declared, always: see assembly.py for what changes for them).
-        self.partitioned: set[str] = set()
+        # Table -> partition count of its topic, for topics with several partitions, as
+        # the sources declared them (kept: see assembly.py for what changes for them).
+        self.partition_counts: dict[str, int] = {}
         self._derive()
 
     def _derive(self) -> None:
@@ -124,7 +130,7 @@ class Engine:
     # -- the batch API ------------------------------------------------------------
 
     def process(self, records: pd.DataFrame | Iterable[tuple[str, int, int, Any]],
-                caught_up: Iterable[str] = (), partitioned: Iterable[str] = ()
+                caught_up: Iterable[str] = (), partitions: TopicPartitions | None = None
                 ) -> list[OutputChange]:
         """Process one batch of records and return the output changes it releases.
 
@@ -133,9 +139,10 @@ class Engine:
         order; interleaving between topics is free. ``caught_up``: tables whose
         topic the source has read to its end offset in this batch (lets an
         empty table settle the snapshot without a change; see assembly).
-        ``partitioned``: tables whose topic has several partitions, as the source
-        knows them when it plans the batch (every txjoin source declares them in
-        every batch). A record from a partition > 0 of any other topic is refused.
+        ``partitions``: the table topics with several partitions and which of their
+        partitions this batch reads to their end, as the source knows them when it
+        plans the batch (every txjoin source declares them in every batch). A record
+        from a partition > 0 of any other topic is refused.
         """
         if isinstance(records, pd.DataFrame):
             frame = records.sort_values(["topic", "partition", "offset"], kind="stable")
@@ -150,21 +157,25 @@ class Engine:
             item = decode(value, Position(str(topic), int(partition), int(offset)))
             if item is not None:
                 decoded.append(item)
-        return self.process_decoded(decoded, caught_up, partitioned)
+        return self.process_decoded(decoded, caught_up, partitions)
 
     def process_decoded(self, items: Iterable[ChangeEvent | TxMarker],
-                        caught_up: Iterable[str] = (), partitioned: Iterable[str] = ()
+                        caught_up: Iterable[str] = (), partitions: TopicPartitions | None = None
                         ) -> list[OutputChange]:
         """Like :meth:`process`, for records already decoded."""
-        self.partitioned.update(t for t in partitioned if t in self._table_sources)
-        parted = self.partitioned
+        # (setdefault: a state written before partitioned topics has no partition_counts)
+        counts: dict[str, int] = self.__dict__.setdefault("partition_counts", {})
+        if partitions is not None:
+            for table, count in partitions.counts.items():
+                if table in self._table_sources and count > counts.get(table, 1):
+                    counts[table] = count
         stream_ts = self.stream_ts_ms
         single = self._marker_sources is None
         first = self.job.source_names[0]
         table_sources = self._table_sources
         for item in items:
-            if item.position.partition and (isinstance(item, TxMarker)
-                                            or item.table not in parted):
+            if item.position.partition and (isinstance(item, TxMarker) or
+                                            item.position.partition >= counts.get(item.table, 1)):
                 raise_partitioned(item.position, isinstance(item, TxMarker))
             if isinstance(item, TxMarker):
                 source = first if single else self.marker_source(item)
@@ -185,10 +196,11 @@ class Engine:
             else:
                 self.stats.events += 1
                 self.assemblers[source].add_event(item, self.frontiers[source].released,
-                                                  item.table in parted)
+                                                  counts.get(item.table, 1))
         caught = set(caught_up)
+        parts = partitions.caught_up if partitions is not None else {}
         for assembler in self.assemblers.values():
-            assembler.caught_up(caught & assembler.tables)
+            assembler.caught_up(caught & assembler.tables, parts, counts)
         changes = []
         for tx in self.release():
             changes.extend(self._apply(tx))

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from txjoin.core.assembly import IncompletePolicy
+from txjoin.core.assembly import IncompletePolicy, TopicPartitions
 from txjoin.core.engine import Engine
 from txjoin.core.join import OutputChange, TemporalJoin
 from txjoin.core.routing import ShardOwnership, from_wire
@@ -60,7 +60,7 @@ class ShardEngine(Engine):
         self.log_token = ""
 
     def process_wire(self, records: Iterable[bytes], caught_up: Iterable[str] = (),
-                     partitioned: Iterable[str] = ()) -> list[OutputChange]:
+                     partitions: TopicPartitions | None = None) -> list[OutputChange]:
         """Process one batch of routed records (``routing.to_wire``); output changes.
 
         Also records the batch's *effects* (:attr:`last_effects`): what a copy of
@@ -76,7 +76,7 @@ class ShardEngine(Engine):
         remembered = {s: f.remembered for s, f in self.frontiers.items()}
         self.join.journal = []
         try:
-            changes = self.process_decoded(items, caught_up, partitioned)
+            changes = self.process_decoded(items, caught_up, partitions)
             journal = self.join.journal
         finally:
             self.join.journal = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from txjoin.core.assembly import IncompletePolicy
+from txjoin.core.assembly import IncompletePolicy, TopicPartitions
 from txjoin.core.join import OutputChange
 from txjoin.core.routing import Router
 from txjoin.core.shard import ShardEngine
@@ -54,19 +54,18 @@ class ShardedEngine:
 
     def process(self, records: Iterable[tuple[str, int, int, str | None]],
                 caught_up: Iterable[str] = (), drop_cache: Iterable[int] = (),
-                partitioned: Iterable[str] = ()) -> list[OutputChange]:
+                partitions: TopicPartitions | None = None) -> list[OutputChange]:
         """One micro-batch; ``drop_cache``: shards that lose their cached engine first;
-        ``partitioned``: tables whose topic has several partitions (``Engine.process``)."""
+        ``partitions``: what the source says about partitioned topics (``Engine.process``)."""
         for shard in drop_cache:
             self.cache.pop(shard, None)
         caught = list(caught_up)
-        parted = list(partitioned)
         changes: list[OutputChange] = []
         self.last = []
         for shard, wires in enumerate(self.route(records)):
             log = ShardLog(self.stores[shard], self.job, shard, self.n_shards, self.policy,
                            max_transaction_bytes=self.max_transaction_bytes)
-            result = log.process(self.cache.get(shard), wires, caught, parted)
+            result = log.process(self.cache.get(shard), wires, caught, partitions)
             self.cache[shard] = result.engine
             self.last.append(result)
             changes.extend(result.changes)

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from txjoin.core.assembly import IncompletePolicy
+from txjoin.core.assembly import IncompletePolicy, TopicPartitions
 from txjoin.core.join import OutputChange
 from txjoin.core.shard import Effects, ShardEngine
 from txjoin.errors import ConfigError
@@ -272,7 +272,8 @@ class ShardLog:
     # -- one micro-batch -------------------------------------------------------------
 
     def process(self, cached: ShardEngine | None, records: Sequence[bytes],
-                caught_up: Iterable[str], partitioned: Iterable[str] = ()) -> BatchResult:
+                caught_up: Iterable[str], partitions: TopicPartitions | None = None
+                ) -> BatchResult:
         """Load (or reuse) the engine, process the batch, persist what it changed."""
         started = time.perf_counter()
         meta = self._meta()
@@ -284,7 +285,7 @@ class ShardLog:
         # A worker-side cache must not be left half-advanced if processing fails.
         engine.log_version, engine.log_token = -1, "broken"
         released_before = engine.stats.transactions_released
-        changes = engine.process_wire(records, caught, sorted(partitioned))
+        changes = engine.process_wire(records, caught, partitions)
         released = engine.stats.transactions_released - released_before
         processed = time.perf_counter()
         version = meta["version"] + 1

@@ -33,7 +33,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
-from txjoin.core.assembly import IncompletePolicy
+from txjoin.core.assembly import IncompletePolicy, TopicPartitions
 from txjoin.core.join import OutputChange
 from txjoin.core.output import changes_to_table
 from txjoin.core.routing import Router
@@ -41,7 +41,11 @@ from txjoin.core.shard import ShardEngine
 from txjoin.core.state_log import ShardLog
 from txjoin.debezium import Position, decode
 from txjoin.job import Job
-from txjoin.spark.sources.kafka import CAUGHT_UP_OFFSET, PARTITIONS_OFFSET
+from txjoin.spark.sources.kafka import (
+    CAUGHT_UP_OFFSET,
+    PARTITION_CAUGHT_UP_OFFSET,
+    PARTITIONS_OFFSET,
+)
 
 ROUTED_SCHEMA = "shard int, topic string, partition int, offset long, wire binary, counted boolean"
 ROUTED_ARROW = pa.schema([("shard", pa.int32()), ("topic", pa.string()),
@@ -215,8 +219,7 @@ class ShardProcessor(StatefulProcessor):
         caught = every if self.always_caught_up else {
             self.streams[t] for t in frame.loc[frame["offset"] == CAUGHT_UP_OFFSET, "topic"]
             if t in self.streams}
-        parted = {self.streams[t] for t in frame.loc[frame["offset"] == PARTITIONS_OFFSET, "topic"]
-                  if t in self.streams}
+        partitions = self._partitions(frame.loc[markers])
         wires = [w for w in frame.loc[~markers, "wire"] if w is not None]
         cache: OrderedDict[tuple[str, int], ShardEngine] = importlib.import_module(
             __name__)._CACHE
@@ -226,7 +229,7 @@ class ShardProcessor(StatefulProcessor):
         log = ShardLog(self.store, self.job, shard, len(self.labels), self.policy,
                        where=f"shard {shard} of {len(self.labels)}",
                        max_transaction_bytes=self.max_transaction_bytes)
-        result = log.process(cached, wires, caught, parted)
+        result = log.process(cached, wires, caught, partitions)
         engine = result.engine
         cache[cache_key] = engine
         while len(cache) > _CACHE_SIZE:
@@ -240,6 +243,23 @@ class ShardProcessor(StatefulProcessor):
                 "snapshot_rows": engine.batch_snapshot_rows,
                 "seconds": {**result.seconds, "shard_total": time.perf_counter() - started}}
         yield changes_frame(self.job, shard, result.changes, info)
+
+    def _partitions(self, markers: pd.DataFrame) -> TopicPartitions | None:
+        """The source's declarations about topics with several partitions (marker rows)."""
+        counts: dict[str, int] = {}
+        parts: dict[str, set[int]] = {}
+        for topic, partition, offset in zip(markers["topic"], markers["partition"],
+                                            markers["offset"], strict=True):
+            stream = self.streams.get(topic)
+            if stream is None:
+                continue
+            if offset == PARTITIONS_OFFSET:
+                counts[stream] = int(partition)
+            elif offset == PARTITION_CAUGHT_UP_OFFSET:
+                parts.setdefault(stream, set()).add(int(partition))
+        if not counts:
+            return None
+        return TopicPartitions(counts, {t: frozenset(p) for t, p in parts.items()})
 
     def close(self) -> None:
         pass

@@ -50,11 +50,12 @@ from pyspark.sql.streaming.datasource import (
 from txjoin.errors import ConfigError, DecodeError, OrderingError
 from txjoin.spark.sources.kafka import (
     ARROW_SCHEMA,
-    CAUGHT_UP,
+    RESERVED,
     SCHEMA_DDL,
     CaughtUpPartition,
     Offsets,
     caught_up_batch,
+    mark_caught_up,
     split_budget,
     topic_tuple,
 )
@@ -300,17 +301,14 @@ class FileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         grants = (split_budget(available, limit.max_rows) if isinstance(limit, ReadMaxRows)
                   else available)
         end: Offsets = {}
-        caught: dict[str, int] = {t: 1 for t in self.config.topics}
         for (topic, number), lo in begin.items():
             end.setdefault(topic, {})[str(number)] = lo + grants[(topic, number)]
-            full = grants[(topic, number)] == available[(topic, number)]
-            caught[topic] = int(caught.get(topic, 1) and full)
         for topic, parts in start.items():
-            if topic == CAUGHT_UP:
+            if topic in RESERVED:
                 continue
             for part, offset in parts.items():
                 end.setdefault(topic, {}).setdefault(part, offset)
-        end[CAUGHT_UP] = dict(sorted(caught.items()))
+        mark_caught_up(end, {k: grants[k] == available[k] for k in begin}, self.config.topics)
         return end
 
     def reportLatestOffset(self) -> Offsets | None:
@@ -320,14 +318,12 @@ class FileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         """One input partition per topic-partition with records in ``[start, end)``."""
         result: list[InputPartition] = []
-        caught = sorted(t for t, flag in end.get(CAUGHT_UP, {}).items() if flag)
-        parted = {t: len(parts) for t, parts in end.items()
-                  if t != CAUGHT_UP and len(parts) > 1}
-        if caught or parted:
-            result.append(CaughtUpPartition(caught, parted))
+        markers = CaughtUpPartition.of(end)
+        if markers is not None:
+            result.append(markers)
         listing = self._listing
         for topic, parts in sorted(end.items()):
-            if topic == CAUGHT_UP:
+            if topic in RESERVED:
                 continue
             for part, hi in sorted(parts.items(), key=lambda kv: int(kv[0])):
                 lo = start.get(topic, {}).get(part, 0)
@@ -348,7 +344,7 @@ class FileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Yield the records of the planned range as Arrow batches."""
         if isinstance(partition, CaughtUpPartition):
-            return iter([caught_up_batch(partition.topics, partition.partitioned)])
+            return iter([caught_up_batch(partition.topics, partition.partitioned, partition.parts)])
         assert isinstance(partition, FileRangePartition)
         return _read_range(partition)
 

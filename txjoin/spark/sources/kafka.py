@@ -18,8 +18,9 @@ the transactional core uses to settle the snapshot of empty tables and to
 confirm restarted transactions (see ``txjoin.core.assembly``). The same input
 partition declares, in every batch, the table topics with several partitions
 (``offset = -2``, ``partition`` = the count, ``key`` = ``__partitions__``), read
-from the batch's end offsets: the core reads a table's snapshot end and
-restarted transactions differently for them.
+from the batch's end offsets, and which of their partitions the batch reads to
+the end (``offset = -3``, recorded under ``__caught_up_partitions__``): the core
+applies those rules per partition for them.
 
 Topic identity: the offsets also record, under ``__topic_ids__``, each topic's
 Kafka topic id where the broker reports one. On every planned batch (and on the
@@ -97,11 +98,13 @@ METADATA_TIMEOUT_S = 15.0
 READ_STALL_TIMEOUT_S = 60.0
 _CONSUME_CHUNK = 10_000
 CAUGHT_UP = "__caught_up__"
+CAUGHT_UP_PARTS = "__caught_up_partitions__"  # {topic: [partition, ...]}, topics with several
 PARTITIONS = "__partitions__"
 CAUGHT_UP_OFFSET = -1  # marker row: the topic was read to its end in this batch
 PARTITIONS_OFFSET = -2  # marker row: the topic has `partition` partitions
+PARTITION_CAUGHT_UP_OFFSET = -3  # marker row: partition `partition` was read to its end
 TOPIC_IDS = "__topic_ids__"
-RESERVED = (CAUGHT_UP, TOPIC_IDS)
+RESERVED = (CAUGHT_UP, CAUGHT_UP_PARTS, TOPIC_IDS)
 _NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # Kafka's zero UUID: the broker has no id
 RECOVER = ("start a new checkpoint and re-derive the sinks from the topics with "
            "`txjoin run --rebuild`")
@@ -391,11 +394,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             grants = available
         end: Offsets = {}
-        caught: dict[str, int] = {}
         for (topic, number), lo in begin.items():
             end.setdefault(topic, {})[str(number)] = lo + grants[(topic, number)]
-            full = grants[(topic, number)] == available[(topic, number)]
-            caught[topic] = int(caught.get(topic, 1) and full)
         # Keep partitions that only the checkpoint knows (e.g. a topic removed
         # from the options) so the offset never moves backwards.
         for topic, parts in start.items():
@@ -403,7 +403,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             for part, offset in parts.items():
                 end.setdefault(topic, {}).setdefault(part, offset)
-        end[CAUGHT_UP] = dict(sorted(caught.items()))
+        mark_caught_up(end, {k: grants[k] == available[k] for k in begin})
         ids = start.get(TOPIC_IDS) or self._topic_ids()
         if ids:
             end[TOPIC_IDS] = dict(sorted(ids.items()))
@@ -423,11 +423,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.validate(start)
             self.validate(end, "the checkpoint's planned end offset")
         result: list[InputPartition] = []
-        caught = sorted(t for t, flag in end.get(CAUGHT_UP, {}).items() if flag)
-        parted = {t: len(parts) for t, parts in end.items()
-                  if t not in RESERVED and len(parts) > 1}
-        if caught or parted:
-            result.append(CaughtUpPartition(caught, parted))
+        markers = CaughtUpPartition.of(end)
+        if markers is not None:
+            result.append(markers)
         for topic, parts in sorted(end.items()):
             if topic in RESERVED:
                 continue
@@ -452,38 +450,67 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Yield the records ``[start, end)`` of one topic-partition as Arrow batches."""
         if isinstance(partition, CaughtUpPartition):
-            return iter([caught_up_batch(partition.topics, partition.partitioned)])
+            return iter([caught_up_batch(partition.topics, partition.partitioned,
+                                         partition.parts)])
         assert isinstance(partition, KafkaInputPartition)
         return _read_range(self.config.bootstrap_servers, partition)
 
 
-class CaughtUpPartition(InputPartition):
-    """The topics a batch reads to their end, and the topics with several partitions
-    (topic -> partition count); read as marker rows."""
+def mark_caught_up(end: Offsets, full: Mapping[tuple[str, int], bool],
+                   topics: Sequence[str] = ()) -> None:
+    """Record in a batch's end offsets which topics it reads to their end (every
+    partition ``full``; ``topics`` without partitions count as read) and, for topics
+    with several partitions, which of their partitions it reads to their end."""
+    caught: dict[str, int] = dict.fromkeys(topics, 1)
+    parts: dict[str, list[int]] = {}
+    for (topic, number), done in sorted(full.items()):
+        caught[topic] = int(caught.get(topic, 1) and done)
+        if done:
+            parts.setdefault(topic, []).append(number)
+    end[CAUGHT_UP] = dict(sorted(caught.items()))
+    several = {t for t, p in end.items() if t not in RESERVED and len(p) > 1}
+    end[CAUGHT_UP_PARTS] = {t: p for t, p in sorted(parts.items()) if t in several}
 
-    def __init__(self, topics: list[str], partitioned: dict[str, int] | None = None) -> None:
-        super().__init__((tuple(topics), tuple(sorted((partitioned or {}).items()))))
+
+class CaughtUpPartition(InputPartition):
+    """A batch's marker rows: the topics it reads to their end, the topics with several
+    partitions (topic -> partition count) and which of their partitions it reads to
+    their end (topic -> partitions)."""
+
+    def __init__(self, topics: list[str], partitioned: dict[str, int] | None = None,
+                 parts: dict[str, list[int]] | None = None) -> None:
+        super().__init__((tuple(topics), tuple(sorted((partitioned or {}).items())),
+                          tuple((t, tuple(p)) for t, p in sorted((parts or {}).items()))))
         self.topics = topics
         self.partitioned = dict(partitioned or {})
+        self.parts = dict(parts or {})
+
+    @classmethod
+    def of(cls, end: Offsets) -> CaughtUpPartition | None:
+        """The markers of the batch ending at ``end`` (None: nothing to say)."""
+        caught = sorted(t for t, flag in end.get(CAUGHT_UP, {}).items() if flag)
+        counts = {t: len(p) for t, p in end.items() if t not in RESERVED and len(p) > 1}
+        parts = {t: list(p) for t, p in end.get(CAUGHT_UP_PARTS, {}).items() if t in counts}
+        return cls(caught, counts, parts) if caught or counts else None
 
 
-def caught_up_batch(topics: Sequence[str], partitioned: Mapping[str, int] | None = None
-                    ) -> pa.RecordBatch:
-    """Marker rows: caught-up topics (offset -1, key ``__caught_up__``), then the topics
-    with several partitions (offset -2, key ``__partitions__``, ``partition`` = the count).
+def caught_up_batch(topics: Sequence[str], partitioned: Mapping[str, int] | None = None,
+                    parts: Mapping[str, Sequence[int]] | None = None) -> pa.RecordBatch:
+    """Marker rows: caught-up topics (offset -1, key ``__caught_up__``); the topics with
+    several partitions (offset -2, key ``__partitions__``, ``partition`` = the count); and
+    their partitions read to the end (offset -3, key ``__caught_up__``, ``partition``).
 
     Every batch declares its partitioned topics, so a stateful stage knows them before
     it reads any of their records (see ``Engine.process``).
     """
-    declared = sorted((partitioned or {}).items())
-    names = [*topics, *(t for t, _ in declared)]
-    n = len(names)
+    rows = [(t, 0, CAUGHT_UP_OFFSET, CAUGHT_UP) for t in topics]
+    rows += [(t, c, PARTITIONS_OFFSET, PARTITIONS) for t, c in sorted((partitioned or {}).items())]
+    rows += [(t, p, PARTITION_CAUGHT_UP_OFFSET, CAUGHT_UP)
+             for t, ps in sorted((parts or {}).items()) for p in ps]
+    n = len(rows)
     return pa.RecordBatch.from_arrays([
-        pa.array(names, pa.string()),
-        pa.array([0] * len(topics) + [c for _, c in declared], pa.int32()),
-        pa.array([CAUGHT_UP_OFFSET] * len(topics) + [PARTITIONS_OFFSET] * len(declared),
-                 pa.int64()),
-        pa.array([CAUGHT_UP] * len(topics) + [PARTITIONS] * len(declared), pa.string()),
+        pa.array([r[0] for r in rows], pa.string()), pa.array([r[1] for r in rows], pa.int32()),
+        pa.array([r[2] for r in rows], pa.int64()), pa.array([r[3] for r in rows], pa.string()),
         pa.array([None] * n, pa.string()), pa.array([None] * n, pa.timestamp("us", tz="UTC")),
     ], schema=ARROW_SCHEMA)
 

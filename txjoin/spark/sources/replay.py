@@ -7,8 +7,9 @@ batch reads to their end (``caught_up``). The offset in the checkpoint is
 delivers exactly one schedule batch, so the harness can read the sinks after
 every one of them; ``until`` stops an ``availableNow`` run at a restart point.
 The rows have the same schema as ``txjoin_kafka`` (caught-up topics as marker
-rows with offset -1, and in every batch the topics with records in a partition
-> 0, with their partition count, as marker rows with offset -2), so everything
+rows with offset -1; in every batch the topics with records in a partition > 0,
+with their partition count, as marker rows with offset -2; and the schedule's
+``caught_up_partitions`` of those topics as rows with offset -3), so everything
 after the source is the same code path.
 
 Like ``txjoin_kafka``, the source checks the checkpoint's offset on start and on
@@ -22,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -35,23 +36,33 @@ from txjoin.spark.sources.kafka import ARROW_SCHEMA, RECOVER, SCHEMA_DDL, caught
 SOURCE_NAME = "txjoin_replay"
 
 
-def write_schedule(path: str, batches: Sequence[tuple[Sequence[Sequence[Any]], Sequence[str]]]
-                   ) -> None:
-    """Write ``[(records, caught_up_topics), ...]`` for the replay source."""
-    doc = [{"records": [list(r) for r in records], "caught_up": sorted(caught)}
-           for records, caught in batches]
+Batch = tuple[Sequence[Sequence[Any]], Sequence[str]] | tuple[
+    Sequence[Sequence[Any]], Sequence[str], Mapping[str, Sequence[int]]]
+"""(records, caught-up topics[, topic -> partitions read to their end, for topics with
+several partitions])."""
+
+
+def write_schedule(path: str, batches: Sequence[Batch]) -> None:
+    """Write ``[(records, caught_up_topics[, caught_up_partitions]), ...]`` for the replay
+    source."""
+    doc = [{"records": [list(r) for r in batch[0]], "caught_up": sorted(batch[1]),
+            "caught_up_partitions": _parts(batch)} for batch in batches]
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(doc, fh)
 
 
-def write_schedule_dir(path: str, batches: Iterable[tuple[Sequence[Sequence[Any]],
-                                                          Sequence[str]]]) -> int:
+def _parts(batch: Batch) -> dict[str, list[int]]:
+    return {t: sorted(p) for t, p in sorted(batch[2].items())} if len(batch) > 2 else {}
+
+
+def write_schedule_dir(path: str, batches: Iterable[Batch]) -> int:
     """Like :func:`write_schedule`, one file per batch in directory ``path`` (large replays:
     each read task loads only its batch). Returns the number of batches."""
     os.makedirs(path, exist_ok=True)
     topics: list[list[str]] = []
     counts: dict[str, int] = {}
-    for records, caught in batches:
+    for batch in batches:
+        records, caught = batch[0], batch[1]
         index = len(topics)
         per_topic: dict[str, list[list[Any]]] = {}
         for r in records:
@@ -62,7 +73,8 @@ def write_schedule_dir(path: str, batches: Iterable[tuple[Sequence[Sequence[Any]
                       encoding="utf-8") as fh:
                 json.dump({"records": per_topic[topic], "caught_up": []}, fh)
         with open(os.path.join(path, f"batch-{index:06d}.json"), "w", encoding="utf-8") as fh:
-            json.dump({"records": [], "caught_up": sorted(caught)}, fh)
+            json.dump({"records": [], "caught_up": sorted(caught),
+                       "caught_up_partitions": _parts(batch)}, fh)
         topics.append(sorted(per_topic))
     with open(os.path.join(path, "index.json"), "w", encoding="utf-8") as fh:
         json.dump({"batches": len(topics), "topics": topics,
@@ -155,8 +167,9 @@ class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, ReplayPartition)
         if partition.topic is not None:
             if partition.topic == "":
-                yield caught_up_batch(_load_batch(self.path, partition.index)["caught_up"],
-                                      self.partitioned)
+                markers = _load_batch(self.path, partition.index)
+                yield caught_up_batch(markers["caught_up"], self.partitioned,
+                                      markers.get("caught_up_partitions"))
                 return
             part = self.topics[partition.index].index(partition.topic)
             batch = _load_batch(self.path, partition.index, part)
@@ -172,7 +185,8 @@ class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             pa.array([None] * len(records), pa.timestamp("us", tz="UTC")),
         ], schema=ARROW_SCHEMA)
         if partition.topic is None:
-            yield caught_up_batch(batch["caught_up"], self.partitioned)
+            yield caught_up_batch(batch["caught_up"], self.partitioned,
+                                  batch.get("caught_up_partitions"))
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release."""
