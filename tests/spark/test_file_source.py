@@ -1,8 +1,9 @@
 """The pipeline over archived Debezium files (``--source files:DIR``), Kafka Connect's layout.
 
 The same synthesized pizzeria workload the Kafka test uses, written as
-``DIR/<topic>/partition=0/<topic>+0+<start>.json`` files of a few records each,
-read in small micro-batches, must give the oracle's output in both sinks; files
+``DIR/<topic>/partition=<p>/<topic>+<p>+<start>.json`` files of a few records each
+(table topics in 1 or 3 partitions), read in small micro-batches, must give the
+oracle's output in both sinks; files
 that appear while the query runs are read; gaps, overlaps and lines that are not
 JSON stop the job with a message naming the file.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from txjoin.bench import spread
 from txjoin.core.oracle import outputs_after_each
 from txjoin.errors import DecodeError, OrderingError, TxjoinError, from_worker
 from txjoin.job import load_job
@@ -40,8 +42,20 @@ def archive(out: Path, records: list[Produced], synth: Synthesizer, per_file: in
         write_records(out, topic, 0, recs[0].offset, [r.value for r in recs], per_file)
 
 
+def archive_rows(out: Path, rows: list[tuple[str, int, int, str | None, str | None]],
+                 per_file: int) -> None:
+    """Append (topic, partition, offset, key, value) rows to the archive, per partition."""
+    by_part: dict[tuple[str, int], list[tuple]] = {}
+    for row in rows:
+        by_part.setdefault((row[0], row[1]), []).append(row)
+    for (topic, part), recs in by_part.items():
+        write_records(out, topic, part, recs[0][2], [r[4] for r in recs], per_file)
+
+
+@pytest.mark.parametrize("partitions", [1, 3], ids=["1-partition", "3-partitions"])
 def test_pipeline_over_files_in_small_batches_resumes_and_matches_the_oracle(
-        spark: SparkSession, pg_dsn: str, tmp_path: Path) -> None:
+        spark: SparkSession, pg_dsn: str, tmp_path: Path, partitions: int) -> None:
+    """partitions: table topics spread over that many partition folders by key."""
     job = load_job(ORDERS)
     snapshot, txs = pizzeria_workload(60, seed=5)
     synth = Synthesizer(job, prefix="fshop")
@@ -50,14 +64,18 @@ def test_pipeline_over_files_in_small_batches_resumes_and_matches_the_oracle(
     first = len(txs) // 2
     for tx in txs[:first]:
         records.extend(synth.transaction(tx))
-    archive(archive_dir, records, synth, per_file=7)
+    more: list[Produced] = []
+    for tx in txs[first:]:
+        more.extend(synth.transaction(tx))
+    spread_rows = spread(records + more, partitions, "fshop.transaction")
+    archive_rows(archive_dir, spread_rows[:len(records)], per_file=7)
 
     config = RunConfig(topic_prefix="fshop", source=f"files:{archive_dir}",
                        max_events_per_trigger=40, checkpoint_dir=str(tmp_path / "ckpt"),
                        output_dir=str(tmp_path / "out"), postgres_dsn=pg_dsn)
 
     def drain() -> list:
-        sinks = build_sinks(job, config, spark, pg_table_suffix="files")
+        sinks = build_sinks(job, config, spark, pg_table_suffix=f"files{partitions}")
         pipeline = Pipeline(spark, job, config, sinks)
         query = pipeline.start(source_frame(spark, job, config, pipeline), available_now=True)
         query.awaitTermination()
@@ -72,10 +90,7 @@ def test_pipeline_over_files_in_small_batches_resumes_and_matches_the_oracle(
         assert result.ok, f"{sink.name} after the first half: {result.message}"
         sink.close()
 
-    more: list[Produced] = []
-    for tx in txs[first:]:
-        more.extend(synth.transaction(tx))
-    archive(archive_dir, more, synth, per_file=5)
+    archive_rows(archive_dir, spread_rows[len(records):], per_file=5)
     sinks = drain()
     for sink in sinks:
         current = sink.read_current()
