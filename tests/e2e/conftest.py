@@ -12,6 +12,7 @@ order's versions with the sinks' changelog. Neither table is captured by Debeziu
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,11 +51,11 @@ class E2EStack:
     info: StackInfo
 
 
-@pytest.fixture(scope="session")
-def e2e_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2EStack]:
-    directory = tmp_path_factory.mktemp("e2e-stack")
+@contextlib.contextmanager
+def running_stack(directory: Path, partitions: int = 1) -> Iterator[E2EStack]:
+    """``txjoin up`` in ``directory`` with the history trigger installed; wiped on the way out."""
     started = time.monotonic()
-    result = up(directory)
+    result = up(directory, partitions=partitions)
     print(f"\n[e2e] stack up in {time.monotonic() - started:.1f}s")
     try:
         with psycopg2.connect(result.info.pg_dsn_source) as conn, conn.cursor() as cur:
@@ -63,6 +64,12 @@ def e2e_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2EStack]:
         yield E2EStack(directory, result.info)
     finally:
         down(directory, wipe=True)
+
+
+@pytest.fixture(scope="session")
+def e2e_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2EStack]:
+    with running_stack(tmp_path_factory.mktemp("e2e-stack")) as stack:
+        yield stack
 
 
 def restart_debezium(directory: Path, *, timeout: float = 120.0) -> float:

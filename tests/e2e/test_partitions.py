@@ -17,11 +17,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg2
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from tests.e2e.conftest import HISTORY_SQL, E2EStack, restart_debezium
+from tests.e2e.conftest import E2EStack, restart_debezium, running_stack
 from tests.e2e.test_end_to_end import (
     ORDERS,
     Workload,
@@ -34,7 +33,6 @@ from tests.e2e.test_end_to_end import (
     tail,
 )
 from txjoin.job import load_job
-from txjoin.stack import down, up
 from txjoin.stack.demo import wait_until_captured
 from txjoin.stack.verify import verify_job
 
@@ -45,15 +43,8 @@ PARTITIONS = 3
 
 @pytest.fixture(scope="module")
 def partitioned_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2EStack]:
-    directory = tmp_path_factory.mktemp("e2e-partitioned-stack")
-    result = up(directory, partitions=PARTITIONS)
-    try:
-        with psycopg2.connect(result.info.pg_dsn_source) as conn, conn.cursor() as cur:
-            cur.execute(HISTORY_SQL)
-        conn.close()
-        yield E2EStack(directory, result.info)
-    finally:
-        down(directory, wipe=True)
+    with running_stack(tmp_path_factory.mktemp("e2e-partitioned-stack"), PARTITIONS) as stack:
+        yield stack
 
 
 def records_per_partition(bootstrap: str, topic: str) -> list[int]:

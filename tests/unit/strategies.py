@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import zlib
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hypothesis import strategies as st
@@ -160,3 +161,36 @@ def deliveries(draw: Any, produced: Production) -> list[Batch]:
             break
     assert all(pos[t] == len(v) for t, v in by_topic.items())
     return batches
+
+
+def partition_of(record: Produced, parts: int) -> int:
+    """Kafka's default partitioner in spirit: a record's partition follows its key."""
+    if record.table is None or parts == 1:
+        return 0  # the transaction topic has one partition
+    return zlib.crc32((record.key or "").encode()) % parts
+
+
+def split_partitions(production: Production, parts: int
+                     ) -> tuple[Production, dict[str, tuple[str, int]]]:
+    """The production with each table topic's partitions as topics of their own
+    (``<topic>#<p>``, offsets from 0), so :func:`deliveries` reads each partition in order
+    with any lag between them; and pseudo-topic -> (topic, partition)."""
+    where: dict[str, tuple[str, int]] = {}
+    topics: list[str] = []
+    for topic in production.topics:
+        table_topic = any(r.topic == topic and r.table is not None for r in production.records)
+        for p in range(parts if table_topic else 1):
+            name = f"{topic}#{p}"
+            where[name] = (topic, p)
+            topics.append(name)
+    offsets: dict[str, int] = {}
+    moved: dict[int, Produced] = {}
+    records = []
+    for r in production.records:
+        name = f"{r.topic}#{partition_of(r, parts)}"
+        offset = offsets.get(name, 0)
+        offsets[name] = offset + 1
+        moved[id(r)] = replace(r, topic=name, offset=offset)
+        records.append(moved[id(r)])
+    pairs = [(moved[id(a)], moved[id(b)]) for a, b in production.must_precede_end]
+    return Production(records, pairs, topics), where

@@ -1,7 +1,8 @@
 """Property tests of the partitioned engine: shards, routing and the state log.
 
-Invariants, with the shard count, the workload, the delivery and the shards
-that lose their worker-side cache drawn at random: after every batch every
+Invariants, with the shard count, the workload, the table topics' partition
+count (each partition read in order, any lag between partitions), the delivery
+and the shards that lose their worker-side cache drawn at random: after every batch every
 shard has released the same transactions; the union of the shards' outputs is
 the oracle's output after that committed prefix; the change stream applies to
 exactly that output; no (key, commit) is emitted twice; and at the end the
@@ -17,8 +18,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.strategies import deliveries, produce, workloads
+from tests.unit.strategies import deliveries, produce, split_partitions, workloads
 from tests.unit.test_properties import JOB_VARIANTS
+from txjoin.core.assembly import TopicPartitions
 from txjoin.core.oracle import outputs_after_each
 from txjoin.core.routing import Router, from_wire, shard_of, to_wire
 from txjoin.core.sharded import ShardedEngine
@@ -27,10 +29,14 @@ from txjoin.debezium import ChangeEvent, Position
 from txjoin.errors import ConfigError, TransactionTooLargeError
 
 
-def run_sharded(job: Any, workload: Any, data: Any, n_shards: int) -> None:
-    production = produce(job, workload)
+def run_sharded(job: Any, workload: Any, data: Any, n_shards: int, parts: int = 1) -> None:
+    """``parts``: table topics spread over that many partitions by key, read with any lag
+    between partitions; the source reports caught-up partitions, or (drawn) whole topics
+    only."""
+    production, where = split_partitions(produce(job, workload), parts)
     batches = data.draw(deliveries(production), label="delivery")
     expected = outputs_after_each(job, workload.snapshot, workload.transactions)
+    counts = dict.fromkeys(job.table_names, parts) if parts > 1 else {}
     engine = ShardedEngine(job, n_shards)
     applied: dict[Any, Any] = {}
     seen: set[tuple[Any, int]] = set()
@@ -38,9 +44,19 @@ def run_sharded(job: Any, workload: Any, data: Any, n_shards: int) -> None:
     prefix = "shop."
     for n, batch in enumerate(batches):
         drop = data.draw(st.sets(st.integers(0, n_shards - 1)), label=f"drop cache {n}")
-        records = [(r.topic, 0, r.offset, r.value) for r in batch.records]
-        caught = {t.removeprefix(prefix) for t in batch.caught_up}
-        changes = engine.process(records, caught, drop_cache=drop)
+        records = [(*where[r.topic], r.offset, r.value) for r in batch.records]
+        # a topic is read to its end when every one of its partitions is
+        caught = {where[t][0].removeprefix(prefix) for t in batch.caught_up}
+        caught -= {where[t][0].removeprefix(prefix) for t in where if t not in batch.caught_up}
+        caught_parts: dict[str, set[int]] = {}
+        for t in batch.caught_up:
+            table = where[t][0].removeprefix(prefix)
+            if table in counts:
+                caught_parts.setdefault(table, set()).add(where[t][1])
+        if counts and data.draw(st.booleans(), label=f"whole topics only {n}"):
+            caught_parts = {}
+        partitions = TopicPartitions(counts, {t: frozenset(p) for t, p in caught_parts.items()})
+        changes = engine.process(records, caught, drop_cache=drop, partitions=partitions)
         for ch in changes:
             assert (ch.key, ch.commit_seq) not in seen, f"{ch} emitted twice"
             seen.add((ch.key, ch.commit_seq))
@@ -66,7 +82,8 @@ def test_union_of_shard_outputs_is_always_a_committed_prefix(variant: str, data:
     job, rows = JOB_VARIANTS[variant]
     workload = data.draw(workloads(rows), label="workload")
     n_shards = data.draw(st.integers(1, 4), label="shards")
-    run_sharded(job, workload, data, n_shards)
+    parts = data.draw(st.integers(1, 3), label="table topic partitions")
+    run_sharded(job, workload, data, n_shards, parts)
 
 
 @given(data=st.data())
