@@ -2,9 +2,9 @@
 
 Two tansu defects shape this module (DESIGN §4):
 
-- auto-created topics get 4 partitions, and txjoin needs the transaction topic (and, for
-  per-key order, every table topic) on one partition, so every topic Debezium writes is
-  created here first;
+- auto-created topics get 4 partitions, and txjoin needs the transaction topic on one
+  partition (table topics on as many as ``txjoin up --partitions`` says), so every topic
+  Debezium writes is created here first;
 - the high watermark is the base offset of the last record *batch* + 1, so the tail of a
   multi-record batch stays invisible to consumers until another batch arrives. Producers
   writing to this broker must send one record per batch (see ``ONE_RECORD_PER_BATCH``).
