@@ -100,6 +100,12 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def key_partition(key: str | None, partitions: int) -> int:
+    """The partition of a record with ``key`` in a topic of ``partitions`` (stable across
+    processes: a row's changes, which share the key, share the partition)."""
+    return zlib.crc32((key or "").encode()) % partitions
+
+
 def spread(produced: list[Any], partitions: int, transaction_topic: str
            ) -> list[tuple[str, int, int, str | None, str | None]]:
     """(topic, partition, offset, key, value) of the produced records, each table topic over
@@ -110,7 +116,7 @@ def spread(produced: list[Any], partitions: int, transaction_topic: str
     for r in produced:
         part = 0
         if partitions > 1 and r.topic != transaction_topic:
-            part = zlib.crc32((r.key or "").encode()) % partitions
+            part = key_partition(r.key, partitions)
         offset = offsets.get((r.topic, part), 0)
         offsets[(r.topic, part)] = offset + 1
         rows.append((r.topic, part, offset, r.key, r.value))
@@ -122,13 +128,15 @@ def replay_schedule(rows: list[tuple[str, int, int, str | None, str | None]], ma
     """The records in production order, ``max_events`` per micro-batch; a topic (or a
     partition of a topic with several) is caught up in a batch when none of its records
     comes later."""
+    from txjoin.spark.sources.replay import add_partition_counts
+
     last: dict[str, int] = {}
     last_part: dict[tuple[str, int], int] = {}
     for i, r in enumerate(rows):
         last[r[0]] = i
         last_part[(r[0], r[1])] = i
-    several = {t: 1 + max(p for (u, p) in last_part if u == t) for t in last}
-    several = {t: n for t, n in several.items() if n > 1}
+    several: dict[str, int] = {}  # as the replay source declares them
+    add_partition_counts(several, rows)
     for start in range(0, len(rows), max_events):
         chunk = rows[start:start + max_events]
         end = start + len(chunk)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hypothesis import strategies as st
 
+from txjoin.bench import key_partition
 from txjoin.core.oracle import RowChange, SourceTransaction
 from txjoin.job import Job
 from txjoin.scenarios.synthesize import Produced, SourcesSynthesizer, Synthesizer
@@ -164,10 +164,11 @@ def deliveries(draw: Any, produced: Production) -> list[Batch]:
 
 
 def partition_of(record: Produced, parts: int) -> int:
-    """Kafka's default partitioner in spirit: a record's partition follows its key."""
+    """A record's partition follows its key (the bench's partitioner); the transaction
+    topic has one partition."""
     if record.table is None or parts == 1:
-        return 0  # the transaction topic has one partition
-    return zlib.crc32((record.key or "").encode()) % parts
+        return 0
+    return key_partition(record.key, parts)
 
 
 def split_partitions(production: Production, parts: int

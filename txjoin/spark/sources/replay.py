@@ -51,6 +51,14 @@ def write_schedule(path: str, batches: Sequence[Batch]) -> None:
         json.dump(doc, fh)
 
 
+def add_partition_counts(counts: dict[str, int], records: Iterable[Sequence[Any]]) -> None:
+    """Grow ``counts`` (topic -> partitions, for topics with a record in a partition > 0)
+    to cover the partitions of ``records`` (``[topic, partition, ...]``)."""
+    for r in records:
+        if r[1] > 0:
+            counts[r[0]] = max(counts.get(r[0], 1), int(r[1]) + 1)
+
+
 def _parts(batch: Batch) -> dict[str, list[int]]:
     return {t: sorted(p) for t, p in sorted(batch[2].items())} if len(batch) > 2 else {}
 
@@ -67,7 +75,7 @@ def write_schedule_dir(path: str, batches: Iterable[Batch]) -> int:
         per_topic: dict[str, list[list[Any]]] = {}
         for r in records:
             per_topic.setdefault(r[0], []).append(list(r))
-            counts[r[0]] = max(counts.get(r[0], 1), int(r[1]) + 1)
+        add_partition_counts(counts, records)
         for n, topic in enumerate(sorted(per_topic)):
             with open(os.path.join(path, f"batch-{index:06d}-{n}.json"), "w",
                       encoding="utf-8") as fh:
@@ -78,7 +86,7 @@ def write_schedule_dir(path: str, batches: Iterable[Batch]) -> int:
         topics.append(sorted(per_topic))
     with open(os.path.join(path, "index.json"), "w", encoding="utf-8") as fh:
         json.dump({"batches": len(topics), "topics": topics,
-                   "partitions": {t: c for t, c in sorted(counts.items()) if c > 1}}, fh)
+                   "partitions": dict(sorted(counts.items()))}, fh)
     return len(topics)
 
 
@@ -120,9 +128,7 @@ class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.count = len(self.batches)
             self.partitioned = {}
             for batch in self.batches:
-                for r in batch["records"]:
-                    if r[1] > 0:
-                        self.partitioned[r[0]] = max(self.partitioned.get(r[0], 1), r[1] + 1)
+                add_partition_counts(self.partitioned, batch["records"])
         self.until = self.count if until is None else min(until, self.count)
 
     def _offset(self, batch: int) -> dict[str, Any]:
