@@ -215,11 +215,7 @@ class ShardProcessor(StatefulProcessor):
             return
         frame = pd.concat(frames, ignore_index=True)
         markers = frame["offset"] < 0
-        every = set(self.streams.values())
-        caught = every if self.always_caught_up else {
-            self.streams[t] for t in frame.loc[frame["offset"] == CAUGHT_UP_OFFSET, "topic"]
-            if t in self.streams}
-        partitions = self._partitions(frame.loc[markers])
+        caught, partitions = self._markers(frame.loc[markers])
         wires = [w for w in frame.loc[~markers, "wire"] if w is not None]
         cache: OrderedDict[tuple[str, int], ShardEngine] = importlib.import_module(
             __name__)._CACHE
@@ -244,8 +240,10 @@ class ShardProcessor(StatefulProcessor):
                 "seconds": {**result.seconds, "shard_total": time.perf_counter() - started}}
         yield changes_frame(self.job, shard, result.changes, info)
 
-    def _partitions(self, markers: pd.DataFrame) -> TopicPartitions | None:
-        """The source's declarations about topics with several partitions (marker rows)."""
+    def _markers(self, markers: pd.DataFrame) -> tuple[set[str], TopicPartitions | None]:
+        """What the source's marker rows say: the streams read to their end, and the
+        topics with several partitions (counts, partitions read to their end)."""
+        caught: set[str] = set(self.streams.values()) if self.always_caught_up else set()
         counts: dict[str, int] = {}
         parts: dict[str, set[int]] = {}
         for topic, partition, offset in zip(markers["topic"], markers["partition"],
@@ -253,13 +251,15 @@ class ShardProcessor(StatefulProcessor):
             stream = self.streams.get(topic)
             if stream is None:
                 continue
-            if offset == PARTITIONS_OFFSET:
+            if offset == CAUGHT_UP_OFFSET:
+                caught.add(stream)
+            elif offset == PARTITIONS_OFFSET:
                 counts[stream] = int(partition)
             elif offset == PARTITION_CAUGHT_UP_OFFSET:
                 parts.setdefault(stream, set()).add(int(partition))
         if not counts:
-            return None
-        return TopicPartitions(counts, {t: frozenset(p) for t, p in parts.items()})
+            return caught, None
+        return caught, TopicPartitions(counts, {t: frozenset(p) for t, p in parts.items()})
 
     def close(self) -> None:
         pass
