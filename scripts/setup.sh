@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv (Python >= 3.11) and install txjoin with everything the demo and tests need.
+# Create .venv (Python >= 3.11), install txjoin with everything the demo and tests need, and
+# fetch its pinned JVM jars with mvn into .jars/ (scripts/jars.sh).
 # Idempotent: a second run only checks. Sourced by demo.sh and test.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -22,3 +23,4 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q -e ".[dev,stack]"
     touch "$stamp"
 fi
+bash scripts/jars.sh

@@ -29,6 +29,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from txjoin.errors import SPARK_LOG_ENV, verbose
+from txjoin.jvm import spark_jars
 
 # PySpark 4.2's applyInPandasWithState serializer pads its output with all-NA rows
 # and concatenates them (pyspark/sql/pandas/serializers.py), which pandas 2.x
@@ -61,6 +62,11 @@ def default_conf(shuffle_partitions: int = 2) -> dict[str, str]:
         "spark.sql.streaming.minBatchesToRetain": "20",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
+        # Spark's kafka source and delta-spark, fetched by scripts/jars.sh (txjoin.jvm);
+        # pyspark's own jars come first on the classpath, so they win where trees clash.
+        "spark.jars": spark_jars(),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     }
 
 

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Fetch txjoin's JVM dependencies from Maven Central with `mvn`, pinned by the POMs in jvm/,
+# into the git-ignored .jars/ (reused while each POM is unchanged). Sourced by setup.sh.
+#   .jars/spark/           spark.jars of the job: Spark's kafka source, delta-spark
+#   .jars/kafka/           the Apache Kafka broker (KRaft) of the local stack
+#   .jars/connect/         Kafka Connect's worker (ConnectStandalone)
+#   .jars/connect-plugins/ the Debezium PostgreSQL connector plugin (plugin.path)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if ! command -v mvn >/dev/null 2>&1; then
+    echo "error: mvn not found: txjoin fetches its jars (Kafka, Debezium, Spark's kafka source, delta-spark) with Maven; install maven" >&2
+    exit 2
+fi
+for name in spark kafka connect; do
+    dest=.jars/$name
+    sum=$(sha256sum "jvm/$name/pom.xml" | cut -c1-16)
+    if [ -f "$dest/.pom-$sum" ]; then
+        continue
+    fi
+    echo "fetching jars for $name (jvm/$name/pom.xml) ..." >&2
+    rm -rf "$dest.tmp"
+    if ! mvn -q -B -Dstyle.color=never -f "jvm/$name/pom.xml" dependency:copy-dependencies \
+            -DoutputDirectory="$PWD/$dest.tmp" -DincludeScope=runtime >&2; then
+        echo "error: mvn could not fetch the jars of jvm/$name/pom.xml (is Maven Central reachable?)" >&2
+        exit 2
+    fi
+    if [ "$name" = connect ]; then
+        rm -rf .jars/connect-plugins
+        mkdir -p .jars/connect-plugins
+        for archive in "$dest.tmp"/*-plugin.tar.gz; do
+            tar -xzf "$archive" -C .jars/connect-plugins
+            rm "$archive"
+        done
+    fi
+    rm -rf "$dest"
+    mv "$dest.tmp" "$dest"
+    touch "$dest/.pom-$sum"
+done
