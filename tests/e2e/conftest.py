@@ -21,9 +21,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from txjoin.stack import debezium as debezium_mod
 from txjoin.stack import down, load_stack, up
-from txjoin.stack import postgres as postgres_mod
 from txjoin.stack import stack as stack_mod
 from txjoin.stack.stack import StackInfo
 
@@ -75,25 +73,7 @@ def e2e_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2EStack]:
 def restart_debezium(directory: Path, *, timeout: float = 120.0) -> float:
     """Stop the stack's Kafka Connect worker (SIGTERM: it flushes its offsets) and start it
     again on the same offsets file and replication slot; wait until it streams again.
-
-    Updates the stack's state file so ``load_stack`` keeps finding a healthy stack. Returns
-    the seconds it took.
-    """
-    started = time.monotonic()
-    directory = Path(directory).resolve()
-    with stack_mod._locked(directory):
-        state = stack_mod._read_state(directory)
-        assert state is not None and not state.get("stopped"), f"no stack in {directory}"
-        proc = stack_mod._process(state, "debezium")
-        assert proc is not None
-        debezium_mod.stop_debezium(proc)
-        entry = state["debezium"]
-        dbz = debezium_mod.start_debezium(
-            directory / "connect", state["bootstrap_servers"], int(state["postgres"]["port"]),
-            postgres_mod.DB_USER, postgres_mod.DB_PASSWORD, Path(entry["log"]))
-        entry.update(pid=dbz.process.pid, start_ticks=dbz.process.start_ticks,
-                     status_file=str(dbz.status_file), slot=dbz.slot_name)
-        stack_mod._write_state(directory, state)
-    stack_mod._wait_debezium(state, timeout)
+    Returns the seconds it took."""
+    seconds = stack_mod.restart(directory, "debezium", timeout=timeout)
     assert load_stack(directory) is not None
-    return time.monotonic() - started
+    return seconds

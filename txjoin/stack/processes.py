@@ -62,6 +62,9 @@ def free_port() -> int:
 def ensure_port_free(port: int, what: str) -> None:
     """Raise ServiceError naming ``what`` if 127.0.0.1:``port`` is taken."""
     with socket.socket() as sock:
+        # As the JVM servers bind: connections of a process that just stopped (TIME_WAIT)
+        # do not make the port busy, a listener does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError as exc:

@@ -1,24 +1,27 @@
-"""Lifecycle of the local stack: PostgreSQL -> Debezium (Kafka Connect) -> tansu broker.
+"""Lifecycle of the local stack: PostgreSQL -> Debezium (Kafka Connect) -> Apache Kafka.
 
 Everything lives in one stack directory (default ``.txjoin``)::
 
     stack.json      pids (with start times), ports, DSNs, bootstrap servers, topics
     logs/*.log      postgres.log, broker.log, debezium.log
     postgres/       the data directory (elsewhere if the server's user cannot reach it)
-    connect/        compiled launcher, worker/connector properties, offsets, status.json
+    kafka-data/     the broker's server.properties, cluster id and topic data (log.dirs)
+    connect/        the Connect worker's and connector's properties, its offsets file
 
 With ``up(sources=...)`` (``txjoin up --job FILE`` for a job with several sources) the
 cluster also gets one logical database per source (named after its topic prefix) holding
-that source's tables, and one Debezium worker per source (``debezium:<prefix>``, work
-directory ``connect-<prefix>/``) with its own slot, publication, topic prefix and
-one-partition ``<prefix>.transaction`` topic; the single ``shop`` connector is not
-started then. stack.json version 2 records them under ``sources``; a version 1 file
-(no ``sources``) still reads as the single-source stack.
+that source's tables, and one Connect worker per source (``debezium:<prefix>``, work
+directory ``connect-<prefix>/``, its own REST port) with its own slot, publication, topic
+prefix and one-partition ``<prefix>.transaction`` topic; the single ``shop`` connector is
+not started then. stack.json records them under ``sources``.
 
-The broker keeps topics in memory only, so a stopped stack cannot resume (Debezium's slot
-and offsets would point past data the broker no longer has): ``up`` after ``down`` starts
-over from a fresh database and snapshot. A stack whose processes died without ``down`` is
-reported as stale until ``down`` cleans it up.
+Every port, directory and the Connect REST ports are recorded (stack.json version 3), so
+a stack can be started again on the same data: ``up`` after ``down`` (without
+``--wipe``), or after a process died (``kill -9``), starts what is not running on the
+same ports and resumes from Kafka's topics, Connect's offsets file and the replication
+slot. ``down --wipe`` removes the data. A stack recorded by an older txjoin (tansu kept
+topics in memory) cannot resume: ``up`` starts a stopped one over and asks for ``down
+--wipe`` if its processes died.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 
 import psycopg2
 
+from txjoin import jvm
 from txjoin.errors import ConfigError, ServiceError
 from txjoin.job import Job, Table
 from txjoin.stack import broker as broker_mod
@@ -45,7 +49,8 @@ from txjoin.stack.processes import ProcessId, ensure_port_free, free_port, liste
 
 DEFAULT_DIR = Path(".txjoin")
 STATE_FILE = "stack.json"
-STATE_VERSION = 2
+STATE_VERSION = 3
+KAFKA_DATA = "kafka-data"
 
 Progress = Callable[[str], None]
 
@@ -150,6 +155,8 @@ class UpResult:
     info: StackInfo
     already_running: bool
     seconds: float
+    resumed: bool = False
+    """Started again on the data of a stack that was stopped or whose processes died."""
 
 
 @dataclass(frozen=True)
@@ -256,131 +263,236 @@ def up(directory: str | os.PathLike[str] = DEFAULT_DIR, *, pg_port: int | None =
     """Start PostgreSQL, the broker and Debezium in the background; wait until all are healthy.
 
     With ``sources`` (:func:`job_sources`), one database and one Debezium worker per
-    source instead of the single ``shop`` connector. Asking a running stack for other
-    sources than it has is a ServiceError (``down`` it first). ``partitions``: each table
-    topic is created with that many partitions (Debezium spreads records by row key);
-    transaction topics always have one.
+    source instead of the single ``shop`` connector. ``partitions``: each table topic is
+    created with that many partitions (Debezium spreads records by row key); transaction
+    topics always have one.
 
-    Harmless when the stack already runs (``already_running``). Raises ServiceError for a
-    busy port, missing Java, a stale directory (processes died without ``down``), or a
+    Harmless when the stack already runs (``already_running``). A stack stopped by
+    ``down`` (without ``--wipe``) or whose processes died (``kill -9``, a crash) is
+    started again on its recorded ports and data (``resumed``): only what is not running
+    is started, and a live connector whose task failed is restarted. Asking an existing
+    stack for other sources, partitions or ports than it has is a ServiceError (``down
+    --wipe`` it first). Raises ServiceError for a busy port, missing Java or jars, or a
     component that does not become healthy within ``timeout`` seconds; whatever it
-    started by then is stopped again.
+    started by then is stopped again (data is kept).
     """
     directory = Path(directory).resolve()
     with _locked(directory):
         state = _read_state(directory)
-        if state is not None and not state.get("stopped"):
-            alive = _alive(state)
-            if alive and all(alive.values()) and len(alive) == len(_components(state)):
-                running = [s["prefix"] for s in state.get("sources") or []]
-                wanted = [s.prefix for s in sources]
-                if running != wanted:
-                    raise ServiceError(
-                        f"the stack in {directory} runs source databases "
-                        f"{running or ['shop']}, not {wanted or ['shop']}: run "
-                        f"`txjoin down --dir {directory}` first, then `txjoin up` again")
-                if state.get("partitions", 1) != partitions:
-                    raise ServiceError(
-                        f"the stack in {directory} has table topics with "
-                        f"{state.get('partitions', 1)} partition(s), not {partitions}: run "
-                        f"`txjoin down --dir {directory}` first, then `txjoin up` again")
-                return UpResult(_info(state), True, 0.0)
-            dead = ", ".join(n for n in _components(state) if not alive.get(n)) or "all"
-            raise ServiceError(
-                f"stale stack in {directory}: {dead} no longer running (pids in "
-                f"{directory / STATE_FILE}); run `txjoin down --dir {directory}` first"
-            )
+        if state is not None and state.get("version") != STATE_VERSION:
+            if not state.get("stopped"):
+                raise ServiceError(
+                    f"stale stack in {directory}, made by an older txjoin (no broker data "
+                    f"to resume): run `txjoin down --dir {directory} --wipe` first")
+            _remove_data(directory, state)  # an older stopped stack: start over
+            state = None
         if state is not None:
-            _remove_data(directory, state)  # leftovers of a stopped stack: start over
+            _check_same_stack(directory, state, sources, partitions, pg_port, broker_port)
+            alive = _alive(state)
+            if (not state.get("stopped") and len(alive) == len(_components(state))
+                    and all(alive.values())):
+                return UpResult(_info(state), True, 0.0)
+            return _resume(directory, state, timeout, progress)
+        return _start_new(directory, pg_port, broker_port, timeout, progress, sources,
+                          partitions)
 
-        # Fail on the cheap checks before starting anything.
-        debezium_mod.java_home_check()
-        connector = debezium_mod.connector_config(
-            {"PG_HOST": "", "PG_PORT": "", "PG_USER": "", "PG_PASSWORD": ""})
-        if pg_port is not None:
-            ensure_port_free(pg_port, "PostgreSQL")
-        if broker_port is not None:
-            ensure_port_free(broker_port, "the broker")
-        pg_port = pg_port or free_port()
-        broker_port = broker_port or free_port()
 
-        started = time.monotonic()
-        logs = directory / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        prefix = connector["topic.prefix"]
-        tables = tuple(t.strip() for t in connector["table.include.list"].split(",") if t.strip())
-        state = {
-            "version": STATE_VERSION, "dir": str(directory), "stopped": False,
-            "started_at": time.time(),
-            "pg_dsn_source": postgres_mod.dsn(pg_port, postgres_mod.SOURCE_DB),
-            "pg_dsn_sink": postgres_mod.dsn(pg_port, postgres_mod.SINK_DB),
-            "bootstrap_servers": f"127.0.0.1:{broker_port}",
-            "topic_prefix": prefix, "tables": list(tables), "partitions": partitions,
-            "sources": [{"name": s.name, "prefix": s.prefix, "database": s.database,
-                         "dsn": postgres_mod.dsn(pg_port, s.database), "component": s.component,
-                         "tables": [t.name for t in s.tables]} for s in sources],
-        }
-        info = _info(state)
-        try:
-            progress(f"postgres: starting on 127.0.0.1:{pg_port}")
-            root = postgres_mod.data_root(directory)
-            state["postgres"] = {"port": pg_port, "data_root": str(root),
-                                 "log": str(logs / "postgres.log")}
-            _write_state(directory, state)
-            pg = postgres_mod.start_postgres(root, pg_port, logs / "postgres.log", timeout)
-            state["postgres"].update(pid=pg.process.pid, start_ticks=pg.process.start_ticks)
-            _write_state(directory, state)
+def _check_same_stack(directory: Path, state: dict[str, Any], sources: Sequence[SourceSpec],
+                      partitions: int, pg_port: int | None, broker_port: int | None) -> None:
+    """ServiceError if ``up``'s arguments ask for another stack than the one recorded."""
+    again = f"run `txjoin down --dir {directory} --wipe` first, then `txjoin up` again"
+    recorded = [s["prefix"] for s in state.get("sources") or []]
+    wanted = [s.prefix for s in sources]
+    if recorded != wanted:
+        raise ServiceError(f"the stack in {directory} has source databases "
+                           f"{recorded or ['shop']}, not {wanted or ['shop']}: {again}")
+    if state.get("partitions", 1) != partitions:
+        raise ServiceError(f"the stack in {directory} has table topics with "
+                           f"{state.get('partitions', 1)} partition(s), not {partitions}: "
+                           f"{again}")
+    for name, port in (("postgres", pg_port), ("broker", broker_port)):
+        if port is not None and state.get(name, {}).get("port") != port:
+            raise ServiceError(f"the stack in {directory} has its {name} on port "
+                               f"{state.get(name, {}).get('port')}, not {port}: {again}")
 
-            progress(f"broker: starting tansu on {info.bootstrap_servers}")
-            br = broker_mod.start_broker(broker_port, logs / "broker.log", timeout)
-            state["broker"] = {"pid": br.process.pid, "start_ticks": br.process.start_ticks,
-                               "port": broker_port, "log": str(logs / "broker.log")}
-            _write_state(directory, state)
-            transaction_topics = ({s.transaction_topic for s in info.sources}
-                                  or {info.transaction_topic})
-            broker_mod.create_topics(info.bootstrap_servers, sorted(transaction_topics))
-            broker_mod.create_topics(info.bootstrap_servers,
-                                     [t for t in info.topics if t not in transaction_topics],
-                                     partitions=partitions)
 
-            if not sources:
-                progress("debezium: compiling the launcher and starting Kafka Connect")
-                dbz = debezium_mod.start_debezium(
-                    directory / "connect", info.bootstrap_servers, pg_port,
-                    postgres_mod.DB_USER, postgres_mod.DB_PASSWORD, logs / "debezium.log")
-                state["debezium"] = {"pid": dbz.process.pid,
-                                     "start_ticks": dbz.process.start_ticks,
-                                     "status_file": str(dbz.status_file), "slot": dbz.slot_name,
-                                     "log": str(logs / "debezium.log")}
-                _write_state(directory, state)
-            for spec, entry in zip(sources, state["sources"], strict=True):
-                progress(f"postgres: database {spec.database} for source {spec.name!r}")
-                postgres_mod.create_source_database(pg_port, spec.database, spec.tables)
-                progress(f"debezium: Kafka Connect for source {spec.name!r} "
-                         f"(topic prefix {spec.prefix})")
-                log = logs / f"debezium-{spec.prefix}.log"
-                dbz = debezium_mod.start_debezium(
-                    directory / f"connect-{spec.prefix}", info.bootstrap_servers, pg_port,
-                    postgres_mod.DB_USER, postgres_mod.DB_PASSWORD, log,
-                    overrides=debezium_mod.source_overrides(
-                        spec.name, spec.prefix, spec.database, list(entry["tables"])))
-                state[spec.component] = {
-                    "pid": dbz.process.pid, "start_ticks": dbz.process.start_ticks,
-                    "status_file": str(dbz.status_file), "slot": dbz.slot_name,
-                    "log": str(log), "dsn": entry["dsn"]}
-                _write_state(directory, state)
-            for name in _debezium_components(state):
-                _wait_debezium(state, timeout, name)
-        except BaseException:
-            _stop_all(state)
-            state["stopped"] = True
-            _write_state(directory, state)
-            raise
-        seconds = time.monotonic() - started
-        state["start_seconds"] = round(seconds, 2)
+def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, timeout: float,
+               progress: Progress, sources: Sequence[SourceSpec], partitions: int) -> UpResult:
+    """Record a new stack's ports and directories, then start it (see :func:`up`)."""
+    # Fail on the cheap checks before starting anything.
+    broker_mod.java_binary()
+    for jars in ("kafka", "connect", "connect-plugins"):
+        jvm.jars_dir(jars)
+    connector = debezium_mod.connector_config(
+        {"PG_HOST": "", "PG_PORT": "", "PG_USER": "", "PG_PASSWORD": ""})
+    if pg_port is not None:
+        ensure_port_free(pg_port, "PostgreSQL")
+    if broker_port is not None:
+        ensure_port_free(broker_port, "the broker")
+    pg_port = pg_port or free_port()
+    broker_port = broker_port or free_port()
+
+    started = time.monotonic()
+    logs = directory / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    prefix = connector["topic.prefix"]
+    tables = tuple(t.strip() for t in connector["table.include.list"].split(",") if t.strip())
+    state: dict[str, Any] = {
+        "version": STATE_VERSION, "dir": str(directory), "stopped": False,
+        "started_at": time.time(),
+        "pg_dsn_source": postgres_mod.dsn(pg_port, postgres_mod.SOURCE_DB),
+        "pg_dsn_sink": postgres_mod.dsn(pg_port, postgres_mod.SINK_DB),
+        "bootstrap_servers": f"127.0.0.1:{broker_port}",
+        "topic_prefix": prefix, "tables": list(tables), "partitions": partitions,
+        "sources": [{"name": s.name, "prefix": s.prefix, "database": s.database,
+                     "dsn": postgres_mod.dsn(pg_port, s.database), "component": s.component,
+                     "tables": [t.name for t in s.tables]} for s in sources],
+        "postgres": {"port": pg_port, "data_root": str(postgres_mod.data_root(directory)),
+                     "log": str(logs / "postgres.log")},
+        "broker": {"port": broker_port, "controller_port": free_port(),
+                   "data_dir": str(directory / KAFKA_DATA), "log": str(logs / "broker.log")},
+    }
+    workers = [("debezium", directory / "connect", logs / "debezium.log", None)] \
+        if not sources else \
+        [(s.component, directory / f"connect-{s.prefix}", logs / f"debezium-{s.prefix}.log",
+          entry["dsn"]) for s, entry in zip(sources, state["sources"], strict=True)]
+    for name, work_dir, log, dsn in workers:
+        state[name] = {"work_dir": str(work_dir), "rest_port": free_port(), "log": str(log),
+                       **({"dsn": dsn} if dsn else {})}
+    _write_state(directory, state)
+    try:
+        _start_postgres(directory, state, timeout, progress)
+        _start_broker(directory, state, timeout, progress)
+        for spec in sources:
+            progress(f"postgres: database {spec.database} for source {spec.name!r}")
+            postgres_mod.create_source_database(pg_port, spec.database, spec.tables)
+        for name in _debezium_components(state):
+            _start_debezium(directory, state, name, progress)
+        for name in _debezium_components(state):
+            _wait_debezium(state, timeout, name)
+    except BaseException:
+        _stop_all(state)
+        state["stopped"] = True
         _write_state(directory, state)
-        progress(f"stack up in {seconds:.1f}s")
-        return UpResult(info, False, seconds)
+        raise
+    return _started(directory, state, started, progress, resumed=False)
+
+
+def _resume(directory: Path, state: dict[str, Any], timeout: float,
+            progress: Progress) -> UpResult:
+    """Start what of a recorded stack is not running, on its ports and data (see :func:`up`)."""
+    started = time.monotonic()
+    broker_mod.java_binary()
+    state["stopped"] = False
+    try:
+        for name in _components(state):
+            proc = _process(state, name)
+            if proc is not None and proc.alive():
+                if name.startswith("debezium"):
+                    entry = state[name]
+                    rest = debezium_mod.rest_url(entry["rest_port"])
+                    if debezium_mod.task_state(rest, entry["connector"]) == "FAILED":
+                        progress(f"{name}: restarting the failed connector task")
+                        debezium_mod.restart_failed(rest, entry["connector"])
+                continue
+            if name == "postgres":
+                _start_postgres(directory, state, timeout, progress)
+            elif name == "broker":
+                _start_broker(directory, state, timeout, progress)
+            else:
+                _start_debezium(directory, state, name, progress)
+        for name in _debezium_components(state):
+            _wait_debezium(state, timeout, name)
+    except BaseException:
+        _stop_all(state)
+        state["stopped"] = True
+        _write_state(directory, state)
+        raise
+    return _started(directory, state, started, progress, resumed=True)
+
+
+def _started(directory: Path, state: dict[str, Any], started: float, progress: Progress,
+             resumed: bool) -> UpResult:
+    seconds = time.monotonic() - started
+    state["start_seconds"] = round(seconds, 2)
+    _write_state(directory, state)
+    progress(f"stack {'resumed' if resumed else 'up'} in {seconds:.1f}s")
+    return UpResult(_info(state), False, seconds, resumed)
+
+
+def _start_postgres(directory: Path, state: dict[str, Any], timeout: float,
+                    progress: Progress) -> None:
+    entry = state["postgres"]
+    progress(f"postgres: starting on 127.0.0.1:{entry['port']}")
+    ensure_port_free(entry["port"], "PostgreSQL")
+    pg = postgres_mod.start_postgres(Path(entry["data_root"]), entry["port"],
+                                     Path(entry["log"]), timeout)
+    entry.update(pid=pg.process.pid, start_ticks=pg.process.start_ticks)
+    _write_state(directory, state)
+
+
+def _start_broker(directory: Path, state: dict[str, Any], timeout: float,
+                  progress: Progress) -> None:
+    """Start Kafka on the recorded ports and data; create the topics it does not have yet."""
+    entry = state["broker"]
+    progress(f"broker: starting Kafka on {state['bootstrap_servers']}")
+    ensure_port_free(entry["port"], "the broker")
+    ensure_port_free(entry["controller_port"], "the broker's KRaft controller")
+    br = broker_mod.start_broker(Path(entry["data_dir"]), entry["port"], Path(entry["log"]),
+                                 controller_port=entry["controller_port"], timeout=timeout)
+    entry.update(pid=br.process.pid, start_ticks=br.process.start_ticks)
+    _write_state(directory, state)
+    info = _info(state)
+    transaction_topics = ({s.transaction_topic for s in info.sources}
+                          or {info.transaction_topic})
+    broker_mod.create_topics(info.bootstrap_servers, sorted(transaction_topics), timeout)
+    broker_mod.create_topics(info.bootstrap_servers,
+                             [t for t in info.topics if t not in transaction_topics], timeout,
+                             partitions=state.get("partitions", 1))
+
+
+def _start_debezium(directory: Path, state: dict[str, Any], name: str,
+                    progress: Progress) -> None:
+    """Start the Connect worker ``name`` on its recorded work directory and REST port."""
+    entry = state[name]
+    source = next((s for s in state.get("sources") or [] if s["component"] == name), None)
+    overrides = None if source is None else debezium_mod.source_overrides(
+        source["name"], source["prefix"], source["database"], list(source["tables"]))
+    what = "" if source is None else f" for source {source['name']!r} (prefix {source['prefix']})"
+    progress(f"{name}: starting Kafka Connect{what}, REST on 127.0.0.1:{entry['rest_port']}")
+    ensure_port_free(entry["rest_port"], f"{name}'s Kafka Connect REST API")
+    dbz = debezium_mod.start_debezium(
+        Path(entry["work_dir"]), state["bootstrap_servers"], state["postgres"]["port"],
+        postgres_mod.DB_USER, postgres_mod.DB_PASSWORD, Path(entry["log"]),
+        overrides=overrides, rest_port=entry["rest_port"])
+    entry.update(pid=dbz.process.pid, start_ticks=dbz.process.start_ticks,
+                 connector=dbz.connector, slot=dbz.slot_name)
+    _write_state(directory, state)
+
+
+def restart(directory: str | os.PathLike[str], component: str, *,
+            timeout: float = 180.0) -> float:
+    """Stop one component of a running stack (SIGTERM: Debezium flushes its offsets, Kafka
+    shuts down cleanly) and start it again on the same ports and data; wait until every
+    connector streams again. Returns the seconds it took."""
+    started = time.monotonic()
+    directory = Path(directory).resolve()
+    with _locked(directory):
+        state = _read_state(directory)
+        if state is None or state.get("stopped") or component not in _components(state):
+            raise ServiceError(f"no running stack with a {component} in {directory}: "
+                               f"`txjoin up --dir {directory}` first")
+        proc = _process(state, component)
+        if proc is not None:
+            _STOPPERS.get(component, debezium_mod.stop_debezium)(proc)
+    up(directory, sources=_recorded_sources(state), partitions=state.get("partitions", 1),
+       timeout=timeout)
+    return time.monotonic() - started
+
+
+def _recorded_sources(state: dict[str, Any]) -> list[SourceSpec]:
+    """The SourceSpecs ``up`` was given (the tables only by name: enough to compare)."""
+    return [SourceSpec(s["name"], s["prefix"], ()) for s in state.get("sources") or []]
 
 
 def _slot_active(dsn: str, slot: str) -> bool:
@@ -398,15 +510,15 @@ def _slot_active(dsn: str, slot: str) -> bool:
 def _wait_debezium(state: dict[str, Any], timeout: float, name: str = "debezium") -> None:
     entry = state[name]
     dsn = entry.get("dsn", state["pg_dsn_source"])
-    status_file = Path(entry["status_file"])
+    rest = debezium_mod.rest_url(entry["rest_port"])
 
     def healthy() -> bool:
-        task = debezium_mod.task_state(status_file)
+        task = debezium_mod.task_state(rest, entry["connector"])
         if task == "FAILED":
-            trace = (debezium_mod.task_trace(status_file) or "").strip().splitlines()
+            trace = (debezium_mod.task_trace(rest, entry["connector"]) or "").strip()
             raise ServiceError(
                 f"{name}: the connector task FAILED: "
-                f"{trace[0] if trace else 'no trace'}; see {entry['log']}"
+                f"{trace.splitlines()[0] if trace else 'no trace'}; see {entry['log']}"
             )
         return task == "RUNNING" and _slot_active(dsn, entry["slot"])
 
@@ -414,13 +526,16 @@ def _wait_debezium(state: dict[str, Any], timeout: float, name: str = "debezium"
                _process(state, name), entry["log"], interval=0.25)
 
 
+_STOPPERS: dict[str, Callable[[ProcessId], bool]] = {
+    "postgres": postgres_mod.stop_postgres, "broker": broker_mod.stop_broker}
+
+
 def _stop_all(state: dict[str, Any]) -> list[str]:
     """Stop the recorded processes (Debezium first: it needs the others to shut down cleanly)."""
     stopped = []
-    stoppers = {"postgres": postgres_mod.stop_postgres, "broker": broker_mod.stop_broker}
     for name in (*_debezium_components(state), "postgres", "broker"):
         proc = _process(state, name)
-        if proc is not None and stoppers.get(name, debezium_mod.stop_debezium)(proc):
+        if proc is not None and _STOPPERS.get(name, debezium_mod.stop_debezium)(proc):
             stopped.append(name)
     return stopped
 
@@ -439,7 +554,7 @@ def stale_checkpoints(directory: str | os.PathLike[str]) -> list[str]:
 
 def _remove_data(directory: Path, state: dict[str, Any] | None) -> None:
     """Remove what the stack created in ``directory`` (never anything else that lives there)."""
-    roots = [directory / "postgres", directory / "connect",
+    roots = [directory / "postgres", directory / "connect", directory / KAFKA_DATA,
              *(directory / f"connect-{s['prefix']}" for s in (state or {}).get("sources") or [])]
     pg_root = (state or {}).get("postgres", {}).get("data_root")
     if pg_root:
@@ -492,7 +607,7 @@ def status(directory: str | os.PathLike[str] = DEFAULT_DIR) -> list[ComponentSta
         if entry is None or proc is None:
             continue
         running = proc.alive()
-        port = entry.get("port")
+        port = entry.get("port", entry.get("rest_port"))  # Connect: its REST API's port
         if not running:
             health = "stopped" if state.get("stopped") else "DEAD (stale: run txjoin down)"
         elif name == "postgres":
@@ -500,7 +615,8 @@ def status(directory: str | os.PathLike[str] = DEFAULT_DIR) -> list[ComponentSta
         elif name == "broker":
             health = "listening" if listening(int(port)) else "not listening"
         else:
-            task = debezium_mod.task_state(Path(entry["status_file"]))
+            rest = debezium_mod.rest_url(entry["rest_port"])
+            task = debezium_mod.task_state(rest, entry["connector"])
             streaming = _slot_active(entry.get("dsn", state["pg_dsn_source"]), entry["slot"])
             health = f"task {task}, " + ("streaming" if streaming else "not streaming yet")
         result.append(ComponentStatus(name, proc.pid, port, running, health))
