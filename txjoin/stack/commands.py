@@ -6,6 +6,7 @@ Errors are ``TxjoinError``s, which the main CLI turns into a message and an exit
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -141,10 +142,25 @@ def status(directory: Path) -> None:
                    "--rate is then per database.")
 @click.option("--only", type=click.Choice(["users", "colors"]), default=None,
               help="With --job: write this database only; the other source stays idle.")
+@click.option("--bulk", "bulk_rows", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Instead of --rate/--duration/--writers: write at least N row changes into "
+                   "the stack's pizzeria as fast as PostgreSQL takes them (many small "
+                   "transactions per round trip), wait until Debezium has put every event "
+                   "of them into Kafka, and report the capture rate.")
+@click.option("--json", "as_json", is_flag=True,
+              help="With --bulk: print the report as one JSON object.")
 @cli_errors
 def generate(directory: Path, dsn: str | None, rate: float, duration: float, seed: int,
-             writers: int, job_file: Path | None, only: str | None) -> None:
-    """Drive the pizzeria workload (and users/colours) against the source database."""
+             writers: int, job_file: Path | None, only: str | None, bulk_rows: int | None,
+             as_json: bool) -> None:
+    """Drive the pizzeria workload (and users/colours) against the source database.
+
+    With --bulk N: write N row changes flat out, then report how fast the stack captured
+    them (events from the first commit until the last one is in Kafka).
+    """
+    if bulk_rows is not None or as_json:
+        _generate_bulk(directory, dsn, job_file, bulk_rows, seed, as_json)
+        return
     if job_file is not None:
         _generate_sources(directory, job_file, rate, duration, seed, writers, only)
         return
@@ -163,6 +179,22 @@ def generate(directory: Path, dsn: str | None, rate: float, duration: float, see
     for name, count in sorted(result.events_by_table.items()):
         table.add_row(name, str(count))
     _console.print(table)
+
+
+def _generate_bulk(directory: Path, dsn: str | None, job_file: Path | None,
+                   bulk_rows: int | None, seed: int, as_json: bool) -> None:
+    from txjoin.stack.bulk import generate_bulk
+
+    if bulk_rows is None:
+        raise ConfigError("--json needs --bulk N")
+    if dsn is not None or job_file is not None:
+        raise ConfigError("--bulk times the local stack's own capture: drop --dsn and --job")
+    info = stack_mod.load_stack(directory)
+    if info is None:
+        raise ServiceError(f"no running stack in {directory}: `txjoin up --dir {directory}` "
+                           f"first")
+    result = generate_bulk(info, bulk_rows, seed=seed)
+    click.echo(json.dumps(result.to_json()) if as_json else result.summary())
 
 
 def _generate_sources(directory: Path, job_file: Path, rate: float, duration: float, seed: int,

@@ -50,6 +50,19 @@ NAMES = ("Leo", "Mikey", "Donnie", "Raph", "Shredder", "Bebop", "Rocksteady", "K
          "Krang", "Baxter", "Irma", "Vernon", "Hun", "Mondo", "Slash", "Leatherhead")
 
 
+def pizza_array(rng: random.Random) -> list[int]:
+    """An order's pizza array: usually known ids with duplicates, sometimes unmatched."""
+    roll = rng.random()
+    if roll < 0.02:
+        return []  # nothing to join: present = false
+    if roll < 0.04:
+        return [UNKNOWN_PIZZA_ID]  # only unmatched elements: present = false
+    pizzas = [rng.choice(PIZZA_IDS) for _ in range(rng.randint(1, 5))]
+    if roll < 0.10:
+        pizzas.insert(rng.randrange(len(pizzas) + 1), UNKNOWN_PIZZA_ID)
+    return pizzas
+
+
 @dataclass
 class GenerateResult:
     """What ``generate`` committed."""
@@ -196,16 +209,7 @@ class _Writer:
     # -- helpers -------------------------------------------------------------------------
 
     def _pizzas(self) -> list[int]:
-        """An order's pizza array: usually known ids with duplicates, sometimes unmatched."""
-        roll = self.rng.random()
-        if roll < 0.02:
-            return []  # nothing to join: present = false
-        if roll < 0.04:
-            return [UNKNOWN_PIZZA_ID]  # only unmatched elements: present = false
-        pizzas = [self.rng.choice(PIZZA_IDS) for _ in range(self.rng.randint(1, 5))]
-        if roll < 0.10:
-            pizzas.insert(self.rng.randrange(len(pizzas) + 1), UNKNOWN_PIZZA_ID)
-        return pizzas
+        return pizza_array(self.rng)
 
     def _new_client(self, tx: _Tx) -> int:
         name = f"{self.rng.choice(NAMES)} {self.rng.randint(1, 999)}"
