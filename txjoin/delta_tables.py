@@ -22,7 +22,6 @@ the table read is the same (schema and rows) as ``to_pyarrow_table()``'s.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pa_fs
@@ -41,13 +40,3 @@ def read_table(table: DeltaTable | str | os.PathLike[str],
     return dt.to_pyarrow_table(columns=columns,
                                filesystem=pa_fs.SubTreeFileSystem(root, filesystem))
 
-
-def native_dataset(table: DeltaTable | str | os.PathLike[str]) -> Any:
-    """The table's current snapshot as a pyarrow dataset on Arrow's native filesystem
-    (streamed reads, e.g. to copy a large table), for the same reason as :func:`read_table`."""
-    dt = table if isinstance(table, DeltaTable) else DeltaTable(os.fspath(table))
-    try:
-        filesystem, root = pa_fs.FileSystem.from_uri(dt.table_uri)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return dt.to_pyarrow_dataset()
-    return dt.to_pyarrow_dataset(filesystem=pa_fs.SubTreeFileSystem(root, filesystem))

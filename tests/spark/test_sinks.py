@@ -1,11 +1,12 @@
-"""Delta (delta-rs) and PostgreSQL sinks: atomic, idempotent micro-batches.
+"""Delta (delta-spark) and PostgreSQL sinks: atomic, idempotent micro-batches.
 
-No Spark needed, but these are integration tests: the PostgreSQL sink runs
-against a throwaway PostgreSQL 18 server.
+Integration tests: the Delta sink writes through the shared local Spark session
+(delta-spark), the PostgreSQL sink against a throwaway PostgreSQL 18 server.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -18,6 +19,8 @@ from typing import Any
 import psycopg2
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
 
 from tests.fixtures import restartable_postgres
 from tests.fixtures.postgres import free_port, running_postgres
@@ -86,7 +89,8 @@ def make_sink(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callab
     def make() -> Sink:
         sink: Sink
         if request.param == "delta":
-            sink = DeltaSink(str(tmp_path / "out"), table, job, ["order_id"], SCHEMA)
+            sink = DeltaSink(str(tmp_path / "out"), table, job, ["order_id"], SCHEMA,
+                             spark=request.getfixturevalue("spark"))
         else:
             url = request.getfixturevalue("dsn")
             sink = PostgresSink(url, table, f"{job}.{table}", ["order_id"], SCHEMA)
@@ -193,14 +197,15 @@ def test_progress_survives_reopening_the_sink(make_sink: Callable[[], Sink]) -> 
     assert [r["customer"] for r in reopened.read_current()] == ["cust1", "ann"]
 
 
-def test_delta_replay_after_a_crash_between_changelog_and_current(tmp_path: Path) -> None:
-    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA)
+def test_delta_replay_after_a_crash_between_changelog_and_current(
+        spark: SparkSession, tmp_path: Path) -> None:
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
     sink.write(0, batch(change("c", 1, 1)))
     # Simulate a crash after the changelog commit of batch 1: write it alone.
-    from deltalake import CommitProperties, Transaction, write_deltalake
     crashed = batch(change("u", 1, 2, total="5.00"))
-    write_deltalake(sink.changelog_path, crashed, mode="append", commit_properties=CommitProperties(
-        app_transactions=[Transaction(sink.changelog_app_id, 1)]))
+    (spark.createDataFrame(crashed).write.format("delta").mode("append")
+     .option("txnAppId", sink.app_id("changelog", None)).option("txnVersion", 1)
+     .save(sink.changelog_path))
     assert sink.last_applied_batch() == 0
 
     assert sink.write(1, crashed) is True
@@ -414,10 +419,8 @@ def test_a_rebuild_from_an_empty_source_leaves_empty_tables_of_the_new_lineage(
     assert sink.write(0, batch(change("c", 2, 2)), lineage=Lineage("new", 2)) is True
 
 
-def test_delta_rebuild_is_one_new_version_per_table(tmp_path: Path) -> None:
-    from deltalake import DeltaTable
-
-    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA)
+def test_delta_rebuild_is_one_new_version_per_table(spark: SparkSession, tmp_path: Path) -> None:
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
     sink.write(0, batch(change("c", 1, 1)), lineage=Lineage("old", 1))
     versions = (DeltaTable(sink.current_path).version(), DeltaTable(sink.changelog_path).version())
     sink.begin_rebuild("new")
@@ -431,6 +434,91 @@ def test_delta_rebuild_is_one_new_version_per_table(tmp_path: Path) -> None:
     assert (DeltaTable(sink.current_path).version(),
             DeltaTable(sink.changelog_path).version()) == (versions[0] + 1, versions[1] + 1)
     assert not sink.rebuild_root.exists()
+
+
+def _log_actions(table_path: str, kind: str) -> list[dict]:
+    """Every ``kind`` action (``txn``, ``commitInfo``...) in a Delta table's JSON log, in order."""
+    return [action[kind] for log in sorted((Path(table_path) / "_delta_log").glob("*.json"))
+            for action in map(json.loads, log.read_text().splitlines()) if kind in action]
+
+
+def test_delta_itself_skips_a_batch_its_log_records_and_commits_carry_the_lineage(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
+    sink.write(0, batch(change("c", 1, 1)), lineage=Lineage("ckpt", 1))
+    sink.write(1, batch(change("u", 1, 2, total="20.00")), lineage=Lineage("ckpt", 2))
+    paths = {"changelog": sink.changelog_path, "current": sink.current_path}
+    versions = {kind: DeltaTable(path).version() for kind, path in paths.items()}
+    current, changelog = sink.read_current(), sink.read_changelog()
+
+    # The app transactions are in Delta's log: (app id of the checkpoint, batch id) per commit.
+    for kind, path in paths.items():
+        assert [(t["appId"], t["version"]) for t in _log_actions(path, "txn")] == \
+            [(sink.app_id(kind, "ckpt"), 0), (sink.app_id(kind, "ckpt"), 1)]
+        lineage = [json.loads(c["userMetadata"]) for c in _log_actions(path, "commitInfo")
+                   if "userMetadata" in c]
+        assert [(m["txjoin.checkpoint"], m["txjoin.batch_id"], m["txjoin.frontier_commit_seq"],
+                 m["txjoin.last_change_xid"]) for m in lineage] == \
+            [("ckpt", 0, 1, 1001), ("ckpt", 1, 2, 1002)]
+
+    # Past the sink's own check, the replay reaches Delta (append and MERGE): Delta skips it.
+    monkeypatch.setattr(sink, "_applied", lambda *args: -1)
+    sink.write(1, batch(change("d", 1, 2)), lineage=Lineage("ckpt", 2))
+
+    assert {kind: DeltaTable(path).version() for kind, path in paths.items()} == versions
+    assert sink.read_current() == current and sink.read_changelog() == changelog
+
+
+def _field(name: str, kind: Any, nullable: bool = True) -> dict:
+    return {"name": name, "type": kind, "nullable": nullable, "metadata": {}}
+
+
+def test_delta_tables_keep_the_column_types_the_delta_rs_writer_gave_them(
+        spark: SparkSession, tmp_path: Path) -> None:
+    not_null_key = SCHEMA.set(0, pa.field("order_id", pa.int64(), nullable=False))
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], not_null_key, spark=spark)
+    sink.write(0, batch(change("c", 1, 1)).cast(not_null_key))
+
+    # As txjoin's delta-rs writer (<= ed7335f) declared them, read from its tables.
+    pizzas = {"type": "array", "containsNull": True, "elementType": {"type": "struct", "fields": [
+        _field("pizza", "string"), _field("price", "decimal(10,2)")]}}
+    values = [_field("order_id", "long", nullable=False), _field("customer", "string"),
+              _field("total", "decimal(12,2)"), _field("placed_at", "timestamp"),
+              _field("quantity", "integer"), _field("pizzas", pizzas)]
+    meta = [_field("_commit_seq", "long"), _field("_xid", "long"),
+            _field("_commit_ts", "timestamp")]
+    for path, fields in ((sink.current_path, values + meta),
+                         (sink.changelog_path, [*values, _field("_op", "string"), *meta])):
+        table = DeltaTable(path)
+        assert json.loads(table.schema().to_json()) == {"type": "struct", "fields": fields}
+        protocol = table.protocol()
+        assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2)
+
+
+def test_delta_tables_left_by_the_delta_rs_writer_are_continued(
+        spark: SparkSession, tmp_path: Path) -> None:
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
+    # What txjoin's delta-rs writer committed: lineage in the commit info, one app id.
+    for kind, path in (("changelog", sink.changelog_path), ("current", sink.current_path)):
+        rows = batch(change("c", 1, 1))
+        write_deltalake(path, rows if kind == "changelog" else rows.drop_columns(["_op"]),
+                        commit_properties=CommitProperties(
+                            app_transactions=[Transaction(sink.app_id(kind, None), 4)],
+                            custom_metadata={"txjoin.job": "job", "txjoin.batch_id": 4,
+                                             "txjoin.checkpoint": "ckpt",
+                                             "txjoin.frontier_commit_seq": 1,
+                                             "txjoin.last_change_xid": 1001}))
+
+    held = sink.held()
+    assert held is not None and (held.checkpoint_id, held.last_batch_id,
+                                 held.frontier_commit_seq, held.last_change_xid) == \
+        ("ckpt", 4, 1, 1001)
+    assert sink.write(4, batch(change("d", 1, 1)), lineage=Lineage("ckpt", 1)) is False
+    assert sink.write(5, batch(change("c", 2, 2)), lineage=Lineage("ckpt", 2)) is True
+    assert [r["order_id"] for r in sink.read_current()] == [1, 2]
+    assert sink.last_applied_batch() == 5
 
 
 # -- a PostgreSQL sink table altered underneath ------------------------------------

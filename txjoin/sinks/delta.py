@@ -1,35 +1,48 @@
 """Delta Lake sink: ``<output_dir>/<table>/current`` (merged by key) and ``.../changelog``.
 
-Written with delta-rs (``deltalake``) from Arrow, no JVM needed. Each micro-batch
-is one commit per table, and each commit carries an app transaction
-``(txjoin-<job>-changelog|current, batch_id)``. delta-rs records app-transaction
-versions but does not enforce them, so ``write`` reads the recorded version
-first and skips a table already at ``>= batch_id``. The changelog is written
-before the current table, so the current table's version is the sink's progress:
-after a crash between the two commits the replay skips the changelog and
-applies the current table only.
+Written by delta-spark: each micro-batch's changes become a Spark DataFrame
+(from the batch's Arrow table) that the executors append to the changelog and
+MERGE into the current table (by key; a delete removes the row), one commit per
+table. Each commit carries an app transaction ``(txnAppId, txnVersion=batch_id)``,
+which Delta checks inside the commit: a batch already recorded is skipped, not
+applied twice. The append sets them as writer options; MERGE takes them from the
+session confs ``spark.databricks.delta.write.txnAppId``/``txnVersion``, set around
+it on a session of the sink's own (``SparkSession.newSession``: its own SQL
+confs, so no other writer in the process picks them up). ``write`` also reads
+the recorded version first, to skip a replay without starting a Spark job and to
+report it. The changelog is written before the current table, so the current
+table's version is the sink's progress: after a crash between the two commits
+the replay skips the changelog and applies the current table only.
 
-Every commit also carries the run's lineage in its commit info
-(``txjoin.checkpoint``, ``txjoin.frontier_commit_seq``, ``txjoin.last_change_xid``),
-read back by ``held``. A rebuild writes both tables under ``<table>/_rebuild/``
-and then replaces each table's contents with one overwrite commit (a new table
-version: readers see the old state or the rebuilt one, never an empty or
-partial table). The swap streams the rebuilt tables into that commit.
+The app id names the checkpoint (``txjoin-<job>-current-<checkpoint id>``):
+Spark's batch ids restart at 0 in a new checkpoint, and Delta would skip every
+batch id at or below one recorded under the same app id. Every commit also
+carries the run's lineage as JSON in its ``userMetadata`` (``txjoin.checkpoint``,
+``txjoin.frontier_commit_seq``, ``txjoin.last_change_xid``, ``txjoin.batch_id``),
+read back from the table's history by ``held``, which also reads the same keys
+from the commit info of tables written by txjoin's earlier delta-rs writer.
 
-``DeltaSparkSink`` does the same through delta-spark when the Spark session has
-the Delta extension (batch ids only, without lineage or rebuild).
+A rebuild writes both tables under ``<table>/_rebuild/`` and then replaces each
+table's contents with one overwrite commit (a new table version: readers see the
+old state or the rebuilt one, never an empty or partial table); Spark streams
+the rebuilt table into that commit.
+
+Reading (``held``, ``read_current``, ``read_changelog``) needs no Spark: it goes
+through delta-rs (``deltalake``), as ``txjoin verify`` does; a sink opened
+without a Spark session can only be read.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import DeltaTable
 
-from txjoin.delta_tables import native_dataset, read_table
+from txjoin.delta_tables import read_table
 from txjoin.errors import ConfigError, LineageError
 from txjoin.sinks import (
     COMMIT_SEQ,
@@ -45,34 +58,57 @@ from txjoin.sinks import (
 from txjoin.sinks.lineage import Held, Lineage, short
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
-DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 _HISTORY = 50  # commits searched for the last txjoin commit (others: OPTIMIZE, VACUUM...)
+_TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 def _quoted(column: str) -> str:
-    # Backticks let any column name through delta-rs's SQL predicate parser.
+    # Backticks let any column name through Spark's SQL expression parser.
     return "`" + column.replace("`", "``") + "`"
 
 
-def _applied(table: DeltaTable, app_id: str) -> int:
-    """Last batch id recorded for ``app_id``, -1 if none (careful: batch 0 is falsy)."""
-    version = table.transaction_version(app_id)
-    return -1 if version is None else version
+def _spark_schema(schema: pa.Schema) -> StructType:
+    """The Spark schema of ``schema``, nullability included (key columns stay NOT NULL)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema, prefer_timestamp_ntz=True)
 
 
-def _key_predicate(key_columns: list[str]) -> str:
-    return " AND ".join(f"target.{_quoted(c)} = source.{_quoted(c)}" for c in key_columns)
+def _txjoin_commit(table: DeltaTable) -> dict[str, Any] | None:
+    """The lineage of the table's last txjoin commit, ``None`` if none is in recent history.
+
+    delta-spark commits hold it as JSON in ``userMetadata``; the delta-rs writer
+    txjoin had before put the same keys straight into the commit info.
+    """
+    for commit in table.history(_HISTORY):
+        info = commit
+        if commit.get("userMetadata"):
+            try:
+                info = json.loads(commit["userMetadata"])
+            except ValueError:
+                continue  # someone else's metadata
+        if isinstance(info, dict) and "txjoin.batch_id" in info:
+            return info
+    return None
+
+
+def _number(info: dict[str, Any], key: str) -> int | None:
+    value = info.get(key)
+    return None if value is None else int(value)
 
 
 class DeltaSink:
-    """Delta tables written with delta-rs; see the module docstring for the protocol."""
+    """Delta tables written by delta-spark; see the module docstring for the protocol."""
 
     name = "delta"
 
     def __init__(self, output_dir: str, table: str, job: str, key_columns: list[str],
-                 schema: pa.Schema) -> None:
+                 schema: pa.Schema, spark: SparkSession | None = None) -> None:
         check_changes_schema(schema, key_columns, f"delta sink for table {table!r}")
         self.table, self.job = table, job
         self.key_columns = list(key_columns)
@@ -81,14 +117,26 @@ class DeltaSink:
         self.where = str(self.root)
         self.current_path = str(self.root / "current")
         self.changelog_path = str(self.root / "changelog")
-        self.current_app_id = f"txjoin-{job}-current"
-        self.changelog_app_id = f"txjoin-{job}-changelog"
+        # Its own session: the MERGE's txn and metadata confs stay out of other writers' way.
+        self._spark = None if spark is None else spark.newSession()
         self._rebuild_id: str | None = None
         self._checked: str | None = None  # checkpoint id already compared with the tables
+
+    def app_id(self, kind: str, checkpoint_id: str | None) -> str:
+        """The app transaction id of one table (``changelog``/``current``) for a checkpoint."""
+        base = f"txjoin-{self.job}-{kind}"
+        return base if checkpoint_id is None else f"{base}-{checkpoint_id}"
 
     @property
     def rebuild_root(self) -> Path:
         return self.root / "_rebuild"
+
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            raise ConfigError(f"delta sink {self.where} was opened without a Spark session, "
+                              "for reading only; pass the session to write it")
+        return self._spark
 
     def _targets(self) -> tuple[str, str]:
         """(changelog, current) paths written now: the shadow ones while rebuilding."""
@@ -96,44 +144,37 @@ class DeltaSink:
             return self.changelog_path, self.current_path
         return str(self.rebuild_root / "changelog"), str(self.rebuild_root / "current")
 
-    def _open(self, path: str, schema: pa.Schema) -> DeltaTable:
-        if not DeltaTable.is_deltatable(path):
-            # An empty first commit: it holds no rows, so readers still see whole batches.
-            return DeltaTable.create(path, schema, mode="ignore")
-        return DeltaTable(path)
-
-    def _commit(self, app_id: str, batch_id: int, lineage: Lineage | None = None,
-                last_xid: int | None = None) -> CommitProperties:
-        metadata: dict[str, Any] = {"txjoin.job": self.job, "txjoin.batch_id": batch_id}
-        if lineage is not None and lineage.checkpoint_id is not None:
-            metadata["txjoin.checkpoint"] = lineage.checkpoint_id
-        if lineage is not None and lineage.frontier_commit_seq is not None:
-            metadata["txjoin.frontier_commit_seq"] = lineage.frontier_commit_seq
-        if last_xid is not None:
-            metadata["txjoin.last_change_xid"] = last_xid
-        return CommitProperties(app_transactions=[Transaction(app_id, batch_id)],
-                                custom_metadata=metadata)
-
-    def _held(self, path: str, app_id: str) -> Held | None:
+    def _held(self, path: str, kind: str) -> Held | None:
         if not DeltaTable.is_deltatable(path):
             return None
         table = DeltaTable(path)
-        batch = table.transaction_version(app_id)
-        if batch is None:
-            return None
-        info: dict[str, Any] = next(
-            (c for c in table.history(_HISTORY) if "txjoin.batch_id" in c), {})
+        info = _txjoin_commit(table)
+        if info is None:  # written before lineage: only the app transaction tells the batch
+            batch = table.transaction_version(self.app_id(kind, None))
+            return None if batch is None else Held(None, batch, None, None)
+        checkpoint = info.get("txjoin.checkpoint")
+        recorded = table.transaction_version(self.app_id(kind, checkpoint))
+        # No app transaction: a rebuild from an empty source (-1), or a delta-rs commit.
+        batch = int(info["txjoin.batch_id"]) if recorded is None else recorded
+        return Held(checkpoint_id=checkpoint, last_batch_id=batch,
+                    frontier_commit_seq=_number(info, "txjoin.frontier_commit_seq"),
+                    last_change_xid=_number(info, "txjoin.last_change_xid"))
 
-        def number(key: str) -> int | None:
-            value = info.get(key)
-            return None if value is None else int(value)
-        return Held(checkpoint_id=info.get("txjoin.checkpoint"), last_batch_id=batch,
-                    frontier_commit_seq=number("txjoin.frontier_commit_seq"),
-                    last_change_xid=number("txjoin.last_change_xid"))
+    def _applied(self, path: str, kind: str, checkpoint_id: str | None) -> int:
+        """Last batch of ``checkpoint_id`` in the table at ``path``; -1 if none."""
+        if not DeltaTable.is_deltatable(path):
+            return -1
+        recorded = DeltaTable(path).transaction_version(self.app_id(kind, checkpoint_id))
+        if recorded is not None:
+            return recorded
+        # Not under this app id: a rebuilt table, or one the delta-rs writer recorded.
+        held = self._held(path, kind)
+        return held.last_batch_id if held is not None and held.checkpoint_id == checkpoint_id \
+            else -1
 
     def held(self) -> Held | None:
         """Lineage of the current table's last txjoin commit (the sink's progress)."""
-        return self._held(self.current_path, self.current_app_id)
+        return self._held(self.current_path, "current")
 
     def last_applied_batch(self) -> int | None:
         """The batch id recorded with the last commit of the current table."""
@@ -143,7 +184,7 @@ class DeltaSink:
     def _check_lineage(self, current_path: str, lineage: Lineage | None) -> None:
         if lineage is None or lineage.checkpoint_id in (None, self._checked):
             return
-        held = self._held(current_path, self.current_app_id)
+        held = self._held(current_path, "current")
         if held is not None and held.checkpoint_id and held.checkpoint_id != lineage.checkpoint_id:
             raise LineageError(
                 f"delta sink {self.where} holds {held.describe()}, not of this run's checkpoint "
@@ -151,46 +192,91 @@ class DeltaSink:
                 "restore the checkpoint the sink was written with")
         self._checked = lineage.checkpoint_id
 
+    def _metadata(self, batch_id: int, lineage: Lineage | None, last_xid: int | None) -> str:
+        metadata: dict[str, Any] = {"txjoin.job": self.job, "txjoin.batch_id": batch_id}
+        if lineage is not None and lineage.checkpoint_id is not None:
+            metadata["txjoin.checkpoint"] = lineage.checkpoint_id
+        if lineage is not None and lineage.frontier_commit_seq is not None:
+            metadata["txjoin.frontier_commit_seq"] = lineage.frontier_commit_seq
+        if last_xid is not None:
+            metadata["txjoin.last_change_xid"] = last_xid
+        return json.dumps(metadata, sort_keys=True)
+
+    def _frame(self, rows: pa.Table) -> DataFrame:
+        return self.spark.createDataFrame(rows, schema=_spark_schema(rows.schema))
+
+    def _create(self, path: str, schema: pa.Schema) -> None:
+        """An empty first commit with the declared types: it holds no rows, so readers
+        still see whole batches."""
+        if DeltaTable.is_deltatable(path):
+            return
+        from delta.tables import DeltaTable as SparkDeltaTable
+
+        (SparkDeltaTable.createIfNotExists(self.spark).location(path)
+         .addColumns(_spark_schema(schema)).execute())
+
+    def _save(self, frame: DataFrame, path: str, mode: str, app_id: str, batch_id: int,
+              metadata: str) -> None:
+        """One commit of ``frame`` to ``path``, recording ``(app_id, batch_id)`` when >= 0."""
+        writer = frame.write.format("delta").mode(mode).option("userMetadata", metadata)
+        if mode == "overwrite":  # a rebuild may follow a change of the job's columns
+            writer = writer.option("overwriteSchema", "true")
+        if batch_id >= 0:
+            writer = writer.option("txnAppId", app_id).option("txnVersion", batch_id)
+        writer.save(path)
+
     def write(self, batch_id: int, changes: pa.Table, lineage: Lineage | None = None) -> bool:
         """Append ``changes`` to the changelog, then merge them into the current table."""
         changes = conform(changes, self.schema, f"delta sink {self.table!r}", batch_id)
         changelog_path, current_path = self._targets()
         self._check_lineage(current_path, lineage)
+        checkpoint = None if lineage is None else lineage.checkpoint_id
         n = changes.num_rows
         last_xid = None if n == 0 else changes.column(XID)[n - 1].as_py()
         if last_xid is None:  # an empty batch keeps the last change's xid
-            before = self._held(current_path, self.current_app_id)
+            before = self._held(current_path, "current")
             last_xid = None if before is None else before.last_change_xid
+        metadata = self._metadata(batch_id, lineage, last_xid)
         wrote = False
-        changelog = self._open(changelog_path, self.schema)
-        if _applied(changelog, self.changelog_app_id) < batch_id:
-            write_deltalake(changelog, changes, mode="append", commit_properties=self._commit(
-                self.changelog_app_id, batch_id, lineage, last_xid))
+        if self._applied(changelog_path, "changelog", checkpoint) < batch_id:
+            self._create(changelog_path, self.schema)
+            self._save(self._frame(changes), changelog_path, "append",
+                       self.app_id("changelog", checkpoint), batch_id, metadata)
             wrote = True
-
-        current = self._open(current_path, current_schema(self.schema))
-        if _applied(current, self.current_app_id) < batch_id:
-            self._merge_current(current, self._commit(self.current_app_id, batch_id, lineage,
-                                                      last_xid),
-                                last_change_per_key(changes, self.key_columns))
+        if self._applied(current_path, "current", checkpoint) < batch_id:
+            self._create(current_path, current_schema(self.schema))
+            self._merge_current(current_path, self.app_id("current", checkpoint), batch_id,
+                                metadata, last_change_per_key(changes, self.key_columns))
             wrote = True
         return wrote
 
-    def _merge_current(self, current: DeltaTable, commit: CommitProperties,
+    def _merge_current(self, path: str, app_id: str, batch_id: int, metadata: str,
                        last: pa.Table) -> None:
         if last.num_rows == 0:
             # Still one commit, so the progress moves with the (empty) batch.
-            write_deltalake(current, last.drop_columns([OP]), mode="append",
-                            commit_properties=commit)
+            self._save(self._frame(last.drop_columns([OP])), path, "append", app_id, batch_id,
+                       metadata)
             return
-        not_delete = f"source.{_quoted(OP)} <> '{OP_DELETE}'"
-        (current.merge(last, _key_predicate(self.key_columns), source_alias="source",
-                       target_alias="target", commit_properties=commit)
-         # Clauses are tried in order: a delete wins over the update.
-         .when_matched_delete(f"source.{_quoted(OP)} = '{OP_DELETE}'")
-         .when_matched_update_all(predicate=not_delete, except_cols=[OP])
-         .when_not_matched_insert_all(predicate=not_delete, except_cols=[OP])
-         .execute())
+        from delta.tables import DeltaTable as SparkDeltaTable
+
+        on = " AND ".join(f"t.{_quoted(c)} = s.{_quoted(c)}" for c in self.key_columns)
+        deleted = f"s.{_quoted(OP)} = '{OP_DELETE}'"
+        merge = (SparkDeltaTable.forPath(self.spark, path).alias("t")
+                 .merge(self._frame(last).alias("s"), on)
+                 # Clauses are tried in order: a delete wins over the update. The
+                 # source's _op column has no target column: `*` leaves it out.
+                 .whenMatchedDelete(deleted)
+                 .whenMatchedUpdateAll()
+                 .whenNotMatchedInsertAll(f"NOT ({deleted})"))
+        conf = self.spark.conf
+        conf.set(_TXN_APP_ID, app_id)
+        conf.set(_TXN_VERSION, str(batch_id))
+        conf.set(_USER_METADATA, metadata)
+        try:
+            merge.execute()
+        finally:
+            for key in (_TXN_APP_ID, _TXN_VERSION, _USER_METADATA):
+                conf.unset(key)
 
     def begin_rebuild(self, checkpoint_id: str) -> None:
         """Write into fresh tables under ``<table>/_rebuild/`` from now on."""
@@ -203,21 +289,18 @@ class DeltaSink:
             return
         shadow_changelog, shadow_current = self._targets()
         # The changelog first: as for batches, the current table is the progress.
-        for path, shadow, app_id, schema in (
-                (self.changelog_path, shadow_changelog, self.changelog_app_id, self.schema),
-                (self.current_path, shadow_current, self.current_app_id,
-                 current_schema(self.schema))):
-            held = self._held(shadow, app_id)
-            # Streamed batch by batch, so the rebuilt table need not fit in memory.
-            rows: Any = (native_dataset(shadow).scanner().to_reader()
-                         if DeltaTable.is_deltatable(shadow) else schema.empty_table())
+        for kind, path, shadow, schema in (
+                ("changelog", self.changelog_path, shadow_changelog, self.schema),
+                ("current", self.current_path, shadow_current, current_schema(self.schema))):
+            held = self._held(shadow, kind)
+            rows = (self.spark.read.format("delta").load(shadow)
+                    if DeltaTable.is_deltatable(shadow) else self._frame(schema.empty_table()))
             batch = -1 if held is None else held.last_batch_id  # -1: nothing applied yet
             lineage = Lineage(self._rebuild_id,
                               None if held is None else held.frontier_commit_seq)
-            write_deltalake(path, rows, mode="overwrite", schema_mode="overwrite",
-                            commit_properties=self._commit(
-                                app_id, batch, lineage,
-                                None if held is None else held.last_change_xid))
+            self._save(rows, path, "overwrite", self.app_id(kind, self._rebuild_id), batch,
+                       self._metadata(batch, lineage,
+                                      None if held is None else held.last_change_xid))
         shutil.rmtree(self.rebuild_root, ignore_errors=True)
         self._rebuild_id, self._checked = None, None
 
@@ -236,99 +319,4 @@ class DeltaSink:
         return sort_rows(rows, [COMMIT_SEQ, *self.key_columns])
 
     def close(self) -> None:
-        """Nothing to release: every call opens the table's latest snapshot."""
-
-
-class DeltaSparkSink:
-    """The same two tables written by delta-spark, for sessions with the Delta extension.
-
-    The writes carry ``txnAppId``/``txnVersion`` (the MERGE via the session's
-    ``spark.databricks.delta.write.txnAppId``/``txnVersion`` confs), and as with
-    ``DeltaSink`` the recorded versions are checked before each table is written.
-    Untested here: delta-spark's jars cannot be resolved offline on our machines.
-    """
-
-    name = "delta"
-
-    def __init__(self, spark: SparkSession, output_dir: str, table: str, job: str,
-                 key_columns: list[str], schema: pa.Schema) -> None:
-        extensions = spark.conf.get("spark.sql.extensions", "") or ""
-        if DELTA_EXTENSION not in extensions:
-            raise ConfigError(f"DeltaSparkSink needs {DELTA_EXTENSION} in spark.sql.extensions; "
-                              "use DeltaSink (delta-rs) instead")
-        check_changes_schema(schema, key_columns, f"delta sink for table {table!r}")
-        self.spark, self.job, self.key_columns = spark, job, list(key_columns)
-        self.where = str(Path(output_dir) / table)
-        self.current_path = str(Path(output_dir) / table / "current")
-        self.changelog_path = str(Path(output_dir) / table / "changelog")
-        self.current_app_id = f"txjoin-{job}-current"
-        self.changelog_app_id = f"txjoin-{job}-changelog"
-
-    def held(self) -> Held | None:
-        """The last batch id only: this writer records no lineage (treated as unrecorded)."""
-        version = self._version(self.current_path, self.current_app_id)
-        return None if version < 0 else Held(None, version, None, None)
-
-    def begin_rebuild(self, checkpoint_id: str) -> None:
-        """Not supported by this writer."""
-        raise ConfigError("--rebuild needs the delta-rs writer; run it without the Delta "
-                          "Spark extension, or delete the Delta tables and the checkpoint")
-
-    def finish_rebuild(self) -> None:
-        """Nothing to swap (see ``begin_rebuild``)."""
-
-    def _version(self, path: str, app_id: str) -> int:
-        # delta-rs reads the app transactions delta-spark recorded: one check for both.
-        return _applied(DeltaTable(path), app_id) if DeltaTable.is_deltatable(path) else -1
-
-    def last_applied_batch(self) -> int | None:
-        """The batch id recorded with the last commit of the current table."""
-        version = self._version(self.current_path, self.current_app_id)
-        return None if version < 0 else version
-
-    def write(self, batch_id: int, changes: pa.Table, lineage: Lineage | None = None) -> bool:
-        """Append to the changelog, then MERGE into the current table; each skipped on replay."""
-        from delta.tables import DeltaTable as SparkDeltaTable
-        from pyspark.sql import functions as F
-        from pyspark.sql.window import Window
-
-        if self._version(self.current_path, self.current_app_id) >= batch_id:
-            return False
-        df = self.spark.createDataFrame(changes)
-        if self._version(self.changelog_path, self.changelog_app_id) < batch_id:
-            (df.write.format("delta").mode("append").option("txnAppId", self.changelog_app_id)
-             .option("txnVersion", batch_id).save(self.changelog_path))
-        order = Window.partitionBy(*self.key_columns).orderBy(F.col(COMMIT_SEQ).desc())
-        last = df.withColumn("_rank", F.row_number().over(order)).where("_rank = 1").drop("_rank")
-        if not DeltaTable.is_deltatable(self.current_path):
-            last.limit(0).drop(OP).write.format("delta").save(self.current_path)
-        self.spark.conf.set("spark.databricks.delta.write.txnAppId", self.current_app_id)
-        self.spark.conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
-        try:
-            on = " AND ".join(f"t.{_quoted(c)} = s.{_quoted(c)}" for c in self.key_columns)
-            columns = [c for c in df.columns if c != OP]
-            values: dict[str, Any] = {_quoted(c): f"s.{_quoted(c)}" for c in columns}
-            (SparkDeltaTable.forPath(self.spark, self.current_path).alias("t")
-             .merge(last.alias("s"), on)
-             .whenMatchedDelete(f"s.{OP} = '{OP_DELETE}'")
-             .whenMatchedUpdate(set=values)
-             .whenNotMatchedInsert(condition=f"s.{OP} <> '{OP_DELETE}'", values=values)
-             .execute())
-        finally:
-            self.spark.conf.unset("spark.databricks.delta.write.txnAppId")
-            self.spark.conf.unset("spark.databricks.delta.write.txnVersion")
-        return True
-
-    def read_current(self) -> list[dict]:
-        """Current rows ordered by key."""
-        rows = self.spark.read.format("delta").load(self.current_path).collect()
-        return sort_rows([r.asDict(recursive=True) for r in rows], self.key_columns)
-
-    def read_changelog(self) -> list[dict]:
-        """Every change ordered by ``_commit_seq`` (then key)."""
-        rows = self.spark.read.format("delta").load(self.changelog_path).collect()
-        return sort_rows([r.asDict(recursive=True) for r in rows],
-                         [COMMIT_SEQ, *self.key_columns])
-
-    def close(self) -> None:
-        """Nothing to release; the Spark session belongs to the caller."""
+        """Nothing to release: the Spark session belongs to the caller."""

@@ -155,20 +155,15 @@ def native_kafka_available(spark: SparkSession) -> bool:
 
 def build_sinks(job: Job, config: RunConfig, spark: SparkSession | None = None,
                 pg_table_suffix: str | None = None) -> list[Sink]:
-    """Delta always (delta-spark when the session has its extension, else delta-rs);
+    """Delta always (written by delta-spark through ``spark``; without it, for reading only);
     PostgreSQL when a DSN is configured (``pg_table_suffix`` keeps several runs, e.g.
     scenarios, apart in one database)."""
-    from txjoin.sinks.delta import DeltaSink, DeltaSparkSink
+    from txjoin.sinks.delta import DeltaSink
 
     schema = output_schema(job)
     keys = list(job.output.key)
-    sinks: list[Sink] = []
-    extensions = spark.conf.get("spark.sql.extensions", "") if spark is not None else ""
-    if spark is not None and "DeltaSparkSessionExtension" in (extensions or ""):
-        sinks.append(DeltaSparkSink(spark, config.output_dir, job.output.table, job.name, keys,
-                                    schema))
-    else:
-        sinks.append(DeltaSink(config.output_dir, job.output.table, job.name, keys, schema))
+    sinks: list[Sink] = [DeltaSink(config.output_dir, job.output.table, job.name, keys, schema,
+                                   spark=spark)]
     if config.postgres_dsn:
         from txjoin.sinks.postgres import PostgresSink
 
