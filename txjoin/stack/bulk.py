@@ -2,9 +2,9 @@
 how fast the stack's Debezium gets it into Kafka.
 
 The writer is one connection that sends many whole transactions per round trip (``BEGIN;
-...; COMMIT; BEGIN; ...`` in one simple-query message): the round trip, not PostgreSQL,
-is what caps :func:`txjoin.stack.generate.generate` at a few hundred transactions a
-second. Each transaction stays a realistic handful of rows (a party seated with its
+...; COMMIT; BEGIN; ...`` in one simple-query message), where
+:func:`txjoin.stack.generate.generate` waits for an answer to every statement. Each
+transaction stays a realistic handful of rows (a party seated with its
 orders in one multi-row INSERT, a burst of changes to several orders in one UPDATE, a
 user with their colours), now and then a loyalty import of a few hundred users by COPY.
 Row ids are reserved from the tables' sequences in blocks beforehand, so a transaction
@@ -69,7 +69,8 @@ class BulkResult:
     """What a bulk run wrote, and how long the stack took to capture it."""
 
     written: GenerateResult
-    """Transactions and row changes committed (``written.seconds``: first to last commit)."""
+    """Transactions and row changes committed (``written.seconds``: from the start of the
+    writes to the last commit)."""
     events_captured: int = 0
     """Data events of the run's transactions read from the table topics (no tombstones)."""
     transactions_captured: int = 0
@@ -512,16 +513,15 @@ def generate_bulk(info: StackInfo, rows: int, seed: int = 0,
     # 1. One connection in autocommit: the scripts carry their own BEGIN/COMMIT.
     conn = connect_source(info.pg_dsn_source)
     conn.autocommit = True
-    with conn.cursor() as cur:
-        # A commit returns without waiting for its WAL write: measured 10-20% more
-        # transactions/s here. The WAL writer flushes within wal_writer_delay and Debezium
-        # reads only flushed WAL, so that delay counts in the capture time, as it should.
-        cur.execute("SET synchronous_commit = off")
     watch: _CaptureWatch | None = None
     written = GenerateResult()
     try:
         with conn.cursor() as cur:
             try:
+                # A commit returns without waiting for its WAL write: measured 10-20% more
+                # transactions/s here. The WAL writer flushes within wal_writer_delay and
+                # Debezium reads only flushed WAL, so that delay counts in the capture time.
+                cur.execute("SET synchronous_commit = off")
                 workload = _BulkWorkload(cur, random.Random(seed))
                 # Every xid assigned from now on is at least this one.
                 cur.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
