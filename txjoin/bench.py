@@ -2,10 +2,11 @@
 
 1. Generate a pizzeria workload of N transactions (mixed sizes, ~5 events
    each) after a snapshot of ``--snapshot-orders`` orders, and synthesize the
-   Debezium records. ``--source kafka`` produces them into a fresh tansu broker
-   (one record per produce batch: tansu's watermark defect); ``--source
-   replay`` writes them as a replay schedule of ``--max-events-per-trigger``
-   records per micro-batch (no broker: the engine measured apart from it).
+   Debezium records. ``--source kafka`` produces them into a fresh Apache Kafka
+   broker and reads them with Spark's own kafka source, ``--max-events-per-trigger``
+   being its ``maxOffsetsPerTrigger``; ``--source replay`` writes them as a replay
+   schedule of ``--max-events-per-trigger`` records per micro-batch (no broker: the
+   engine measured apart from it).
 2. Full pipeline: source -> decode on the executors -> ``--shards`` shards
    (transformWithStateInPandas) -> Delta + PostgreSQL sinks, ``availableNow``.
 3. Ceilings, measured before the pipeline, after a warm-up pass: the source
@@ -77,11 +78,11 @@ class RssSampler:
 
 def produce(bootstrap: str, records: list[tuple[str, str | None, str | None]],
             partitions: list[int] | None = None) -> float:
-    """Write (topic, key, value) records (to ``partitions[i]``, else partition 0) with one
-    record per produce batch (tansu's watermark defect); seconds."""
+    """Write (topic, key, value) records (to ``partitions[i]``, else partition 0) with the
+    producer's normal batching, as Kafka Connect does; seconds."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.size": 1,
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
                          "enable.idempotence": True, "queue.buffering.max.messages": 1_000_000})
     started = time.monotonic()
     for i, (topic, key, value) in enumerate(records):
@@ -160,7 +161,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
     from txjoin.spark.pipeline import Pipeline, RunConfig, build_sinks
     from txjoin.spark.session import get_session
     from txjoin.spark.shards import ROUTED_SCHEMA, make_decoder, shard_labels
-    from txjoin.spark.sources.kafka import read_stream, register_kafka_source
+    from txjoin.spark.sources.kafka import read_stream
     from txjoin.spark.sources.replay import SOURCE_NAME, ReplaySource, write_schedule_dir
     from txjoin.stack.broker import create_topics, start_broker, stop_broker
     from txjoin.stack.postgres import data_root, dsn, start_postgres, stop_postgres
@@ -194,7 +195,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
         tx_topic = f"{synth.prefix}.transaction"
         rows = spread(produced, partitions, tx_topic)
         if source_kind == "kafka":
-            broker = start_broker(free_port(), work / "logs" / "broker.log")
+            broker = start_broker(work / "kafka", free_port(), work / "logs" / "broker.log")
             bootstrap = broker.bootstrap_servers
             create_topics(bootstrap, [tx_topic])
             create_topics(bootstrap, [t for t in topics if t != tx_topic],
@@ -203,10 +204,10 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                                 [row[1] for row in rows])
             result["produce_records_per_s"] = round(len(produced) / produce_s)
             click.echo(f"produced in {produce_s:.1f}s")
-            register_kafka_source(spark)
 
             def source(limit: int | None = max_events) -> DataFrame:
-                return read_stream(spark, bootstrap, topics, tx_topic, "earliest", limit)
+                assert bootstrap is not None
+                return read_stream(spark, bootstrap, topics, "earliest", limit)
         else:
             schedule = str(work / "schedule")
             batches = write_schedule_dir(schedule, replay_schedule(rows, max_events))
@@ -262,7 +263,9 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
         pipeline = Pipeline(spark, job, config, sinks)
         with RssSampler() as rss:
             started = time.monotonic()
-            query = pipeline.start(source(), available_now=True)
+            # kafka: the pipeline's own source (its checks, and the facts the shards need)
+            full = pipeline.kafka_source() if source_kind == "kafka" else source()
+            query = pipeline.start(full, available_now=True)
             query.awaitTermination()
             total_s = time.monotonic() - started
         reports = pipeline.reports
@@ -353,9 +356,10 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
 @click.option("--chart", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="With --peer or --source files:DIR: a PNG chart of the comparison.")
 @click.option("--source", "source_kind", default="kafka", show_default=True,
-              help="kafka: through a tansu broker; replay: the same records without a broker "
-                   "(the engine apart from the broker); files:DIR: archive the workload in DIR "
-                   "(Kafka Connect sink layout) and read it with the file source.")
+              help="kafka: through an Apache Kafka broker and Spark's kafka source; replay: the "
+                   "same records without a broker (the engine apart from the broker); "
+                   "files:DIR: archive the workload in DIR (Kafka Connect sink layout) and read "
+                   "it with the file source.")
 def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, master: str,
           snapshot_orders: int, source_kind: str, shards: int | None, partitions: int,
           keep: bool, peers: tuple[str, ...], chart: Path | None) -> None:

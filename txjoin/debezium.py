@@ -129,10 +129,9 @@ ONE_PARTITION = (
 """Why a transaction topic with several partitions is refused, and what to do."""
 
 UNDECLARED_PARTITIONS = (
-    "the source did not declare this table topic as having several partitions, and txjoin "
-    "reads the snapshot's end and restarted transactions differently for such a topic. "
-    "txjoin's own sources (txjoin_kafka, files, replay) declare it; Spark's built-in kafka "
-    "format cannot: run with --max-events-per-trigger N to use txjoin_kafka")
+    "the source did not declare this partition of the table topic: the topic gained "
+    "partitions while the job ran (txjoin reads the partition counts when the query starts; "
+    "restart the job), or a files/replay source's folders do not name it")
 """Why a record from an undeclared partition is refused, and what to do."""
 
 

@@ -112,7 +112,7 @@ def test_an_unreachable_broker_is_one_line_and_exit_2(tmp_path: Path) -> None:
                   env={"TXJOIN_SPARK_LOG": str(tmp_path / "spark.log")})
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.count("\n") == 1, done.stderr[-2000:]
-    assert done.stderr.startswith("error: txjoin_kafka: cannot reach the Kafka brokers at "
+    assert done.stderr.startswith("error: kafka: cannot reach the Kafka brokers at "
                                   "'127.0.0.1:1'")
     assert "check that the broker runs" in done.stderr
     # The details are in Spark's log, where --verbose would have shown them.

@@ -1,6 +1,6 @@
-"""The whole pipeline through Kafka: tansu broker -> txjoin_kafka source -> core -> sinks.
+"""The whole pipeline through Kafka: Apache Kafka -> Spark's kafka source -> core -> sinks.
 
-Small micro-batches (``maxEventsPerTrigger``) split transactions and let some
+Small micro-batches (``maxOffsetsPerTrigger``) split transactions and let some
 topics run ahead of others; a second query resumes from the checkpoint after
 more records were written.
 """
@@ -22,7 +22,6 @@ from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
 from txjoin.sinks import without_metadata
 from txjoin.spark.pipeline import Pipeline, RunConfig, build_sinks
-from txjoin.spark.sources.kafka import register_kafka_source
 
 pytestmark = pytest.mark.spark
 
@@ -47,7 +46,6 @@ def test_pipeline_over_kafka_in_small_batches_resumes_and_matches_the_oracle(
     create_topics(bootstrap, list(synth.topics))
     produce(bootstrap, [(r.topic, r.key, r.value) for r in records])
 
-    register_kafka_source(spark)
     config = RunConfig(topic_prefix="kshop", bootstrap_servers=bootstrap,
                        max_events_per_trigger=40, checkpoint_dir=str(tmp_path / "ckpt"),
                        output_dir=str(tmp_path / "out"), postgres_dsn=pg_dsn)
@@ -80,13 +78,6 @@ def test_pipeline_over_kafka_in_small_batches_resumes_and_matches_the_oracle(
         once = check_exactly_once(sink.read_changelog(), ["order_id"], current)
         assert once.ok, f"{sink.name}: {once.message}"
         sink.close()
-
-
-def test_without_spark_sql_kafka_the_python_source_is_used(spark: SparkSession) -> None:
-    from txjoin.spark.pipeline import native_kafka_available
-
-    # spark-sql-kafka is not reachable here: the check must say so, not fail.
-    assert native_kafka_available(spark) is False
 
 
 def test_two_source_databases_over_kafka_converge_with_their_own_prefixes(
@@ -125,7 +116,6 @@ def test_two_source_databases_over_kafka_converge_with_their_own_prefixes(
     create_topics(bootstrap, list(synth.topics))
     produce(bootstrap, [(r.topic, r.key, r.value) for r in records])
 
-    register_kafka_source(spark)
     config = RunConfig(topic_prefixes=prefixes, bootstrap_servers=bootstrap,
                        max_events_per_trigger=9, checkpoint_dir=str(tmp_path / "ckpt"),
                        output_dir=str(tmp_path / "out"), postgres_dsn=pg_dsn)

@@ -59,7 +59,7 @@ def test_a_record_from_an_undeclared_partition_is_refused_saying_why_and_what_to
     message = str(exc.value)
     assert "\n" not in message
     assert f"{event.topic} has a record in partition 1 (offset {event.offset})" in message
-    assert "did not declare" in message and "--max-events-per-trigger" in message
+    assert "did not declare" in message and "restart the job" in message
     end = only(records, kind="end")[0]
     with pytest.raises(ConfigError, match="transaction topic must have exactly 1 partition"):
         pipe.engine.process([(end.topic, 1, end.offset, end.value)],

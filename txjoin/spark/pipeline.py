@@ -2,7 +2,7 @@
 
 Shape of the query::
 
-    source (txjoin_kafka | txjoin_replay): topic, partition, offset, key, value
+    source (Spark's kafka | txjoin_replay | txjoin_files): topic, partition, offset, key, value
       -> mapInArrow(decode + route)                    # executors, before the shuffle
       -> groupBy(shard).transformWithStateInPandas(ShardProcessor)   # n shards in parallel
       -> foreachBatch: Delta + PostgreSQL sinks, each one commit per batch
@@ -52,6 +52,7 @@ from txjoin.spark.shards import (
     make_decoder,
     shard_labels,
 )
+from txjoin.spark.sources.kafka import KafkaFacts
 
 DEFAULT_MAX_TRANSACTION_BYTES = 512 << 20
 """A shard buffers an open transaction in memory: one larger than this stops the job."""
@@ -143,16 +144,6 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def native_kafka_available(spark: SparkSession) -> bool:
-    """Whether Spark's own ``kafka`` format (spark-sql-kafka) is on the classpath."""
-    try:
-        spark._jvm.org.apache.spark.util.Utils.classForName(  # type: ignore[union-attr]
-            "org.apache.spark.sql.kafka010.KafkaSourceProvider", True, False)
-        return True
-    except Exception:
-        return False
-
-
 def build_sinks(job: Job, config: RunConfig, spark: SparkSession | None = None,
                 pg_table_suffix: str | None = None) -> list[Sink]:
     """Delta always (written by delta-spark through ``spark``; without it, for reading only);
@@ -226,54 +217,31 @@ class Pipeline:
         self.on_batch = on_batch
         self.reports: list[BatchReport] = []
         self.schema = output_schema(job)
-        self.always_caught_up = False  # set when the native kafka format is the source
+        self.kafka_facts: KafkaFacts | None = None  # set when Spark's kafka source is used
 
     @property
     def checkpoint(self) -> str:
         return str(Path(self.config.checkpoint_dir) / self.job.name)
 
     def kafka_source(self) -> DataFrame:
-        from txjoin.spark.sources.kafka import read_stream
+        """Spark's own ``kafka`` source over the job's topics, after checking them and the
+        checkpoint (``txjoin.spark.sources.kafka``); the shards learn the partition
+        counts and the read limit from :attr:`kafka_facts`."""
+        from txjoin.spark.sources.kafka import KafkaTopics, read_stream
 
         if not self.config.bootstrap_servers:
             raise ConfigError("no bootstrap servers: pass --bootstrap-servers (or set "
                               "TXJOIN_BOOTSTRAP_SERVERS), or start the local stack with "
                               "`txjoin up`")
-        topics = self.job.all_topics(self.prefixes)
         transaction_topics = list(self.job.transaction_topics(self.prefixes).values())
-        if self.config.max_events_per_trigger is None and native_kafka_available(self.spark):
-            return self._native_kafka_source(topics, transaction_topics)
-        return read_stream(self.spark, self.config.bootstrap_servers, topics,
-                           transaction_topic=transaction_topics,
+        topics = KafkaTopics(self.config.bootstrap_servers, self.job.all_topics(self.prefixes),
+                             transaction_topics)
+        counts = topics.partitions()
+        topics.check_checkpoint(Path(self.checkpoint), counts)
+        self.kafka_facts = KafkaFacts(counts, self.config.max_events_per_trigger)
+        return read_stream(self.spark, self.config.bootstrap_servers, topics.topics,
                            starting_offsets=self.config.starting_offsets,
                            max_events=self.config.max_events_per_trigger)
-
-    def _native_kafka_source(self, topics: list[str], transaction_topics: list[str]
-                             ) -> DataFrame:
-        """Spark's own ``kafka`` format, when spark-sql-kafka is on the classpath.
-
-        Only without a per-trigger limit: then every batch reads every topic to the
-        end offsets of its planning, which is what the core's caught-up rule needs
-        and this format cannot report. Not testable here (the jar is unreachable).
-        """
-        from txjoin.spark.sources.kafka import KafkaSourceConfig, KafkaStreamReader
-
-        assert self.config.bootstrap_servers is not None
-        # Same checks as txjoin_kafka: the topics exist, the transaction topic has one
-        # partition, the brokers answer; and table topics have one partition, since this
-        # format cannot declare partitioned ones to the shards.
-        KafkaStreamReader(KafkaSourceConfig(self.config.bootstrap_servers, tuple(topics),
-                                            transaction_topic=tuple(transaction_topics),
-                                            one_partition_tables=True)
-                          ).initialOffset()
-        self.always_caught_up = True
-        return (self.spark.readStream.format("kafka")
-                .option("kafka.bootstrap.servers", self.config.bootstrap_servers)
-                .option("subscribe", ",".join(topics))
-                .option("startingOffsets", self.config.starting_offsets)
-                .option("failOnDataLoss", "true").load()
-                .selectExpr("topic", "partition", "offset", "CAST(key AS STRING) AS key",
-                            "CAST(value AS STRING) AS value", "timestamp"))
 
     def n_shards(self) -> int:
         """``--shards``, else what the checkpoint was started with, else Spark's parallelism."""
@@ -300,7 +268,7 @@ class Pipeline:
         labels = shard_labels(self.spark, n, partitions)
         processor = ShardProcessor(self.job, labels, self.config.policy,
                                    self.prefixes, uuid.uuid4().hex,
-                                   always_caught_up=self.always_caught_up,
+                                   kafka_facts=self.kafka_facts,
                                    max_transaction_bytes=self.config.max_transaction_bytes)
         return (source.mapInArrow(make_decoder(self.job, labels), ROUTED_SCHEMA)
                 .groupBy("shard")

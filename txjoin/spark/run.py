@@ -22,7 +22,6 @@ from txjoin.sinks import Sink
 from txjoin.sinks.lineage import Checkpoint, check_lineage, short
 from txjoin.spark.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
 from txjoin.spark.session import get_session
-from txjoin.spark.sources.kafka import register_kafka_source
 
 
 def print_report(report: BatchReport) -> None:
@@ -94,7 +93,6 @@ def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None]
     """Run the job until stopped (Ctrl-C or ``stop``), or until idle with ``until_idle``."""
     spark = get_session(config.master, app_name=f"txjoin-{job.name}",
                         extra_conf=config.spark_conf)
-    register_kafka_source(spark)
     sinks = build_sinks(job, config, spark)
 
     def report(r: BatchReport) -> None:

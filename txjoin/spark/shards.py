@@ -41,7 +41,8 @@ from txjoin.core.shard import ShardEngine
 from txjoin.core.state_log import ShardLog
 from txjoin.debezium import Position, decode
 from txjoin.job import Job
-from txjoin.spark.sources.kafka import (
+from txjoin.spark.sources.kafka import KafkaFacts
+from txjoin.spark.sources.markers import (
     CAUGHT_UP_OFFSET,
     PARTITION_CAUGHT_UP_OFFSET,
     PARTITIONS_OFFSET,
@@ -99,8 +100,10 @@ def make_decoder(job: Job, labels: Sequence[int]) -> Any:
                     continue
                 item = decode(value, Position(topic, partition, offset))
                 owners, wire, meta = (set(), b"", None) if item is None else router.route(item)
-                if not owners:  # a tombstone, or a table the job does not read: count it
-                    out.emit(all_labels[0], topic, partition, offset, None, True)
+                if not owners:  # a tombstone, or a table the job does not read: every
+                    # shard sees it (so each counts the batch's records), one counts it
+                    for i, label in enumerate(all_labels):
+                        out.emit(label, topic, partition, offset, None, i == 0)
                     continue
                 first = min(owners)
                 for i, label in enumerate(all_labels):
@@ -177,7 +180,7 @@ class ShardProcessor(StatefulProcessor):
 
     def __init__(self, job: Job, labels: Sequence[int], policy: IncompletePolicy,
                  prefix: str | Mapping[str, str], query_token: str,
-                 always_caught_up: bool = False,
+                 kafka_facts: KafkaFacts | None = None,
                  max_transaction_bytes: int | None = None) -> None:
         self.job = job
         self.labels = list(labels)
@@ -185,7 +188,8 @@ class ShardProcessor(StatefulProcessor):
         # topic -> stream name (a table, or a source's transaction stream) for caught-up markers
         self.streams = job.streams(prefix if isinstance(prefix, str) else dict(prefix))
         self.query_token = query_token
-        self.always_caught_up = always_caught_up
+        # Spark's kafka source sends no marker rows: what they would say comes from here.
+        self.kafka_facts = kafka_facts
         self.max_transaction_bytes = max_transaction_bytes
 
     def init(self, handle: StatefulProcessorHandle) -> None:
@@ -215,7 +219,10 @@ class ShardProcessor(StatefulProcessor):
             return
         frame = pd.concat(frames, ignore_index=True)
         markers = frame["offset"] < 0
-        caught, partitions = self._markers(frame.loc[markers])
+        if self.kafka_facts is None:
+            caught, partitions = self._markers(frame.loc[markers])
+        else:
+            caught, partitions = self._kafka_facts(self.kafka_facts, int((~markers).sum()))
         wires = [w for w in frame.loc[~markers, "wire"] if w is not None]
         cache: OrderedDict[tuple[str, int], ShardEngine] = importlib.import_module(
             __name__)._CACHE
@@ -243,7 +250,7 @@ class ShardProcessor(StatefulProcessor):
     def _markers(self, markers: pd.DataFrame) -> tuple[set[str], TopicPartitions | None]:
         """What the source's marker rows say: the streams read to their end, and the
         topics with several partitions (counts, partitions read to their end)."""
-        caught: set[str] = set(self.streams.values()) if self.always_caught_up else set()
+        caught: set[str] = set()
         counts: dict[str, int] = {}
         parts: dict[str, set[int]] = {}
         for topic, partition, offset in zip(markers["topic"], markers["partition"],
@@ -260,6 +267,20 @@ class ShardProcessor(StatefulProcessor):
         if not counts:
             return caught, None
         return caught, TopicPartitions(counts, {t: frozenset(p) for t, p in parts.items()})
+
+    def _kafka_facts(self, facts: KafkaFacts, records: int
+                     ) -> tuple[set[str], TopicPartitions | None]:
+        """The same, for Spark's kafka source: every shard sees every record of the batch
+        once, so ``records`` is the batch's size, which tells whether the read limit cut
+        it short (``KafkaFacts.caught_up``)."""
+        caught_up = facts.caught_up(records)
+        caught = {s for t, s in self.streams.items() if t in facts.partitions} \
+            if caught_up else set()
+        several = {self.streams[t]: n for t, n in facts.several().items() if t in self.streams}
+        if not several:
+            return caught, None
+        parts = {s: frozenset(range(n)) for s, n in several.items()} if caught_up else {}
+        return caught, TopicPartitions(several, parts)
 
     def close(self) -> None:
         pass

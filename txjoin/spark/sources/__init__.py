@@ -1,5 +1,3 @@
-"""Spark streaming sources: Kafka (Debezium topics) through the Python Data Source API."""
-
-from txjoin.spark.sources.kafka import KafkaSource, read_stream, register_kafka_source
-
-__all__ = ["KafkaSource", "read_stream", "register_kafka_source"]
+"""Streaming sources: Spark's own kafka source (``kafka``), and txjoin's Python sources for
+scenario replays (``replay``) and archived Kafka Connect sink files (``files``), whose rows
+and markers are defined in ``markers``."""

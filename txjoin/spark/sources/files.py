@@ -7,9 +7,9 @@ partitioner, and what ``txjoin export`` writes)::
 
 one record value per line, ``null`` for a tombstone; the i-th line (from 0) of a
 file is the record at offset ``start + i``. The rows have exactly the schema of
-``txjoin_kafka`` (``SCHEMA_DDL``; ``key`` and ``timestamp`` are null: the sink
-does not store them) and the same caught-up marker rows, so everything after the
-source is the Kafka code path.
+``markers.SCHEMA_DDL`` (``key`` and ``timestamp`` are null: the sink does not store
+them) with caught-up marker rows, so everything after the source is the Kafka code
+path.
 
 Offsets are Kafka's: ``{topic: {"<partition>": next offset}}`` plus
 ``__caught_up__``, checkpointed by Spark. Each ``latestOffset`` lists the
@@ -17,7 +17,7 @@ directory again, so files that appear while the job runs are read by the next
 micro-batch; a partition whose last file has been read counts as read to its end
 (the caught-up rule: "no newer file" plays the broker's high watermark). A table
 topic with several ``partition=<p>`` folders is declared partitioned in every
-batch, as ``txjoin_kafka`` does; its folders must all exist from the start
+batch; its folders must all exist from the start
 (the snapshot's end is read from every partition that the batch knows).
 
 Files must appear complete (S3 objects do; on a local disk write them under
@@ -48,7 +48,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from txjoin.errors import ConfigError, DecodeError, OrderingError
-from txjoin.spark.sources.kafka import (
+from txjoin.spark.sources.markers import (
     ARROW_SCHEMA,
     RESERVED,
     SCHEMA_DDL,
@@ -401,7 +401,7 @@ class FileSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        """Same rows as ``txjoin_kafka``; ``key`` and ``timestamp`` are always null."""
+        """``markers.SCHEMA_DDL`` rows; ``key`` and ``timestamp`` are always null."""
         return SCHEMA_DDL
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:

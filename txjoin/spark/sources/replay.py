@@ -6,13 +6,14 @@ batch reads to their end (``caught_up``). The offset in the checkpoint is
 ``{"batch": n}``: the number of schedule batches consumed. Each micro-batch
 delivers exactly one schedule batch, so the harness can read the sinks after
 every one of them; ``until`` stops an ``availableNow`` run at a restart point.
-The rows have the same schema as ``txjoin_kafka`` (caught-up topics as marker
+The rows have the schema of ``markers.SCHEMA_DDL`` (caught-up topics as marker
 rows with offset -1; in every batch the topics with records in a partition > 0,
 with their partition count, as marker rows with offset -2; and the schedule's
 ``caught_up_partitions`` of those topics as rows with offset -3), so everything
-after the source is the same code path.
+after the source is the same code path as for Spark's kafka source (whose facts come
+from ``kafka.KafkaFacts`` instead of marker rows).
 
-Like ``txjoin_kafka``, the source checks the checkpoint's offset on start and on
+Like the kafka path, the source checks the checkpoint's offset on start and on
 every batch: the offset also records a digest of the schedule, and a checkpoint
 of another schedule, or one beyond the schedule's end, stops the query with a
 ``CheckpointError``.
@@ -31,7 +32,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 from txjoin.errors import CheckpointError
-from txjoin.spark.sources.kafka import ARROW_SCHEMA, RECOVER, SCHEMA_DDL, caught_up_batch
+from txjoin.spark.sources.markers import ARROW_SCHEMA, RECOVER, SCHEMA_DDL, caught_up_batch
 
 SOURCE_NAME = "txjoin_replay"
 
