@@ -317,6 +317,36 @@ def replay(files: tuple[Path, ...], as_json: bool, postgres_dsn: str | None,
     sys.exit(1 if failed else 0)
 
 
+@main.group()
+def job() -> None:
+    """Write and inspect job files."""
+
+
+@job.command("init")
+@click.option("--dsn", required=True, envvar=_env("SOURCE_DSN"), show_envvar=True,
+              help="The source database (libpq DSN) whose catalog describes the tables.")
+@click.option("--tables", required=True, metavar="A,B,C",
+              help="Comma-separated tables to capture (schema.table; bare names use the "
+                   "search_path).")
+@click.option("--fact", default=None,
+              help="The driving table (default: the one whose foreign keys reach most others).")
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the job file here (refuses to overwrite); default: print it.")
+def job_init(dsn: str, tables: str, fact: str | None, out: Path | None) -> None:
+    """Write a job file from the catalog: tables, keys, lookups from foreign keys, an output."""
+    from txjoin.catalog import init_job
+
+    if out is not None and out.exists():
+        raise ConfigError(f"{out} exists; choose another --out or remove it")
+    text = init_job(dsn, [t.strip() for t in tables.split(",") if t.strip()], fact)
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        out.write_text(text)
+        click.echo(f"wrote {out}: edit its Output as you need, then txjoin run {out}",
+                   err=True)
+
+
 def _register_commands() -> None:
     """Commands that live next to what they drive: bench, the local stack, verify, demo."""
     from txjoin.bench import bench

@@ -24,9 +24,11 @@ import base64
 import binascii
 import datetime as dt
 import importlib.util
+import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
@@ -47,7 +49,12 @@ _DECIMAL = re.compile(r"^(?:numeric|decimal)\((\d+),\s*(\d+)\)$")
 # JSON already yields these Python types for these SQL types.
 _FAST: dict[str, type] = {"int": int, "bigint": int, "smallint": int, "text": str, "bool": bool,
                           "double": float}
-_SCALARS = {"int", "bigint", "smallint", "text", "bool", "double", "timestamp", "timestamptz"}
+_SCALARS = {"int", "bigint", "smallint", "text", "bool", "double", "timestamp", "timestamptz",
+            "date", "time", "timetz", "interval", "uuid", "json", "jsonb", "bytea", "real",
+            "money", "numeric"}
+# Types with a precision (fractional digits of seconds, 0..6) or a length (ignored).
+_PRECISION = re.compile(r"^(timestamp|timestamptz|time|timetz)\(([0-6])\)$")
+_LENGTH = re.compile(r"^(?:varchar|char)(?:\(\d+\))?$")
 
 DEFAULT_SOURCE = "default"
 """The name of the one implicit source of a job that declares no sources."""
@@ -59,13 +66,39 @@ DEFAULT_DECIMAL_HANDLING_MODE = "string"
 """What ``config/debezium-postgres.properties`` sets (a unit test keeps them equal)."""
 
 
+def column_kind(sql_type: str) -> tuple[str, int | None]:
+    """A scalar column type as (kind, parameter), e.g. ``timestamp(3)`` -> ("timestamp", 3).
+
+    Kinds are the types of ``_SCALARS`` (``varchar(n)``/``char(n)`` are ``text``,
+    ``jsonb`` is ``json``) and ``decimal``, whose parameter is the scale. A time
+    or timestamp without a precision has PostgreSQL's default, 6.
+    """
+    if sql_type in _SCALARS:
+        if sql_type in ("timestamp", "timestamptz", "time", "timetz"):
+            return sql_type, 6
+        return ("json" if sql_type == "jsonb" else sql_type), None
+    if _LENGTH.match(sql_type):
+        return "text", None
+    precise = _PRECISION.match(sql_type)
+    if precise:
+        return precise.group(1), int(precise.group(2))
+    decimal = _DECIMAL.match(sql_type)
+    if decimal:
+        return "decimal", int(decimal.group(2))
+    raise ValueError(sql_type)
+
+
 def _check_type(sql_type: str, where: str) -> None:
     base = sql_type[:-2] if sql_type.endswith("[]") else sql_type
-    if base not in _SCALARS and not _DECIMAL.match(base):
+    try:
+        column_kind(base)
+    except ValueError:
         raise JobError(
-            f"{where}: unknown column type {sql_type!r}; use one of "
-            f"{sorted(_SCALARS)}, numeric(p,s), or any of them followed by []"
-        )
+            f"{where}: unknown column type {sql_type!r}; use one of {sorted(_SCALARS)}, "
+            f"numeric(p,s), varchar(n), char(n), timestamp(p), timestamptz(p), time(p), "
+            f"timetz(p), or any of them followed by []; declare an enum as text and a domain "
+            f"as its base type"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -178,7 +211,8 @@ def convert_value(value: Any, sql_type: str, *, where: str = "",
     base64 unscaled bytes at the declared scale, ``double`` reads JSON numbers.
     Debezium's variable-scale ``{"scale", "value"}`` form is read in every mode.
     Times follow the default ``time.precision.mode=adaptive`` (``timestamp`` =
-    microseconds since the epoch); ISO strings are accepted too.
+    microseconds since the epoch, ``timestamp(0..3)`` milliseconds); ISO strings
+    are accepted too. One reader per type (``_READERS``).
     """
     if value is None or value == UNAVAILABLE:
         return value
@@ -190,38 +224,189 @@ def convert_value(value: Any, sql_type: str, *, where: str = "",
                                    f"{value!r}", _TYPE_HINT)
         return [convert_value(v, sql_type[:-2], where=where,
                               decimal_handling_mode=decimal_handling_mode) for v in value]
-    decimal = _DECIMAL.match(sql_type)
     try:
-        if sql_type in ("int", "bigint", "smallint"):
-            if isinstance(value, bool) or not isinstance(value, int | str):
-                raise ValueError
-            return int(value)
-        if sql_type == "text":
-            if isinstance(value, dict | list):
-                raise ValueError
-            return str(value)
-        if sql_type == "bool":
-            if not isinstance(value, bool):
-                raise ValueError
-            return value
-        if sql_type == "double":
-            if isinstance(value, bool) or not isinstance(value, int | float | str):
-                raise ValueError
-            return float(value)
-        if sql_type in ("timestamp", "timestamptz"):
-            if isinstance(value, int) and not isinstance(value, bool):
-                return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=value)
-            if not isinstance(value, str):
-                raise ValueError
-            parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-            return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
-        if decimal is not None:
-            return _decimal(value, int(decimal.group(2)),
-                            decimal_handling_mode or DEFAULT_DECIMAL_HANDLING_MODE)
-    except (ValueError, TypeError, ArithmeticError, binascii.Error) as exc:
-        hint = _TYPE_HINT if decimal is None else _decimal_hint(value, decimal_handling_mode)
+        kind, param = column_kind(sql_type)
+    except ValueError:
+        raise JobError(f"{where}: unsupported type {sql_type}") from None
+    try:
+        return _READERS[kind](value, param,
+                              decimal_handling_mode or DEFAULT_DECIMAL_HANDLING_MODE)
+    except (ValueError, TypeError, ArithmeticError, OverflowError, binascii.Error) as exc:
+        decimal = kind in ("decimal", "money", "numeric")
+        hint = _decimal_hint(value, decimal_handling_mode) if decimal else _TYPE_HINT
         raise ColumnValueError(f"{where}: cannot read {value!r} as {sql_type}", hint) from exc
-    raise JobError(f"{where}: unsupported type {sql_type}")
+
+
+# -- one reader per kind: (JSON value as Debezium writes it, parameter, decimal mode) -> value.
+# Each also takes the readable form a scenario file or a hand-written record holds (ISO text).
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_EPOCH_DAY = dt.date(1970, 1, 1)
+# Debezium's MicroDuration counts a month as 365.25 / 12 days (PostgresValueConverter).
+_DAYS_PER_MONTH = 365.25 / 12
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _read_int(value: Any, _p: int | None, _m: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError
+    return int(value)
+
+
+def _read_text(value: Any, _p: int | None, _m: str) -> str:
+    if isinstance(value, dict | list):
+        raise ValueError
+    return str(value)
+
+
+def _read_bool(value: Any, _p: int | None, _m: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError
+    return value
+
+
+def _read_float(value: Any, _p: int | None, _m: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError
+    return float(value)
+
+
+def _read_timestamp(value: Any, precision: int | None, _m: str) -> dt.datetime:
+    """``timestamp(0..3)``: Debezium's epoch milliseconds; (4..6): epoch microseconds.
+
+    ``timestamptz`` arrives as ISO text (``ZonedTimestamp``); either reads as an
+    aware UTC datetime.
+    """
+    if _is_int(value):
+        millis = precision is not None and precision <= 3
+        return _EPOCH + dt.timedelta(**{"milliseconds" if millis else "microseconds": value})
+    if isinstance(value, dt.datetime):
+        parsed = value
+    elif isinstance(value, str):
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    else:
+        raise ValueError
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def _read_date(value: Any, _p: int | None, _m: str) -> dt.date:
+    """``date``: Debezium's days since the epoch (``io.debezium.time.Date``)."""
+    if _is_int(value):
+        return _EPOCH_DAY + dt.timedelta(days=value)
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        return value
+    if isinstance(value, str):
+        return dt.date.fromisoformat(value)
+    raise ValueError
+
+
+def _read_time(value: Any, precision: int | None, _m: str) -> dt.time:
+    """``time(0..3)``: milliseconds since midnight (``Time``); (4..6): microseconds."""
+    if _is_int(value):
+        micros = value * 1000 if precision is not None and precision <= 3 else value
+        if not 0 <= micros < 86_400_000_000:
+            raise ValueError("24:00:00 or beyond has no Python time")
+        return (dt.datetime.min + dt.timedelta(microseconds=micros)).time()
+    if isinstance(value, dt.time):
+        return value.replace(tzinfo=None)
+    if isinstance(value, str):
+        return dt.time.fromisoformat(value)
+    raise ValueError
+
+
+def _read_timetz(value: Any, _p: int | None, _m: str) -> dt.time:
+    """``timetz``: ISO text in UTC (``ZonedTime``); reads as a time with tzinfo UTC."""
+    if isinstance(value, str):
+        value = dt.time.fromisoformat(value.replace("Z", "+00:00"))
+    if not isinstance(value, dt.time):
+        raise ValueError
+    if value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    moment = dt.datetime.combine(dt.date(2000, 1, 3), value).astimezone(dt.UTC)
+    return moment.timetz()
+
+
+_ISO_DURATION = re.compile(
+    r"(-)?P(?:(-?\d+)Y)?(?:(-?\d+)M)?(?:(-?\d+)W)?(?:(-?\d+)D)?"
+    r"(?:T(?:(-?\d+)H)?(?:(-?\d+)M)?(?:(-?\d+(?:\.\d+)?)S)?)?")
+
+
+def _read_interval(value: Any, _p: int | None, _m: str) -> dt.timedelta:
+    """``interval``: microseconds (``interval.handling.mode=numeric``, ``MicroDuration``)
+    or ISO 8601 text (``string``); a month counts 365.25/12 days, as Debezium counts it."""
+    if _is_int(value):
+        return dt.timedelta(microseconds=value)
+    if isinstance(value, dt.timedelta):
+        return value
+    m = _ISO_DURATION.fullmatch(value) if isinstance(value, str) else None
+    if m is None or value in ("P", "-P") or value.endswith("T"):
+        raise ValueError
+    years, months, weeks, days, hours, minutes = (int(g or 0) for g in m.groups()[1:7])
+    seconds = Decimal(m.group(8) or 0)
+    total = dt.timedelta(days=(years * 12 + months) * _DAYS_PER_MONTH + weeks * 7 + days,
+                         hours=hours, minutes=minutes,
+                         microseconds=int(seconds * 1_000_000))
+    return -total if m.group(1) else total
+
+
+def _read_uuid(value: Any, _p: int | None, _m: str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    if not isinstance(value, str):
+        raise ValueError
+    return uuid.UUID(value)
+
+
+def _read_json(value: Any, _p: int | None, _m: str) -> str:
+    """``json``/``jsonb``: the document's text, as Debezium sends it (``io.debezium.data.Json``)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict | list):  # written as YAML/JSON in a scenario file
+        return json.dumps(value, separators=(", ", ": "))
+    raise ValueError
+
+
+def _read_bytes(value: Any, _p: int | None, _m: str) -> bytes:
+    """``bytea``: base64 text (``binary.handling.mode=bytes`` through the JSON converter)."""
+    if isinstance(value, bytes):
+        return value
+    if not isinstance(value, str):
+        raise ValueError
+    return base64.b64decode(value, validate=True)
+
+
+def _read_decimal(value: Any, scale: int | None, mode: str) -> Decimal:
+    return _decimal(value, scale or 0, mode)
+
+
+def _read_money(value: Any, _p: int | None, mode: str) -> Decimal:
+    """``money``: a decimal at scale 2 (the connector's ``money.fraction.digits``)."""
+    return _decimal(value, 2, mode)
+
+
+def _read_numeric(value: Any, _p: int | None, mode: str) -> Decimal:
+    """``numeric`` without a scale (``VariableScaleDecimal``): each value has its own scale."""
+    if isinstance(value, dict) or mode == "precise":
+        return _decimal(value, 0, mode)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return Decimal(repr(value))
+    if not isinstance(value, str) or not _LITERAL.fullmatch(value):
+        raise ValueError("not a decimal literal")
+    return Decimal(value)
+
+
+_Reader = Callable[[Any, "int | None", str], Any]
+_READERS: dict[str, _Reader] = {
+    "int": _read_int, "bigint": _read_int, "smallint": _read_int, "text": _read_text,
+    "bool": _read_bool, "double": _read_float, "real": _read_float,
+    "timestamp": _read_timestamp, "timestamptz": _read_timestamp, "date": _read_date,
+    "time": _read_time, "timetz": _read_timetz, "interval": _read_interval,
+    "uuid": _read_uuid, "json": _read_json, "bytea": _read_bytes, "decimal": _read_decimal,
+    "money": _read_money, "numeric": _read_numeric,
+}
 
 
 class ColumnValueError(JobError):

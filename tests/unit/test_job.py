@@ -130,8 +130,8 @@ INVALID: dict[str, tuple[Callable[[], Job], list[str]]] = {
         ["semantics 'eventually'", "as_of_fact", "current"]),
     "an unknown column type": (
         lambda: make_job(tables=[*TABLES[:-1], Table("public.favourites", {
-            "id": "int", "client_id": "int", "pizza_id": "uuid"})]),
-        ["public.favourites.pizza_id", "unknown column type 'uuid'"]),
+            "id": "int", "client_id": "int", "pizza_id": "geometry"})]),
+        ["public.favourites.pizza_id", "unknown column type 'geometry'"]),
     "an undeclared fact table": (
         lambda: make_job(fact="public.order"), ["fact table 'public.order'"]),
     "a default for an undeclared column": (

@@ -1,7 +1,8 @@
 """The output table's shape, and output changes as JSON (for transport) and Arrow (for sinks).
 
-Column types follow the source columns they project: ints -> int64, text ->
-string, numeric(p,s) -> decimal128(p,s), timestamp -> timestamp[us, UTC],
+Column types follow the source columns they project (``_ARROW``): ints -> int64,
+text -> string, numeric(p,s) -> decimal128(p,s), timestamp -> timestamp[us, UTC],
+date -> date32, time -> time64[us], interval -> duration[us], bytea -> binary,
 arrays -> lists, a ``Collect`` -> list<struct<...>>. Metadata columns are
 ``_op``, ``_commit_seq``, ``_xid``, ``_commit_ts``, and for a job that declares
 sources (``Job.sources``) also ``_source``: the source of the transaction that
@@ -10,39 +11,83 @@ produced the change (null for the initial snapshot, applied as commit 0).
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 
 from txjoin.core.join import OutputChange
-from txjoin.job import _DECIMAL, Collect, Job
+from txjoin.job import _DECIMAL, Collect, Job, column_kind
 
 META = [("_op", pa.string()), ("_commit_seq", pa.int64()), ("_xid", pa.int64()),
         ("_commit_ts", pa.timestamp("us", tz="UTC"))]
 SOURCE_COLUMN = "_source"
 
 
+_ARROW: dict[str, pa.DataType] = {
+    "int": pa.int64(), "bigint": pa.int64(), "smallint": pa.int64(), "text": pa.string(),
+    "bool": pa.bool_(), "double": pa.float64(), "real": pa.float32(),
+    "timestamp": pa.timestamp("us", tz="UTC"), "timestamptz": pa.timestamp("us", tz="UTC"),
+    "date": pa.date32(), "time": pa.time64("us"), "timetz": pa.time64("us"),
+    "interval": pa.duration("us"), "uuid": pa.string(), "json": pa.string(),
+    "bytea": pa.binary(), "money": pa.decimal128(19, 2), "numeric": pa.string(),
+}
+"""Arrow type per column kind. ``timetz`` is held in UTC (Arrow times have no zone);
+``uuid`` and ``numeric`` without a scale (no fixed Arrow decimal holds every value) as text."""
+
+
 def arrow_type(sql_type: str) -> pa.DataType:
     if sql_type.endswith("[]"):
         return pa.list_(arrow_type(sql_type[:-2]))
-    if sql_type in ("int", "bigint", "smallint"):
-        return pa.int64()
-    if sql_type == "text":
-        return pa.string()
-    if sql_type == "bool":
-        return pa.bool_()
-    if sql_type == "double":
-        return pa.float64()
-    if sql_type in ("timestamp", "timestamptz"):
-        return pa.timestamp("us", tz="UTC")
-    m = _DECIMAL.match(sql_type)
-    if m:
-        return pa.decimal128(int(m.group(1)), int(m.group(2)))
-    raise ValueError(sql_type)
+    kind, scale = column_kind(sql_type)
+    if kind == "decimal":
+        return pa.decimal128(int(_DECIMAL.match(sql_type).group(1)), scale)  # type: ignore[union-attr]
+    return _ARROW[kind]
+
+
+def _arrow_value(sql_type: str) -> Callable[[Any], Any] | None:
+    """How a Python value of ``sql_type`` becomes what its Arrow type takes (None: as is)."""
+    if sql_type.endswith("[]"):
+        inner = _arrow_value(sql_type[:-2])
+        return None if inner is None else (
+            lambda v: None if v is None else [inner(x) for x in v])
+    kind, _ = column_kind(sql_type)
+    if kind in ("uuid", "numeric"):
+        return lambda v: None if v is None else str(v)
+    if kind == "timetz":  # already in UTC
+        return lambda v: None if v is None else v.replace(tzinfo=None)
+    return None
+
+
+def _collected(fields: dict[str, Callable[[Any], Any]]) -> Callable[[Any], Any]:
+    def convert(items: list[dict[str, Any]] | None) -> list[dict[str, Any] | None] | None:
+        if items is None:
+            return None
+        return [None if item is None else
+                {f: (fields[f](v) if f in fields else v) for f, v in item.items()}
+                for item in items]
+    return convert
+
+
+def _arrow_values(job: Job) -> dict[str, Callable[[Any], Any]]:
+    """Output column -> conversion, for the columns that need one."""
+    out: dict[str, Callable[[Any], Any]] = {}
+    for name, proj in [*job.output.key.items(), *job.output.columns.items()]:
+        if isinstance(proj, Collect):
+            fields = {f: c for f, ref in proj.fields.items()
+                      if (c := _arrow_value(job.column_type(ref))) is not None}
+            if fields:
+                out[name] = _collected(fields)
+        else:
+            convert = _arrow_value(job.column_type(proj))
+            if convert is not None:
+                out[name] = convert
+    return out
 
 
 def output_schema(job: Job) -> pa.Schema:
@@ -65,6 +110,16 @@ def _plain(value: Any) -> Any:
         return {"$dec": str(value)}
     if isinstance(value, dt.datetime):
         return {"$ts": value.isoformat()}
+    if isinstance(value, dt.date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, dt.time):
+        return {"$time": value.isoformat()}
+    if isinstance(value, dt.timedelta):
+        return {"$us": value // dt.timedelta(microseconds=1)}
+    if isinstance(value, bytes):
+        return {"$b64": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, uuid.UUID):
+        return {"$uuid": str(value)}
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
@@ -72,12 +127,19 @@ def _plain(value: Any) -> Any:
     return value
 
 
+_TYPED: dict[str, Callable[[Any], Any]] = {
+    "$dec": Decimal, "$ts": dt.datetime.fromisoformat, "$date": dt.date.fromisoformat,
+    "$time": dt.time.fromisoformat, "$us": lambda us: dt.timedelta(microseconds=us),
+    "$b64": base64.b64decode, "$uuid": uuid.UUID,
+}
+
+
 def _typed(value: Any) -> Any:
     if isinstance(value, dict):
-        if "$dec" in value and len(value) == 1:
-            return Decimal(value["$dec"])
-        if "$ts" in value and len(value) == 1:
-            return dt.datetime.fromisoformat(value["$ts"])
+        if len(value) == 1:
+            (tag, inner), = value.items()
+            if tag in _TYPED:
+                return _TYPED[tag](inner)
         return {k: _typed(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_typed(v) for v in value]
@@ -85,7 +147,7 @@ def _typed(value: Any) -> Any:
 
 
 def row_to_json(row: dict[str, Any] | None) -> str | None:
-    """An output row as JSON that round-trips Decimal and datetime exactly."""
+    """An output row as JSON that round-trips every column type's Python value exactly."""
     return None if row is None else json.dumps(_plain(row), separators=(",", ":"))
 
 
@@ -105,11 +167,15 @@ def changes_to_table(job: Job, changes: Iterable[OutputChange],
     """Output changes as the Arrow table the sinks take (rows in the given order)."""
     schema = output_schema(job)
     with_source = bool(job.sources)
+    convert = _arrow_values(job)
     changes = list(changes)
     records = []
     for n, ch in enumerate(changes):
         row = rows[n] if rows is not None else ch.row
         record = dict(row) if row is not None else key_row(job, ch.key)
+        for name, to_arrow in convert.items():
+            if name in record:
+                record[name] = to_arrow(record[name])
         record["_op"] = ch.op
         record["_commit_seq"] = ch.commit_seq
         record["_xid"] = ch.xid

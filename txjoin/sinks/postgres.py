@@ -33,7 +33,7 @@ import re
 import sys
 import time as time_module
 from collections.abc import Callable
-from datetime import date, datetime, time
+from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from functools import partial
 from typing import Any
@@ -111,6 +111,8 @@ def pg_type(t: pa.DataType, column: str = "?") -> str:
         return "date"
     if pa.types.is_time(t):
         return "time"
+    if pa.types.is_duration(t):
+        return "interval"
     raise ConfigError(f"postgres sink: column {column!r} has type {t}, which has no "
                       "PostgreSQL mapping; cast it in the job's output")
 
@@ -132,6 +134,8 @@ def _scalar_json(value: Any) -> str:
         return json.dumps(value.isoformat())
     if isinstance(value, bytes):
         return json.dumps(base64.b64encode(value).decode("ascii"))
+    if isinstance(value, timedelta):  # microseconds, exact (as Debezium's MicroDuration)
+        return str(value // timedelta(microseconds=1))
     return json.dumps(value)
 
 
@@ -200,6 +204,8 @@ def _from_pg(value: Any, t: pa.DataType) -> Any:
         return time.fromisoformat(value)
     if (pa.types.is_binary(t) or pa.types.is_large_binary(t)) and isinstance(value, str):
         return base64.b64decode(value)
+    if pa.types.is_duration(t) and isinstance(value, int):
+        return timedelta(microseconds=value)
     if isinstance(value, memoryview):
         return value.tobytes()
     return value
@@ -238,6 +244,8 @@ def _copy_value(t: pa.DataType) -> Callable[[Any], Any] | None:
         return lambda v: None if v is None else encode(v)
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
         return lambda v: None if v is None else "\\x" + bytes(v).hex()
+    if pa.types.is_duration(t):
+        return lambda v: None if v is None else f"{v // timedelta(microseconds=1)} microseconds"
     return None
 
 
