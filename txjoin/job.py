@@ -389,7 +389,9 @@ def _read_money(value: Any, _p: int | None, mode: str) -> Decimal:
 
 def _read_numeric(value: Any, _p: int | None, mode: str) -> Decimal:
     """``numeric`` without a scale (``VariableScaleDecimal``): each value has its own scale."""
-    if isinstance(value, dict) or mode == "precise":
+    if isinstance(value, Decimal):
+        return value
+    if isinstance(value, dict):  # VariableScaleDecimal's {scale, value} (precise mode)
         return _decimal(value, 0, mode)
     if isinstance(value, int | float) and not isinstance(value, bool):
         return Decimal(repr(value))
@@ -434,6 +436,8 @@ def _decimal(value: Any, scale: int, mode: str) -> Decimal:
     if isinstance(value, bool):
         raise ValueError("a boolean")
     exponent = Decimal(1).scaleb(-scale)
+    if isinstance(value, Decimal):  # already read (a value written by hand)
+        return _exact(value, exponent)
     if isinstance(value, int | float):  # double mode (or a JSON number in any mode)
         number = Decimal(repr(value))
         if mode in ("double", _SCHEMA_MODE):  # with a schema, a number is a double

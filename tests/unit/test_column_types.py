@@ -1,0 +1,178 @@
+"""Every PostgreSQL column type txjoin declares, as Debezium's connector writes it, reads back.
+
+The encoders below follow Debezium's documented PostgreSQL mapping with the
+connector's defaults (``time.precision.mode=adaptive``,
+``decimal.handling.mode=string`` as txjoin ships it, ``binary.handling.mode=bytes``
+= base64 through the JSON converter, ``interval.handling.mode=numeric``), written
+from the documentation, not from txjoin's readers. Invariants: a value encoded as
+Debezium encodes it decodes to the original Python value; that value survives
+txjoin's JSON transport between stages and goes into its Arrow column; a value
+that does not fit is one line naming ``table.column`` and ``topic[partition]@offset``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from txjoin.core.engine import Engine
+from txjoin.core.join import OutputChange
+from txjoin.core.output import arrow_type, changes_to_table, row_from_json, row_to_json
+from txjoin.errors import TxjoinError
+from txjoin.job import Job, Output, Table, convert_value
+
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+UTC_TIMES = st.datetimes(min_value=dt.datetime(1, 1, 2), max_value=dt.datetime(9999, 12, 30),
+                         timezones=st.just(dt.UTC))
+
+
+def _micros(delta: dt.timedelta) -> int:
+    return delta // dt.timedelta(microseconds=1)
+
+
+def _at_precision(value: dt.datetime | dt.time, precision: int) -> Any:
+    step = 10 ** (6 - precision)
+    return value.replace(microsecond=value.microsecond // step * step)
+
+
+def _float32_text(value: float) -> float:
+    # Jackson writes a Java float with Float.toString: the shortest text that reads back
+    # as that float32; PostgreSQL's own text for a real is the same digits.
+    return float(np.format_float_positional(np.float32(value), unique=True, trim="-"))
+
+
+def _timestamp_case(precision: int) -> tuple[st.SearchStrategy[Any], Callable[[Any], Any]]:
+    millis = precision <= 3  # io.debezium.time.Timestamp, else MicroTimestamp
+    return (UTC_TIMES.map(lambda v: _at_precision(v, precision)),
+            lambda v: _micros(v - EPOCH) // (1000 if millis else 1))
+
+
+def _time_case(precision: int) -> tuple[st.SearchStrategy[Any], Callable[[Any], Any]]:
+    millis = precision <= 3  # io.debezium.time.Time (int32 ms), else MicroTime (int64 us)
+    return (st.times().map(lambda v: _at_precision(v, precision)),
+            lambda v: (v.hour * 3600 + v.minute * 60 + v.second) * 10 ** (3 if millis else 6)
+            + v.microsecond // (1000 if millis else 1))
+
+
+# type -> (natural Python values, the JSON value Debezium writes for one)
+CASES: dict[str, tuple[st.SearchStrategy[Any], Callable[[Any], Any]]] = {
+    "date": (st.dates(), lambda v: (v - dt.date(1970, 1, 1)).days),  # io.debezium.time.Date
+    **{f"timestamp({p})": _timestamp_case(p) for p in range(7)},
+    "timestamp": _timestamp_case(6),
+    # ZonedTimestamp: ISO-8601 text in UTC
+    "timestamptz": (UTC_TIMES, lambda v: v.isoformat().replace("+00:00", "Z")),
+    "timestamptz(3)": (UTC_TIMES.map(lambda v: _at_precision(v, 3)),
+                       lambda v: v.isoformat().replace("+00:00", "Z")),
+    **{f"time({p})": _time_case(p) for p in (0, 3, 4, 6)},
+    "time": _time_case(6),
+    # ZonedTime: ISO text in UTC
+    "timetz": (st.times(timezones=st.just(dt.UTC)),
+               lambda v: v.isoformat().replace("+00:00", "Z")),
+    # MicroDuration with interval.handling.mode=numeric
+    "interval": (st.timedeltas(min_value=dt.timedelta(days=-10**6),
+                               max_value=dt.timedelta(days=10**6)), _micros),
+    "uuid": (st.uuids(), str),  # io.debezium.data.Uuid
+    "json": (st.sampled_from(['{"a": 1}', "[]", '"x"', "null"]), lambda v: v),
+    "jsonb": (st.sampled_from(['{"a": [1, 2.5]}', "{}"]), lambda v: v),
+    "bytea": (st.binary(max_size=40), lambda v: base64.b64encode(v).decode()),
+    "real": (st.floats(width=32, allow_nan=False, allow_infinity=False).map(_float32_text),
+             lambda v: json.loads(repr(v))),
+    "varchar(20)": (st.text(max_size=20), lambda v: v),
+    "char(3)": (st.text(min_size=3, max_size=3), lambda v: v),
+    "text": (st.text(), lambda v: v),  # also enums (their label) and text domains
+    # decimal.handling.mode=string: money at money.fraction.digits=2, numeric as written
+    "money": (st.decimals(min_value=-10**15, max_value=10**15, places=2), str),
+    "numeric(10,2)": (st.decimals(min_value=-10**7, max_value=10**7, places=2), str),
+    "numeric": (st.decimals(allow_nan=False, allow_infinity=False), str),
+}
+
+
+@pytest.mark.parametrize("sql_type", sorted(CASES))
+@given(data=st.data())
+def test_a_value_encoded_as_debezium_encodes_it_decodes_to_the_original(
+        sql_type: str, data: st.DataObject) -> None:
+    values, encode = CASES[sql_type]
+    value = data.draw(values)
+    wire = json.loads(json.dumps(encode(value)))  # through JSON, as the converter writes it
+    assert convert_value(wire, sql_type) == value
+    assert convert_value(wire, sql_type) == convert_value(value, sql_type)  # readable form too
+    array = data.draw(st.lists(st.one_of(st.none(), values), max_size=3))
+    wire_array = json.loads(json.dumps([None if v is None else encode(v) for v in array]))
+    assert convert_value(wire_array, f"{sql_type}[]") == array
+
+
+@pytest.mark.parametrize("sql_type", sorted(CASES))
+@given(data=st.data())
+def test_a_decoded_value_survives_transport_and_fits_its_arrow_column(
+        sql_type: str, data: st.DataObject) -> None:
+    values, encode = CASES[sql_type]
+    value = convert_value(json.loads(json.dumps(encode(data.draw(values)))), sql_type)
+    row = {"v": value, "vs": [value, None]}
+    assert row_from_json(row_to_json(row)) == row
+    job = Job(name="t", tables=[Table("public.t", {"id": "int", "v": sql_type,
+                                                   "vs": f"{sql_type}[]"})],
+              fact="public.t", fact_alias="t", lookups=[],
+              output=Output("out", {"id": "t.id"}, {"v": "t.v", "vs": "t.vs"}))
+    table = changes_to_table(job, [OutputChange(key=(1,), op="c", row={"id": 1, **row},
+                                                commit_seq=1, xid=5, commit_ts_ms=0)])
+    assert table.schema.field("v").type == arrow_type(sql_type)
+    assert pa.types.is_list(table.schema.field("vs").type)
+
+
+def test_interval_string_mode_equals_numeric_mode() -> None:
+    # interval.handling.mode=string writes ISO 8601; numeric counts a month 365.25/12 days.
+    month_us = int(365.25 / 12 * 86_400_000_000)
+    assert convert_value("P1Y2M3DT4H5M6.78S", "interval") == convert_value(
+        14 * month_us + _micros(dt.timedelta(days=3, hours=4, minutes=5, seconds=6.78)),
+        "interval")
+    assert convert_value("P0D", "interval") == dt.timedelta(0)
+    assert convert_value("-PT1.5S", "interval") == dt.timedelta(seconds=-1.5)
+
+
+def test_variable_scale_numeric_reads_its_own_scale_in_every_mode() -> None:
+    # numeric without scale is a VariableScaleDecimal: {scale, value: base64 unscaled}
+    wire = {"scale": 3, "value": base64.b64encode((-12345).to_bytes(2, "big", signed=True))
+            .decode()}
+    assert convert_value(wire, "numeric", decimal_handling_mode="precise") == Decimal("-12.345")
+    assert convert_value("12.3450", "numeric") == Decimal("12.3450")
+
+
+def test_timetz_in_another_zone_reads_in_utc() -> None:
+    assert convert_value("10:15:30+02:00", "timetz") == dt.time(8, 15, 30, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize(("sql_type", "bad"), [
+    ("date", "31/12/2024"), ("uuid", "not-a-uuid"), ("bytea", "@@"), ("interval", "1 day"),
+    ("time", 86_400_000_000), ("numeric", "twelve"), ("money", "1.234"), ("json", 5),
+])
+def test_a_value_that_does_not_fit_is_one_line_naming_column_and_position(
+        sql_type: str, bad: Any) -> None:
+    job = Job(name="t", tables=[Table("public.t", {"id": "int", "v": sql_type})],
+              fact="public.t", fact_alias="t", lookups=[],
+              output=Output("out", {"id": "t.id"}, {"v": "t.v"}))
+    event = {"before": None, "after": {"id": 1, "v": bad}, "op": "c", "ts_ms": 2,
+             "source": {"schema": "public", "table": "t", "txId": 7, "lsn": 10, "ts_ms": 1,
+                        "snapshot": "false"},
+             "transaction": {"id": "7:10", "total_order": 1, "data_collection_order": 1}}
+    begin = {"status": "BEGIN", "id": "7:9", "event_count": None, "ts_ms": 1}
+    end = {"status": "END", "id": "7:11", "event_count": 1, "ts_ms": 1,
+           "data_collections": [{"data_collection": "public.t", "event_count": 1}]}
+    records = [("shop.transaction", 0, 0, json.dumps(begin)),
+               ("shop.public.t", 0, 3, json.dumps(event)),
+               ("shop.transaction", 0, 1, json.dumps(end))]
+    with pytest.raises(TxjoinError) as caught:
+        Engine(job).process(records, caught_up={"public.t", "transaction"})
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "public.t.v" in message and "shop.public.t[0]@3" in message, message
+    assert f"as {sql_type}" in message
