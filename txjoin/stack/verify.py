@@ -29,6 +29,8 @@ import contextlib
 import itertools
 import json
 import os
+import re
+import struct
 import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -44,7 +46,7 @@ import psycopg2.extensions
 import psycopg2.extras
 
 from txjoin.errors import ConfigError, TxjoinError
-from txjoin.job import Collect, Job, Lookup
+from txjoin.job import Collect, Job, Lookup, column_kind, convert_value
 from txjoin.scenarios.checks import RowDiff, diff_rows, show
 from txjoin.sinks import COMMIT_SEQ, XID, Sink, without_metadata
 from txjoin.stack.stack import DEFAULT_DIR, StackInfo, load_stack
@@ -163,8 +165,17 @@ def _connect(dsn: str, what: str) -> Iterator[psycopg2.extensions.connection]:
         # jsonb numbers as Decimal, like the sinks' numeric values.
         psycopg2.extras.register_default_jsonb(conn, loads=partial(json.loads,
                                                                    parse_float=Decimal))
+        # Intervals as ISO 8601 text, read as Debezium counts months (365.25/12 days), not
+        # as psycopg2's timedelta (30 days).
+        as_text = psycopg2.extensions.new_type((1186,), "TXJOIN_INTERVAL",
+                                               lambda value, _cur: value)
+        psycopg2.extensions.register_type(as_text, conn)
+        psycopg2.extras.register_uuid(conn_or_curs=conn)  # uuid[] too (else one string)
+        psycopg2.extensions.register_type(
+            psycopg2.extensions.new_array_type((1187,), "TXJOIN_INTERVAL[]", as_text), conn)
         with conn.cursor() as cur:
             cur.execute("SET TIME ZONE 'UTC'")
+            cur.execute("SET intervalstyle = 'iso_8601'")
         yield conn
     finally:
         conn.close()
@@ -515,6 +526,60 @@ def _duplicates(changelog: Sequence[Row], keys: Sequence[str]) -> list[tuple[Any
     return sorted(k for k, n in counts.items() if n > 1)
 
 
+# Kinds whose values PostgreSQL, the Delta table and the PostgreSQL sink spell differently
+# (jsonb text vs parsed, bytea as memoryview or \\x hex in jsonb, uuid as text, real as a
+# float32 widened or not, money with its currency sign): both sides are read to the job's
+# own Python value before comparing. Other kinds already compare by value.
+_RETYPED = frozenset({"date", "time", "timetz", "interval", "uuid", "json", "bytea", "real",
+                      "money", "numeric"})
+
+
+def comparable(value: Any, sql_type: str) -> Any:
+    """``value`` (as PostgreSQL or a sink returned it) as txjoin reads a ``sql_type`` value;
+    unchanged when it cannot be read (the diff then shows it as it is)."""
+    if value is None:
+        return None
+    if sql_type.endswith("[]"):
+        return ([comparable(v, sql_type[:-2]) for v in value] if isinstance(value, list)
+                else value)
+    kind, _ = column_kind(sql_type)
+    if kind not in _RETYPED:
+        return value
+    if isinstance(value, memoryview):
+        value = value.tobytes()
+    try:
+        if kind == "bytea" and isinstance(value, str) and value.startswith("\\x"):
+            return bytes.fromhex(value[2:])
+        if kind == "real" and isinstance(value, int | float | Decimal):
+            return struct.unpack("f", struct.pack("f", float(value)))[0]
+        if kind == "money" and isinstance(value, str):  # '-$1,234.50' (lc_monetary)
+            value = re.sub(r"[^0-9.-]", "", value)
+        if kind == "json":
+            return json.loads(value, parse_float=Decimal) if isinstance(value, str) else value
+        return convert_value(value, sql_type)
+    except (TxjoinError, ValueError, OverflowError):
+        return value
+
+
+def comparable_rows(job: Job, rows: Sequence[Row]) -> list[Row]:
+    """Output rows with every column (and collected field) read by its declared type."""
+    types: dict[str, Any] = {}
+    for name, proj in [*job.output.key.items(), *job.output.columns.items()]:
+        if isinstance(proj, Collect):
+            types[name] = {f: job.column_type(ref) for f, ref in proj.fields.items()}
+        else:
+            types[name] = job.column_type(proj)
+
+    def one(name: str, value: Any) -> Any:
+        typ = types.get(name)
+        if isinstance(typ, dict) and isinstance(value, list):
+            return [{f: comparable(v, typ[f]) if f in typ else v for f, v in item.items()}
+                    if isinstance(item, dict) else item for item in value]
+        return comparable(value, typ) if isinstance(typ, str) else value
+
+    return [{c: one(c, v) for c, v in row.items()} for row in rows]
+
+
 def check_sink(sink: Sink, where: str, keys: Sequence[str], expected: Sequence[Row],
                note: str | None = None,
                orders: Mapping[str, Mapping[int, int] | None] | None = None,
@@ -528,6 +593,8 @@ def check_sink(sink: Sink, where: str, keys: Sequence[str], expected: Sequence[R
     """
     current = sink.read_current()
     changelog = sink.read_changelog()
+    if job is not None:
+        expected, current = comparable_rows(job, expected), comparable_rows(job, current)
     diff = diff_rows(expected, current, keys)
     violations = [] if orders is None else prefix_violations(changelog, orders)
     states = ([] if job is None or histories is None or violations
