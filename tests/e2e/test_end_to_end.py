@@ -1,4 +1,4 @@
-"""End to end: PostgreSQL -> Debezium -> tansu -> `txjoin run` (Spark) -> Delta + PostgreSQL.
+"""End to end: PostgreSQL -> Debezium -> Kafka -> `txjoin run` (Spark) -> Delta + PostgreSQL.
 
 The workload races (several writers, bursts of updates to one order, deletes and
 re-inserts, price changes between orders); PostgreSQL records its own as-of answer for
@@ -75,6 +75,19 @@ def streaming_run(log: Path, *args: str) -> Any:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
+
+
+def wait_for_first_commit(work: Path, run: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait until the streaming ``run`` (of jobs/orders.py, outputs under ``work``) committed
+    its first micro-batch to the Delta changelog."""
+    changelog = work / "output" / "orders_enriched" / "changelog"
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    # Version 0 is the empty table; version 1 the first micro-batch's changes.
+    while not (DeltaTable.is_deltatable(str(changelog))
+               and DeltaTable(str(changelog)).version() >= 1):
+        assert run.poll() is None, f"txjoin run died:\n{tail(log)}"
+        assert time.monotonic() < deadline, f"no Delta commit yet:\n{tail(log)}"
+        time.sleep(0.2)
 
 
 def run_until_idle(log: Path, *args: str) -> float:
@@ -253,13 +266,7 @@ def test_kill_9_and_debezium_restart_midstream_change_nothing(e2e_stack: E2EStac
     workload.start()
 
     with streaming_run(log, *args) as first:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        # Version 0 is the empty table; version 1 the first micro-batch's changes.
-        while not (DeltaTable.is_deltatable(str(changelog))
-                   and DeltaTable(str(changelog)).version() >= 1):
-            assert first.poll() is None, f"txjoin run died:\n{tail(log)}"
-            assert time.monotonic() < deadline, f"no Delta commit yet:\n{tail(log)}"
-            time.sleep(0.2)
+        wait_for_first_commit(tmp_path, first, log)
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(30)
     killed_at = time.monotonic() - started

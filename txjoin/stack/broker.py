@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import shutil
 import subprocess
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,7 +197,14 @@ def create_topics(bootstrap_servers: str, names: list[str], timeout: float = 30.
             if "TOPIC_ALREADY_EXISTS" not in str(exc.args[0]):
                 raise ServiceError(f"cannot create topic {name} on {bootstrap_servers}: {exc}") \
                     from exc
-    metadata = admin.list_topics(timeout=timeout)
+    # A created topic reaches the broker's metadata a moment after the controller
+    # committed it (longer on a busy machine): wait for every name before judging.
+    deadline = time.monotonic() + timeout
+    while True:
+        metadata = admin.list_topics(timeout=timeout)
+        if all(name in metadata.topics for name in names) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     for name in names:
         topic = metadata.topics.get(name)
         if topic is None or len(topic.partitions) != partitions:
