@@ -627,6 +627,12 @@ class Job:
         alias, col = ref.split(".", 1)
         return self.alias_table(alias).columns[col]
 
+    def output_types(self) -> dict[str, str | dict[str, str]]:
+        """Output column -> its column type, or for a ``Collect`` field -> column type."""
+        return {name: ({f: self.column_type(ref) for f, ref in proj.fields.items()}
+                       if isinstance(proj, Collect) else self.column_type(proj))
+                for name, proj in [*self.output.key.items(), *self.output.columns.items()]}
+
     # -- sources ---------------------------------------------------------------------
 
     @property

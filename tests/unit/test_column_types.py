@@ -17,6 +17,7 @@ import datetime as dt
 import json
 from collections.abc import Callable
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -176,3 +177,61 @@ def test_a_value_that_does_not_fit_is_one_line_naming_column_and_position(
     assert "\n" not in message
     assert "public.t.v" in message and "shop.public.t[0]@3" in message, message
     assert f"as {sql_type}" in message
+
+
+TYPES_JOB = '''
+from txjoin.job import Collect, Job, Lookup, Output, Table
+
+job = Job(
+    name="types",
+    tables=[
+        Table("public.visits", {
+            "id": "uuid", "day": "date", "at": "time(3)", "at_tz": "timetz",
+            "stay": "interval", "sig": "bytea", "doc": "jsonb", "fee": "money",
+            "ratio": "numeric", "label": "varchar(8)", "seen": "timestamp(3)",
+            "days": "date[]", "places": "int[]"}),
+        Table("public.places", {"id": "int", "opened": "date", "code": "char(2)"}),
+    ],
+    fact="public.visits",
+    fact_alias="v",
+    lookups=[Lookup("p", "public.places", parent="v", on={"id": "places"}, array=True)],
+    output=Output("visits_out", key={"id": "v.id"}, columns={
+        "day": "v.day", "at": "v.at", "at_tz": "v.at_tz", "stay": "v.stay", "sig": "v.sig",
+        "doc": "v.doc", "fee": "v.fee", "ratio": "v.ratio", "label": "v.label",
+        "seen": "v.seen", "days": "v.days",
+        "places": Collect("p", {"opened": "p.opened", "code": "p.code"})}),
+)
+'''
+
+TYPES_SCENARIO = '''
+name: every_type
+about: Values of every new column type, written as a scenario writer would, reach the output.
+job: types_job.py
+snapshot:
+  public.places:
+    - {id: 1, opened: 2020-02-29, code: MI}
+transactions:
+  - name: t1
+    ops:
+      - insert: public.visits
+        row: {id: 8c7e3f5a-1b2c-4d5e-8f90-1234567890ab, day: 2024-05-01, at: "10:15:30.123",
+              at_tz: "10:15:30+02:00", stay: P1DT2H, sig: AP8Q, doc: '{"a": 1}', fee: "12.50",
+              ratio: "3.14159", label: short, seen: "2024-05-01T10:00:00.5",
+              days: [2024-05-01, null], places: [1, 1]}
+expect:
+  final:
+    - {id: 8c7e3f5a-1b2c-4d5e-8f90-1234567890ab, day: 2024-05-01, at: "10:15:30.123",
+       at_tz: "08:15:30Z", stay: PT26H, sig: AP8Q, doc: '{"a": 1}', fee: 12.5,
+       ratio: 3.14159, label: short, seen: "2024-05-01T10:00:00.500Z",
+       days: [2024-05-01, null],
+       places: [{opened: 2020-02-29, code: MI}, {opened: 2020-02-29, code: MI}]}
+'''
+
+
+def test_a_scenario_file_takes_every_new_type(tmp_path: Path) -> None:
+    from txjoin.scenarios.core_runner import run_scenario_file_core
+
+    (tmp_path / "types_job.py").write_text(TYPES_JOB)
+    (tmp_path / "every_type.yaml").write_text(TYPES_SCENARIO)
+    report = run_scenario_file_core(tmp_path / "every_type.yaml")
+    assert report.passed, report.failures

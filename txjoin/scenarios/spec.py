@@ -30,7 +30,15 @@ import yaml
 
 from txjoin.core.oracle import RowChange, SourceTransaction
 from txjoin.errors import JobError, ScenarioError
-from txjoin.job import Collect, ColumnValueError, Job, Table, load_job
+from txjoin.job import (
+    Collect,
+    ColumnValueError,
+    Job,
+    Table,
+    column_kind,
+    convert_value,
+    load_job,
+)
 
 INVARIANTS: tuple[str, ...] = ("prefix_consistent", "final_equals_oracle", "exactly_once")
 SNAPSHOT = "snapshot"
@@ -700,4 +708,27 @@ def _expect_row(r: _Reader, value: Any, where: str, line: int, job: Job) -> dict
             r.mapping(element, f"{where}.{name}[{i}]", items.item_lines[i],
                       optional=tuple(proj.fields))
     row: dict[str, Any] = _plain(m)
+    types = job.output_types()
+    for name, value in row.items():
+        typ = types[name]
+        if isinstance(typ, str):
+            row[name] = _expected_value(r, value, typ, f"{where}.{name}", m.key_lines[name])
+        elif isinstance(value, list):
+            row[name] = [{f: _expected_value(r, v, typ[f], f"{where}.{name}[{i}].{f}",
+                                             m.key_lines[name]) for f, v in item.items()}
+                         if isinstance(item, dict) else item for i, item in enumerate(value)]
     return row
+
+
+# Kinds whose values the checks cannot compare in their YAML spelling (an ISO date string
+# against a date): `expect` values of these are read as the job reads the column.
+_READ_IN_EXPECT = frozenset({"date", "time", "timetz", "interval", "uuid", "bytea"})
+
+
+def _expected_value(r: _Reader, value: Any, sql_type: str, where: str, line: int) -> Any:
+    if value is None or column_kind(sql_type.removesuffix("[]"))[0] not in _READ_IN_EXPECT:
+        return value
+    try:
+        return convert_value(value, sql_type)
+    except ColumnValueError as exc:
+        r.fail(line, where, exc.reason.lstrip(": "))

@@ -563,12 +563,7 @@ def comparable(value: Any, sql_type: str) -> Any:
 
 def comparable_rows(job: Job, rows: Sequence[Row]) -> list[Row]:
     """Output rows with every column (and collected field) read by its declared type."""
-    types: dict[str, Any] = {}
-    for name, proj in [*job.output.key.items(), *job.output.columns.items()]:
-        if isinstance(proj, Collect):
-            types[name] = {f: job.column_type(ref) for f, ref in proj.fields.items()}
-        else:
-            types[name] = job.column_type(proj)
+    types = job.output_types()
 
     def one(name: str, value: Any) -> Any:
         typ = types.get(name)
