@@ -13,6 +13,7 @@ the commit time.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -227,13 +228,16 @@ VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
 
 
 def _apply_schema(schema: Any, doc: dict[str, Any], bad: Any) -> None:
-    """Mark ``before``/``after`` as :class:`~txjoin.job.SchemaRow` and make decimals exact.
+    """Mark ``before``/``after`` as :class:`~txjoin.job.SchemaRow`, make decimals exact and
+    times unit-free.
 
     With ``decimal.handling.mode=precise`` a ``Decimal`` value is base64 of the
     unscaled number and only the schema's ``scale`` parameter says where the
     point goes: rewrite it as Debezium's variable-scale form ``{"scale", "value"}``,
     which reads the same in every mode. ``VariableScaleDecimal`` already has that
-    form; strings (``string`` mode) and numbers (``double``) need nothing.
+    form; strings (``string`` mode) and numbers (``double``) need nothing. A time or
+    timestamp number's unit depends on ``time.precision.mode`` and the column's
+    precision; its schema name says which, so it is rewritten as ISO text.
     """
     fields = schema.get("fields") if isinstance(schema, dict) else None
     if not isinstance(fields, list):
@@ -252,11 +256,45 @@ def _apply_schema(schema: Any, doc: dict[str, Any], bad: Any) -> None:
             scale = _decimal_scale(column, bad, f"{name}.{col}")
             if scale is not None:
                 row[col] = _with_scale(row[col], scale, bad, f"{name}.{col}")
+            elif column.get("name") in _TEMPORAL:
+                row[col] = _iso(row[col], column["name"])
             elif column.get("type") == "array" and isinstance(column.get("items"), dict):
-                scale = _decimal_scale(column["items"], bad, f"{name}.{col}[]")
+                items = column["items"]
+                scale = _decimal_scale(items, bad, f"{name}.{col}[]")
                 if scale is not None and isinstance(row[col], list):
                     row[col] = [_with_scale(v, scale, bad, f"{name}.{col}[]") for v in row[col]]
+                elif items.get("name") in _TEMPORAL and isinstance(row[col], list):
+                    row[col] = [_iso(v, items["name"]) for v in row[col]]
         doc[name] = SchemaRow(row)
+
+
+# Semantic time types whose number's unit only the schema says (time.precision.mode adaptive,
+# adaptive_time_microseconds or connect): name -> (microseconds = value * mul // div, a time
+# of day rather than a timestamp).
+_TEMPORAL: dict[str, tuple[int, int, bool]] = {
+    "io.debezium.time.Time": (1000, 1, True), "io.debezium.time.MicroTime": (1, 1, True),
+    "io.debezium.time.NanoTime": (1, 1000, True),
+    "org.apache.kafka.connect.data.Time": (1000, 1, True),
+    "io.debezium.time.Timestamp": (1000, 1, False),
+    "io.debezium.time.MicroTimestamp": (1, 1, False),
+    "io.debezium.time.NanoTimestamp": (1, 1000, False),
+    "org.apache.kafka.connect.data.Timestamp": (1000, 1, False),
+}
+_MIDNIGHT = dt.datetime(1970, 1, 1)
+
+
+def _iso(value: Any, name: str) -> Any:
+    """A schema-typed time or timestamp number as ISO text, which reads the same whatever
+    the column's declared precision (left as is when it is not a number: the job's reader
+    reports it)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return value
+    mul, div, time_of_day = _TEMPORAL[name]
+    try:
+        moment = _MIDNIGHT + dt.timedelta(microseconds=value * mul // div)
+    except OverflowError:
+        return value
+    return moment.time().isoformat() if time_of_day else moment.isoformat()
 
 
 def _decimal_scale(field_schema: dict[str, Any], bad: Any, where: str) -> int | None:

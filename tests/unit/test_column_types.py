@@ -235,3 +235,32 @@ def test_a_scenario_file_takes_every_new_type(tmp_path: Path) -> None:
     (tmp_path / "every_type.yaml").write_text(TYPES_SCENARIO)
     report = run_scenario_file_core(tmp_path / "every_type.yaml")
     assert report.passed, report.failures
+
+
+@pytest.mark.parametrize(("declared", "schema_name", "wire", "value"), [
+    # time.precision.mode=connect: every time is Connect's Time (ms), every timestamp ms
+    ("time", "org.apache.kafka.connect.data.Time", 36930123, dt.time(10, 15, 30, 123000)),
+    ("timestamp", "org.apache.kafka.connect.data.Timestamp", 1714557600500,
+     dt.datetime(2024, 5, 1, 10, 0, 0, 500000, tzinfo=dt.UTC)),
+    # adaptive_time_microseconds: time(3) arrives as MicroTime
+    ("time(3)", "io.debezium.time.MicroTime", 36930123000, dt.time(10, 15, 30, 123000)),
+    ("timestamp(6)", "io.debezium.time.NanoTimestamp", 1714557600500000000,
+     dt.datetime(2024, 5, 1, 10, 0, 0, 500000, tzinfo=dt.UTC)),
+])
+def test_with_schemas_the_time_unit_comes_from_the_schema_not_the_declared_precision(
+        declared: str, schema_name: str, wire: int, value: Any) -> None:
+    from txjoin.debezium import ChangeEvent, Position, decode
+
+    column = {"type": "int64", "optional": True, "name": schema_name, "field": "v"}
+    row_schema = {"type": "struct", "optional": True,
+                  "fields": [{"type": "int32", "optional": False, "field": "id"}, column]}
+    record = {"schema": {"type": "struct", "fields": [{**row_schema, "field": "before"},
+                                                      {**row_schema, "field": "after"}]},
+              "payload": {"before": None, "after": {"id": 1, "v": wire}, "op": "r",
+                          "ts_ms": 1, "transaction": None,
+                          "source": {"schema": "public", "table": "t", "snapshot": "true",
+                                     "lsn": 5, "ts_ms": 1}}}
+    event = decode(json.dumps(record), Position("shop.public.t", 0, 0))
+    assert isinstance(event, ChangeEvent) and event.after is not None
+    table = Table("public.t", {"id": "int", "v": declared})
+    assert table.convert_row(event.after)["v"] == value
