@@ -317,12 +317,12 @@ def replay(files: tuple[Path, ...], as_json: bool, postgres_dsn: str | None,
     sys.exit(1 if failed else 0)
 
 
-@main.group()
-def job() -> None:
-    """Write and inspect job files."""
+@main.group("job")
+def job_group() -> None:
+    """Write job files."""
 
 
-@job.command("init")
+@job_group.command("init")
 @click.option("--dsn", required=True, envvar=_env("SOURCE_DSN"), show_envvar=True,
               help="The source database (libpq DSN) whose catalog describes the tables.")
 @click.option("--tables", required=True, metavar="A,B,C",

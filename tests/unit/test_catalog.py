@@ -49,6 +49,10 @@ CREATE TABLE shop2.orders (
     spot point,
     PRIMARY KEY (id, line),
     FOREIGN KEY (customer_region, customer_id) REFERENCES shop2.customers (region, id));
+CREATE TABLE shop2.coupons (id int PRIMARY KEY, code text UNIQUE);
+CREATE TABLE shop2.redemptions (
+    id int PRIMARY KEY, coupon_code text REFERENCES shop2.coupons (code));
+CREATE TABLE shop2.audit (at timestamptz, what text);
 """
 
 
@@ -167,3 +171,18 @@ def test_unknown_fact_and_missing_table_are_one_line_errors(dsn: str, tmp_path: 
         assert result.exit_code == 2, result.output
         assert words in result.output
 
+
+
+def test_a_foreign_key_to_a_non_primary_key_is_a_comment_not_a_lookup(
+        dsn: str, tmp_path: Path) -> None:
+    job = _init(dsn, ["shop2.redemptions", "shop2.coupons"], tmp_path)
+    assert job.lookups == ()
+    assert "# not proposed: shop2.redemptions redemptions_coupon_code_fkey: references " \
+           "['code'], not the primary key ['id']" in Path(job.source_file).read_text()
+
+
+def test_a_table_without_primary_key_is_refused_saying_what_to_do(dsn: str) -> None:
+    result = CliRunner().invoke(main, ["job", "init", "--dsn", dsn, "--tables", "shop2.audit"])
+    assert result.exit_code == 2
+    assert "shop2.audit has no primary key" in result.output
+    assert "ADD PRIMARY KEY" in result.output
