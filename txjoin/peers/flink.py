@@ -61,8 +61,8 @@ def flink_python() -> str:
                                timeout=120, check=False)
         if probe.returncode == 0:
             return python
-    raise PeerUnavailable("PyFlink is not installed (pip install 'txjoin[peers]', or a venv "
-                          "at .venv-flink, or set TXJOIN_FLINK_PYTHON)")
+    raise PeerUnavailable("PyFlink is not installed: run `bash scripts/flink-env.sh` (it "
+                          "creates .venv-flink), or set TXJOIN_FLINK_PYTHON")
 
 
 def check_archive(archive: Path, prefix: str) -> None:

@@ -1,8 +1,8 @@
 """The Flink SQL peer: the seed's enrichment query over archived Debezium files, in PyFlink.
 
-Runs in an interpreter that has ``apache-flink`` (``txjoin[peers]``; pyflink pins
-older numpy/pandas/pyarrow/py4j than pyspark 4.2, so it usually lives in its own
-venv) and imports nothing but pyflink and the standard library::
+Runs in an interpreter that has ``apache-flink`` (``scripts/flink-env.sh``; pyflink pins
+older numpy/pandas/pyarrow/py4j than pyspark 4.2, so it lives in its own venv) and
+imports nothing but pyflink and the standard library::
 
     python -m txjoin.peers.flink_job --archive DIR --prefix shop --summary S.json > changelog.txt
 
