@@ -124,3 +124,14 @@ def test_every_type_lands_in_the_postgres_sink_and_reads_back_equal(dsn: str) ->
         sink.close()
     for c, t in columns.items():
         assert values_equal(comparable(read[c], t), comparable(row[c], t)), (t, read[c])
+    with _connect(dsn, "sink") as conn:
+        declared = {r["attname"]: r["type"] for r in _fetch(
+            conn, "SELECT attname, format_type(atttypid, atttypmod) AS type FROM pg_attribute "
+                  "WHERE attrelid = 'types_out'::regclass AND attnum > 0")}
+    assert {t: declared[c] for c, t in columns.items()} == {
+        "date": "date", "time(3)": "time without time zone", "time": "time without time zone",
+        "timetz": "time without time zone", "timestamp(0)": "timestamp with time zone",
+        "timestamptz(3)": "timestamp with time zone", "interval": "interval", "uuid": "uuid",
+        "json": "json", "jsonb": "jsonb", "bytea": "bytea", "real": "real",
+        "money": "numeric(19,2)", "numeric": "numeric", "varchar(10)": "text",
+        "char(3)": "text", "date[]": "jsonb", "uuid[]": "jsonb", "interval[]": "jsonb"}

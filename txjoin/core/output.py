@@ -50,6 +50,12 @@ def arrow_type(sql_type: str) -> pa.DataType:
     return _ARROW[kind]
 
 
+PG_TYPE = b"txjoin.pg_type"
+"""Field metadata: the PostgreSQL sink's column type where the Arrow type alone loses it."""
+_PG_NATIVE = {"uuid": "uuid", "json": "json", "jsonb": "jsonb", "numeric": "numeric"}
+"""Source types held as Arrow text that the PostgreSQL sink keeps as the source has them."""
+
+
 def _arrow_value(sql_type: str) -> Callable[[Any], Any] | None:
     """How a Python value of ``sql_type`` becomes what its Arrow type takes (None: as is)."""
     if sql_type.endswith("[]"):
@@ -99,8 +105,10 @@ def output_schema(job: Job) -> pa.Schema:
                                 for f, ref in proj.fields.items()])
             fields.append(pa.field(name, pa.list_(struct)))
         else:
-            fields.append(pa.field(name, arrow_type(job.column_type(proj)),
-                                   nullable=name not in job.output.key))
+            sql_type = job.column_type(proj)
+            native = _PG_NATIVE.get(sql_type)
+            fields.append(pa.field(name, arrow_type(sql_type), nullable=name not in job.output.key,
+                                   metadata=None if native is None else {PG_TYPE: native}))
     meta = [*META, (SOURCE_COLUMN, pa.string())] if job.sources else META
     return pa.schema(fields + [pa.field(n, t) for n, t in meta])
 

@@ -37,6 +37,7 @@ from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from functools import partial
 from typing import Any
+from uuid import UUID
 
 import psycopg2
 import psycopg2.errors
@@ -46,6 +47,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 from psycopg2 import sql
 
+from txjoin.core.output import PG_TYPE
 from txjoin.errors import ConfigError, LineageError, ServiceError, SinkSchemaError
 from txjoin.sinks import (
     COMMIT_SEQ,
@@ -79,6 +81,14 @@ def _password(dsn: str) -> str | None:
 def _is_nested(t: pa.DataType) -> bool:
     return (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_struct(t)
             or pa.types.is_map(t) or pa.types.is_fixed_size_list(t))
+
+
+def field_pg_type(f: pa.Field) -> str:
+    """PostgreSQL column type for an output field: the source's own type where the job's
+    output schema names it (``txjoin.core.output.PG_TYPE``: uuid, json, jsonb, numeric
+    held as Arrow text), else :func:`pg_type` of its Arrow type."""
+    native = (f.metadata or {}).get(PG_TYPE)
+    return native.decode() if native else pg_type(f.type, f.name)
 
 
 def pg_type(t: pa.DataType, column: str = "?") -> str:
@@ -208,7 +218,21 @@ def _from_pg(value: Any, t: pa.DataType) -> Any:
         return timedelta(microseconds=value)
     if isinstance(value, memoryview):
         return value.tobytes()
+    if pa.types.is_string(t) and not isinstance(value, str):
+        # a uuid, json/jsonb or numeric column (field_pg_type) read back as Arrow's text
+        return str(value) if isinstance(value, Decimal | UUID) else _document_text(value)
     return value
+
+
+def _document_text(value: Any) -> str:
+    """A parsed json/jsonb document (numbers as Decimal) as text, spaced as PostgreSQL
+    prints jsonb."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_document_text(v)}"
+                               for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_document_text(v) for v in value) + "]"
+    return _scalar_json(value)
 
 
 MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1
@@ -270,7 +294,7 @@ class PostgresSink:
         self.key_columns = list(key_columns)
         self.schema = schema
         self.current = current_schema(schema)
-        self._pg_types = {f.name: pg_type(f.type, f.name) for f in schema}
+        self._pg_types = {f.name: field_pg_type(f) for f in schema}
         self._ready: set[str] = set()
         self._rebuild_id: str | None = None
         self._dsn = dsn
