@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import functools
 import importlib.util
 import json
 import logging
@@ -66,6 +67,7 @@ DEFAULT_DECIMAL_HANDLING_MODE = "string"
 """What ``config/debezium-postgres.properties`` sets (a unit test keeps them equal)."""
 
 
+@functools.lru_cache(maxsize=1024)  # called once per value read: parse each type once
 def column_kind(sql_type: str) -> tuple[str, int | None]:
     """A scalar column type as (kind, parameter), e.g. ``timestamp(3)`` -> ("timestamp", 3).
 
