@@ -371,13 +371,18 @@ def _read_json(value: Any, _p: int | None, _m: str) -> str:
     raise ValueError
 
 
+_URL_SAFE = str.maketrans("-_", "+/")
+
+
 def _read_bytes(value: Any, _p: int | None, _m: str) -> bytes:
-    """``bytea``: base64 text (``binary.handling.mode=bytes`` through the JSON converter)."""
+    """``bytea``: base64 text (``binary.handling.mode`` ``bytes`` through the JSON converter,
+    or ``base64``), or URL-safe base64 (``base64-url-safe``). ``hex`` is not read: its text
+    is valid base64 too, so it would be read wrong."""
     if isinstance(value, bytes):
         return value
     if not isinstance(value, str):
         raise ValueError
-    return base64.b64decode(value, validate=True)
+    return base64.b64decode(value.translate(_URL_SAFE), validate=True)
 
 
 def _read_decimal(value: Any, scale: int | None, mode: str) -> Decimal:
