@@ -320,15 +320,16 @@ def _read_time(value: Any, precision: int | None, _m: str) -> dt.time:
 
 
 def _read_timetz(value: Any, _p: int | None, _m: str) -> dt.time:
-    """``timetz``: ISO text in UTC (``ZonedTime``); reads as a time with tzinfo UTC."""
+    """``timetz``: ISO text in UTC (``ZonedTime``); reads as the time of day in UTC, without
+    a zone, as the sinks hold it (Arrow times have no zone)."""
     if isinstance(value, str):
         value = dt.time.fromisoformat(value.replace("Z", "+00:00"))
     if not isinstance(value, dt.time):
         raise ValueError
     if value.tzinfo is None:
-        return value.replace(tzinfo=dt.UTC)
+        return value
     moment = dt.datetime.combine(dt.date(2000, 1, 3), value).astimezone(dt.UTC)
-    return moment.timetz()
+    return moment.time()
 
 
 _ISO_DURATION = re.compile(
@@ -354,12 +355,11 @@ def _read_interval(value: Any, _p: int | None, _m: str) -> dt.timedelta:
     return -total if m.group(1) else total
 
 
-def _read_uuid(value: Any, _p: int | None, _m: str) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    if not isinstance(value, str):
+def _read_uuid(value: Any, _p: int | None, _m: str) -> str:
+    """``uuid``: its canonical text (lower case, hyphenated), as the sinks hold it."""
+    if not isinstance(value, str | uuid.UUID):
         raise ValueError
-    return uuid.UUID(value)
+    return str(uuid.UUID(str(value)))
 
 
 def _read_json(value: Any, _p: int | None, _m: str) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
 from typing import Any
@@ -38,7 +37,7 @@ _ARROW: dict[str, pa.DataType] = {
     "bytea": pa.binary(), "money": pa.decimal128(19, 2), "numeric": pa.string(),
 }
 """Arrow type per column kind. ``timetz`` is held in UTC (Arrow times have no zone);
-``uuid`` and ``numeric`` without a scale (no fixed Arrow decimal holds every value) as text."""
+``numeric`` without a scale (no fixed Arrow decimal holds every value) as text."""
 
 
 def arrow_type(sql_type: str) -> pa.DataType:
@@ -62,11 +61,8 @@ def _arrow_value(sql_type: str) -> Callable[[Any], Any] | None:
         inner = _arrow_value(sql_type[:-2])
         return None if inner is None else (
             lambda v: None if v is None else [inner(x) for x in v])
-    kind, _ = column_kind(sql_type)
-    if kind in ("uuid", "numeric"):
+    if column_kind(sql_type)[0] == "numeric":
         return lambda v: None if v is None else str(v)
-    if kind == "timetz":  # already in UTC
-        return lambda v: None if v is None else v.replace(tzinfo=None)
     return None
 
 
@@ -126,8 +122,6 @@ def _plain(value: Any) -> Any:
         return {"$us": value // dt.timedelta(microseconds=1)}
     if isinstance(value, bytes):
         return {"$b64": base64.b64encode(value).decode("ascii")}
-    if isinstance(value, uuid.UUID):
-        return {"$uuid": str(value)}
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
@@ -138,7 +132,7 @@ def _plain(value: Any) -> Any:
 _TYPED: dict[str, Callable[[Any], Any]] = {
     "$dec": Decimal, "$ts": dt.datetime.fromisoformat, "$date": dt.date.fromisoformat,
     "$time": dt.time.fromisoformat, "$us": lambda us: dt.timedelta(microseconds=us),
-    "$b64": base64.b64decode, "$uuid": uuid.UUID,
+    "$b64": base64.b64decode,
 }
 
 
