@@ -394,17 +394,19 @@ def _read_money(value: Any, _p: int | None, mode: str) -> Decimal:
     return _decimal(value, 2, mode)
 
 
-def _read_numeric(value: Any, _p: int | None, mode: str) -> Decimal:
-    """``numeric`` without a scale (``VariableScaleDecimal``): each value has its own scale."""
-    if isinstance(value, Decimal):
-        return value
+def _read_numeric(value: Any, _p: int | None, mode: str) -> str:
+    """``numeric`` without a scale (``VariableScaleDecimal``): each value has its own scale,
+    which no fixed Arrow decimal holds, so it reads as its exact decimal text ("12.3450"),
+    as the sinks hold it (``verify`` compares it as a number)."""
     if isinstance(value, dict):  # VariableScaleDecimal's {scale, value} (precise mode)
-        return _decimal(value, 0, mode)
+        return str(_decimal(value, 0, mode))
+    if isinstance(value, Decimal):
+        return str(value)
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return Decimal(repr(value))
+        return str(Decimal(repr(value)))
     if not isinstance(value, str) or not _LITERAL.fullmatch(value):
         raise ValueError("not a decimal literal")
-    return Decimal(value)
+    return str(Decimal(value))
 
 
 _Reader = Callable[[Any, "int | None", str], Any]

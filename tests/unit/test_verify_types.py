@@ -48,7 +48,7 @@ VALUES: dict[str, tuple[str, Any]] = {
     "bytea": ("'\\x00ff10'", b"\x00\xff\x10"),
     "real": ("1.1", 1.1),
     "money": ("'-1234.5'", Decimal("-1234.50")),
-    "numeric": ("12.3450", Decimal("12.3450")),
+    "numeric": ("12.3450", "12.3450"),
     "varchar(10)": ("'abc'", "abc"),
     "char(3)": ("'ab'", "ab "),
     "date[]": ("ARRAY['2024-01-01'::date, NULL]", [dt.date(2024, 1, 1), None]),

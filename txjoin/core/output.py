@@ -55,43 +55,6 @@ _PG_NATIVE = {"uuid": "uuid", "json": "json", "jsonb": "jsonb", "numeric": "nume
 """Source types held as Arrow text that the PostgreSQL sink keeps as the source has them."""
 
 
-def _arrow_value(sql_type: str) -> Callable[[Any], Any] | None:
-    """How a Python value of ``sql_type`` becomes what its Arrow type takes (None: as is)."""
-    if sql_type.endswith("[]"):
-        inner = _arrow_value(sql_type[:-2])
-        return None if inner is None else (
-            lambda v: None if v is None else [inner(x) for x in v])
-    if column_kind(sql_type)[0] == "numeric":
-        return lambda v: None if v is None else str(v)
-    return None
-
-
-def _collected(fields: dict[str, Callable[[Any], Any]]) -> Callable[[Any], Any]:
-    def convert(items: list[dict[str, Any]] | None) -> list[dict[str, Any] | None] | None:
-        if items is None:
-            return None
-        return [None if item is None else
-                {f: (fields[f](v) if f in fields else v) for f, v in item.items()}
-                for item in items]
-    return convert
-
-
-def _arrow_values(job: Job) -> dict[str, Callable[[Any], Any]]:
-    """Output column -> conversion, for the columns that need one."""
-    out: dict[str, Callable[[Any], Any]] = {}
-    for name, proj in [*job.output.key.items(), *job.output.columns.items()]:
-        if isinstance(proj, Collect):
-            fields = {f: c for f, ref in proj.fields.items()
-                      if (c := _arrow_value(job.column_type(ref))) is not None}
-            if fields:
-                out[name] = _collected(fields)
-        else:
-            convert = _arrow_value(job.column_type(proj))
-            if convert is not None:
-                out[name] = convert
-    return out
-
-
 def output_schema(job: Job) -> pa.Schema:
     """Schema of a changes table for ``job``: key, value columns, then metadata."""
     fields = []
@@ -169,15 +132,11 @@ def changes_to_table(job: Job, changes: Iterable[OutputChange],
     """Output changes as the Arrow table the sinks take (rows in the given order)."""
     schema = output_schema(job)
     with_source = bool(job.sources)
-    convert = _arrow_values(job)
     changes = list(changes)
     records = []
     for n, ch in enumerate(changes):
         row = rows[n] if rows is not None else ch.row
         record = dict(row) if row is not None else key_row(job, ch.key)
-        for name, to_arrow in convert.items():
-            if name in record:
-                record[name] = to_arrow(record[name])
         record["_op"] = ch.op
         record["_commit_seq"] = ch.commit_seq
         record["_xid"] = ch.xid

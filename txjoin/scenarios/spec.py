@@ -722,7 +722,7 @@ def _expect_row(r: _Reader, value: Any, where: str, line: int, job: Job) -> dict
 
 # Kinds whose values the checks cannot compare in their YAML spelling (an ISO date string
 # against a date): `expect` values of these are read as the job reads the column.
-_READ_IN_EXPECT = frozenset({"date", "time", "timetz", "interval", "uuid", "bytea"})
+_READ_IN_EXPECT = frozenset({"date", "time", "timetz", "interval", "uuid", "bytea", "numeric"})
 
 
 def _expected_value(r: _Reader, value: Any, sql_type: str, where: str, line: int) -> Any:

@@ -556,6 +556,8 @@ def comparable(value: Any, sql_type: str) -> Any:
             value = re.sub(r"[^0-9.-]", "", value)
         if kind == "json":
             return json.loads(value, parse_float=Decimal) if isinstance(value, str) else value
+        if kind == "numeric":  # read as its text; compared as a number (12.30 = 12.3)
+            return Decimal(convert_value(value, sql_type))
         return convert_value(value, sql_type)
     except (TxjoinError, ValueError, OverflowError):
         return value
