@@ -134,12 +134,13 @@ def test_an_earlier_stacks_checkpoint_is_refused_and_down_wipe_removes_it(
         args = [str(ORDERS), "--dir", str(directory), "--master", "local[2]", "--no-postgres"]
         assert txjoin_run(log, "--until-idle", *args).returncode == 0, log.read_text()
 
-        # A new stack in the same directory with the old checkpoint left behind (`down`
-        # keeps the topics, so wipe the stack and put the checkpoint back): new topics.
-        kept = tmp_path / "kept-checkpoints"
-        shutil.copytree(directory / "checkpoints", kept)
+        # A new stack in the same directory with the old checkpoint and output left behind
+        # (`down` keeps the topics, so wipe the stack and put them back): new topics.
+        kept = tmp_path / "kept"
+        for derived in ("checkpoints", "output"):
+            shutil.copytree(directory / derived, kept / derived)
         assert cli.invoke(down, ["--dir", str(directory), "--wipe"]).exit_code == 0
-        shutil.copytree(kept, directory / "checkpoints")
+        shutil.copytree(kept, directory, dirs_exist_ok=True)
         again = cli.invoke(up, ["--dir", str(directory)])
         assert again.exit_code == 0, again.output
         warning = [line for line in again.output.splitlines() if "earlier stack" in line]
