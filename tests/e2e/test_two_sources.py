@@ -130,7 +130,7 @@ def test_each_source_has_its_own_connector_slot_and_one_partition_topics(
     assert info.topics == ("users_db.public.users", "users_db.transaction",
                            "colors_db.public.users_favorite_color", "colors_db.transaction")
     # Asking the running stack for other sources is refused, not silently ignored.
-    with pytest.raises(Exception, match="runs source databases"):
+    with pytest.raises(Exception, match="has source databases"):
         up(directory)
 
 
