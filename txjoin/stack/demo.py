@@ -367,7 +367,7 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
 
     up = stack_mod.up(directory, progress=lambda line: say(f"[dim]{line}[/dim]"))
     info = up.info
-    if up.already_running:
+    if up.already_running or up.resumed:
         say(f"stack in {directory} already running: resuming its checkpoints and outputs")
     else:
         _fresh_outputs(Path(directory), jobs)
