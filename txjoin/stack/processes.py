@@ -59,19 +59,26 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def ensure_port_free(port: int, what: str) -> None:
-    """Raise ServiceError naming ``what`` if 127.0.0.1:``port`` is taken."""
-    with socket.socket() as sock:
-        # As the JVM servers bind: connections of a process that just stopped (TIME_WAIT)
-        # do not make the port busy, a listener does.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise ServiceError(
-                f"port {port} on 127.0.0.1 is busy, so {what} cannot listen there: "
-                f"stop whatever uses it (`ss -ltnp 'sport = :{port}'`) or pick another port"
-            ) from exc
+def ensure_port_free(port: int, what: str, wait: float = 0.0) -> None:
+    """Raise ServiceError naming ``what`` if 127.0.0.1:``port`` is taken (still, after up to
+    ``wait`` seconds: a recorded port a killed process just left can be held a moment)."""
+    deadline = time.monotonic() + wait
+    while True:
+        with socket.socket() as sock:
+            # As the JVM servers bind: connections of a process that just stopped (TIME_WAIT)
+            # do not make the port busy, a listener does.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+                return
+            except OSError as exc:
+                if time.monotonic() < deadline:
+                    time.sleep(0.25)
+                    continue
+                raise ServiceError(
+                    f"port {port} on 127.0.0.1 is busy, so {what} cannot listen there: "
+                    f"stop whatever uses it (`ss -ltnp 'sport = :{port}'`) or pick another "
+                    "port") from exc
 
 
 def listening(port: int) -> bool:

@@ -51,6 +51,8 @@ DEFAULT_DIR = Path(".txjoin")
 STATE_FILE = "stack.json"
 STATE_VERSION = 3
 KAFKA_DATA = "kafka-data"
+RECORDED_PORT_WAIT_S = 15.0
+"""How long a component started again waits for its recorded port to be released."""
 
 Progress = Callable[[str], None]
 
@@ -424,7 +426,7 @@ def _start_postgres(directory: Path, state: dict[str, Any], timeout: float,
                     progress: Progress) -> None:
     entry = state["postgres"]
     progress(f"postgres: starting on 127.0.0.1:{entry['port']}")
-    ensure_port_free(entry["port"], "PostgreSQL")
+    ensure_port_free(entry["port"], "PostgreSQL", wait=RECORDED_PORT_WAIT_S)
     pg = postgres_mod.start_postgres(Path(entry["data_root"]), entry["port"],
                                      Path(entry["log"]), timeout)
     entry.update(pid=pg.process.pid, start_ticks=pg.process.start_ticks)
@@ -436,8 +438,9 @@ def _start_broker(directory: Path, state: dict[str, Any], timeout: float,
     """Start Kafka on the recorded ports and data; create the topics it does not have yet."""
     entry = state["broker"]
     progress(f"broker: starting Kafka on {state['bootstrap_servers']}")
-    ensure_port_free(entry["port"], "the broker")
-    ensure_port_free(entry["controller_port"], "the broker's KRaft controller")
+    ensure_port_free(entry["port"], "the broker", wait=RECORDED_PORT_WAIT_S)
+    ensure_port_free(entry["controller_port"], "the broker's KRaft controller",
+                     wait=RECORDED_PORT_WAIT_S)
     br = broker_mod.start_broker(Path(entry["data_dir"]), entry["port"], Path(entry["log"]),
                                  controller_port=entry["controller_port"], timeout=timeout)
     entry.update(pid=br.process.pid, start_ticks=br.process.start_ticks)
@@ -460,7 +463,8 @@ def _start_debezium(directory: Path, state: dict[str, Any], name: str,
         source["name"], source["prefix"], source["database"], list(source["tables"]))
     what = "" if source is None else f" for source {source['name']!r} (prefix {source['prefix']})"
     progress(f"{name}: starting Kafka Connect{what}, REST on 127.0.0.1:{entry['rest_port']}")
-    ensure_port_free(entry["rest_port"], f"{name}'s Kafka Connect REST API")
+    ensure_port_free(entry["rest_port"], f"{name}'s Kafka Connect REST API",
+                     wait=RECORDED_PORT_WAIT_S)
     dbz = debezium_mod.start_debezium(
         Path(entry["work_dir"]), state["bootstrap_servers"], state["postgres"]["port"],
         postgres_mod.DB_USER, postgres_mod.DB_PASSWORD, Path(entry["log"]),
