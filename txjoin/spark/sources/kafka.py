@@ -91,8 +91,10 @@ class KafkaTopics:
         self._admin: AdminClient | None = None
 
     def _client_conf(self) -> dict[str, Any]:
+        # log_level 0: librdkafka would print a line per failed connection attempt to
+        # stderr; an unreachable broker is reported once, as txjoin's own one-line error.
         return {"bootstrap.servers": self.bootstrap_servers,
-                "socket.connection.setup.timeout.ms": 10_000}
+                "socket.connection.setup.timeout.ms": 10_000, "log_level": 0}
 
     def admin(self) -> AdminClient:
         from confluent_kafka.admin import AdminClient
