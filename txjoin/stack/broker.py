@@ -23,32 +23,25 @@ from pathlib import Path
 
 from txjoin import jvm
 from txjoin.errors import ServiceError
-from txjoin.stack.processes import ProcessId, free_port, listening, stop, wait_until
+from txjoin.stack.processes import (
+    LOG4J2_PROPERTIES,
+    ProcessId,
+    free_port,
+    listening,
+    log4j2_config,
+    stop,
+    wait_until,
+)
 
 SERVER_PROPERTIES = "server.properties"
-LOG4J2_PROPERTIES = "log4j2.properties"
 CLUSTER_ID_FILE = "cluster.id"
 
-LOG4J2 = """\
-status = warn
-appender.out.type = Console
-appender.out.name = out
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = %d{ISO8601} %-5p [%t] %c{1} - %m%n
-rootLogger.level = INFO
-rootLogger.appenderRef.out.ref = out
 # Config dumps (hundreds of lines per client), per-partition load and request chatter.
-logger.config.name = org.apache.kafka.common.config
-logger.config.level = WARN
-logger.clients.name = org.apache.kafka.clients
-logger.clients.level = WARN
-logger.state.name = state.change.logger
-logger.state.level = WARN
-logger.log.name = org.apache.kafka.storage.internals.log
-logger.log.level = WARN
-logger.partition.name = kafka.cluster.Partition
-logger.partition.level = WARN
-"""
+LOG4J2 = log4j2_config({"config": "org.apache.kafka.common.config",
+                        "clients": "org.apache.kafka.clients",
+                        "state": "state.change.logger",
+                        "log": "org.apache.kafka.storage.internals.log",
+                        "partition": "kafka.cluster.Partition"})
 
 
 def java_binary() -> str:

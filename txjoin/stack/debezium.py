@@ -23,7 +23,7 @@ from typing import Any
 from txjoin import jvm
 from txjoin.errors import ConfigError, ServiceError
 from txjoin.stack.broker import java_binary
-from txjoin.stack.processes import ProcessId, free_port, stop
+from txjoin.stack.processes import LOG4J2_PROPERTIES, ProcessId, free_port, log4j2_config, stop
 
 # Measured here (`txjoin up`, worker start to task RUNNING): see README "Local stack".
 PLUGIN_DISCOVERY = "service_load"
@@ -34,20 +34,9 @@ CONNECTOR_JSON = REPO_CONFIG_DIR / "debezium-postgres.json"
 COMPOSE_VALUES = {"PG_HOST": "postgres", "PG_PORT": "5432",
                   "PG_USER": "postgres", "PG_PASSWORD": "postgres"}
 
-LOG4J2 = """\
-status = warn
-appender.out.type = Console
-appender.out.name = out
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = %d{ISO8601} %-5p [%t] %c{1} - %m%n
-rootLogger.level = INFO
-rootLogger.appenderRef.out.ref = out
 # Client config dumps and metadata chatter drown the connector's own messages.
-logger.clients.name = org.apache.kafka.clients
-logger.clients.level = WARN
-logger.config.name = org.apache.kafka.common.config
-logger.config.level = WARN
-"""
+LOG4J2 = log4j2_config({"clients": "org.apache.kafka.clients",
+                        "config": "org.apache.kafka.common.config"})
 
 
 def parse_properties(text: str) -> dict[str, str]:
@@ -154,13 +143,13 @@ def start_debezium(work_dir: Path, bootstrap_servers: str, pg_port: int, pg_user
     connector_file = work_dir / "connector.properties"
     connector_file.write_text(_properties_text(connector))
     connector_file.chmod(0o600)  # it holds the database password
-    (work_dir / "log4j2.properties").write_text(LOG4J2)
+    (work_dir / LOG4J2_PROPERTIES).write_text(LOG4J2)
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(
             [java, "-Xms256m", "-Xmx1g", "-XX:+UseG1GC",
-             f"-Dlog4j2.configurationFile={work_dir / 'log4j2.properties'}",
+             f"-Dlog4j2.configurationFile={work_dir / LOG4J2_PROPERTIES}",
              "-cp", classpath, "org.apache.kafka.connect.cli.ConnectStandalone",
              str(worker_file), str(connector_file)],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=work_dir,

@@ -130,3 +130,18 @@ def _reap(pid: int) -> None:
     """Collect ``pid`` if it is our own child, so it does not linger as a zombie."""
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
+
+
+LOG4J2_PROPERTIES = "log4j2.properties"
+
+
+def log4j2_config(quiet: dict[str, str]) -> str:
+    """A log4j2 configuration for the stack's JVMs: INFO to the console (the component's log
+    file), and WARN for the loggers of ``quiet`` (short name -> logger name)."""
+    lines = ["status = warn", "appender.out.type = Console", "appender.out.name = out",
+             "appender.out.layout.type = PatternLayout",
+             "appender.out.layout.pattern = %d{ISO8601} %-5p [%t] %c{1} - %m%n",
+             "rootLogger.level = INFO", "rootLogger.appenderRef.out.ref = out"]
+    for short, logger in quiet.items():
+        lines += [f"logger.{short}.name = {logger}", f"logger.{short}.level = WARN"]
+    return "\n".join(lines) + "\n"

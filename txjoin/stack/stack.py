@@ -362,7 +362,7 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
         state[name] = {"work_dir": str(work_dir), "rest_port": free_port(), "log": str(log),
                        **({"dsn": dsn} if dsn else {})}
     _write_state(directory, state)
-    try:
+    with _stopped_on_failure(directory, state):
         _start_postgres(directory, state, timeout, progress)
         _start_broker(directory, state, timeout, progress)
         for spec in sources:
@@ -372,12 +372,19 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
             _start_debezium(directory, state, name, progress)
         for name in _debezium_components(state):
             _wait_debezium(state, timeout, name)
+    return _started(directory, state, started, progress, resumed=False)
+
+
+@contextlib.contextmanager
+def _stopped_on_failure(directory: Path, state: dict[str, Any]) -> Iterator[None]:
+    """Stop every component started so far, and record the stack stopped, if starting fails."""
+    try:
+        yield
     except BaseException:
         _stop_all(state)
         state["stopped"] = True
         _write_state(directory, state)
         raise
-    return _started(directory, state, started, progress, resumed=False)
 
 
 def _resume(directory: Path, state: dict[str, Any], timeout: float,
@@ -386,7 +393,7 @@ def _resume(directory: Path, state: dict[str, Any], timeout: float,
     started = time.monotonic()
     broker_mod.java_binary()
     state["stopped"] = False
-    try:
+    with _stopped_on_failure(directory, state):
         for name in _components(state):
             proc = _process(state, name)
             if proc is not None and proc.alive():
@@ -405,11 +412,6 @@ def _resume(directory: Path, state: dict[str, Any], timeout: float,
                 _start_debezium(directory, state, name, progress)
         for name in _debezium_components(state):
             _wait_debezium(state, timeout, name)
-    except BaseException:
-        _stop_all(state)
-        state["stopped"] = True
-        _write_state(directory, state)
-        raise
     return _started(directory, state, started, progress, resumed=True)
 
 
