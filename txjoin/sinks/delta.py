@@ -113,7 +113,8 @@ class DeltaSink:
         self.table, self.job = table, job
         self.key_columns = list(key_columns)
         self.schema = schema
-        self.root = Path(output_dir) / table
+        # Absolute: delta-spark reads a relative location such as ".txjoin/..." as a name.
+        self.root = Path(output_dir).absolute() / table
         self.where = str(self.root)
         self.current_path = str(self.root / "current")
         self.changelog_path = str(self.root / "changelog")
