@@ -20,9 +20,11 @@ for name in spark kafka connect; do
     fi
     echo "fetching jars for $name (jvm/$name/pom.xml) ..." >&2
     rm -rf "$dest.tmp"
+    mkdir -p .jars
     if ! mvn -q -B -Dstyle.color=never -f "jvm/$name/pom.xml" dependency:copy-dependencies \
-            -DoutputDirectory="$PWD/$dest.tmp" -DincludeScope=runtime >&2; then
-        echo "error: mvn could not fetch the jars of jvm/$name/pom.xml (is Maven Central reachable?)" >&2
+            -DoutputDirectory="$PWD/$dest.tmp" -DincludeScope=runtime > ".jars/mvn-$name.log" 2>&1; then
+        tail -20 ".jars/mvn-$name.log" >&2
+        echo "error: mvn could not fetch the jars of jvm/$name/pom.xml (is Maven Central reachable? log: .jars/mvn-$name.log)" >&2
         exit 2
     fi
     if [ "$name" = connect ]; then
