@@ -214,6 +214,17 @@ def test_delta_replay_after_a_crash_between_changelog_and_current(
     assert sink.read_current()[0]["total"] == Decimal("5.00")
 
 
+def test_delta_writes_over_an_empty_log_a_killed_first_write_left(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """A job killed while creating its tables leaves ``_delta_log`` without a commit;
+    delta-spark calls such a path a missing table and refuses to create it there."""
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
+    for path in (sink.changelog_path, sink.current_path):
+        (Path(path) / "_delta_log").mkdir(parents=True)
+    assert sink.write(0, batch(change("c", 1, 1))) is True
+    assert [r["order_id"] for r in sink.read_current()] == [1]
+
+
 def test_postgres_tables_have_typed_columns_and_a_progress_row(dsn: str) -> None:
     sink = PostgresSink(dsn, "typed_orders", "typed", ["order_id"], SCHEMA)
     sink.write(3, batch(change("c", 1, 41)))

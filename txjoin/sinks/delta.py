@@ -229,6 +229,13 @@ class DeltaSink:
         still see whole batches."""
         if DeltaTable.is_deltatable(path):
             return
+        log = Path(path) / "_delta_log"
+        if log.is_dir() and not any(log.glob("[0-9]*.json")) and \
+                not any(log.glob("*.checkpoint*")):
+            # A writer stopped before the table's first commit left an empty log, which
+            # delta-spark reads as a table that "doesn't exist" and will not create: no
+            # commit means no table, so the empty log goes.
+            shutil.rmtree(log)
         from delta.tables import DeltaTable as SparkDeltaTable
 
         (SparkDeltaTable.createIfNotExists(self.spark).location(path)
