@@ -233,6 +233,14 @@ def last_offsets(checkpoint: Path) -> dict[str, dict[str, int]]:
     return {}
 
 
+# The consumer's fetch.max.wait.ms: how long the broker holds a fetch that finds fewer
+# bytes than it wants. A micro-batch reads each partition up to an offset already
+# written, yet with Kafka's default (500 ms) every partition's read ended in one such
+# wait: counting 15k records of the stack's 8 topics took 2.6 s, 0.4 s with 10 ms
+# (2 cores). A batch's reads are bounded, so a short wait costs no extra fetches.
+FETCH_MAX_WAIT_MS = 10
+
+
 def read_stream(spark: SparkSession, bootstrap: str, topics: Sequence[str],
                 starting_offsets: str = "earliest", max_events: int | None = None
                 ) -> DataFrame:
@@ -246,7 +254,8 @@ def read_stream(spark: SparkSession, bootstrap: str, topics: Sequence[str],
               .option("subscribe", ",".join(dict.fromkeys(topics)))
               .option("startingOffsets", starting_offsets)
               # Offsets that vanished (retention, a deleted topic) stop the query.
-              .option("failOnDataLoss", "true"))
+              .option("failOnDataLoss", "true")
+              .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS)))
     if max_events is not None:
         if max_events <= 0:
             raise ConfigError(f"--max-events-per-trigger must be positive, got {max_events}")
