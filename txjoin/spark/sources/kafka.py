@@ -239,6 +239,10 @@ def last_offsets(checkpoint: Path) -> dict[str, dict[str, int]]:
 # wait: counting 15k records of the stack's 8 topics took 2.6 s, 0.4 s with 10 ms
 # (2 cores). A batch's reads are bounded, so a short wait costs no extra fetches.
 FETCH_MAX_WAIT_MS = 10
+# Bytes one fetch returns per partition (Kafka's default: 1 MiB, a thousand Debezium
+# records): a task reads its range in fewer round trips. bench -n 40000: source alone
+# ~79k -> ~85-88k records/s. A fetch stays bounded by fetch.max.bytes (50 MiB).
+MAX_PARTITION_FETCH_BYTES = 16 * 1024 * 1024
 
 
 def read_stream(spark: SparkSession, bootstrap: str, topics: Sequence[str],
@@ -255,7 +259,8 @@ def read_stream(spark: SparkSession, bootstrap: str, topics: Sequence[str],
               .option("startingOffsets", starting_offsets)
               # Offsets that vanished (retention, a deleted topic) stop the query.
               .option("failOnDataLoss", "true")
-              .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS)))
+              .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
+              .option("kafka.max.partition.fetch.bytes", str(MAX_PARTITION_FETCH_BYTES)))
     if max_events is not None:
         if max_events <= 0:
             raise ConfigError(f"--max-events-per-trigger must be positive, got {max_events}")
