@@ -9,7 +9,6 @@ import sys
 import time
 
 from txjoin.job import load_job
-from txjoin.sinks.outbox import Parcel
 from txjoin.spark.pipeline import Pipeline, RunConfig, build_sinks
 from txjoin.spark.session import get_session
 from txjoin.spark.sources.replay import SOURCE_NAME, ReplaySource
@@ -25,15 +24,8 @@ def main() -> None:
     config = RunConfig(checkpoint_dir=f"{workdir}/ckpt", output_dir=f"{workdir}/out",
                        postgres_dsn=dsn, trigger_interval="100 milliseconds", shards=shards)
     sinks = build_sinks(job, config, spark)
-    pipeline = Pipeline(spark, job, config, sinks, on_batch=lambda r: print(
-        f"batch {r.batch_id} done{' (from the outbox)' if r.recovered else ''}", flush=True))
-    hand_over = pipeline.outbox.put
-
-    def put_and_say(parcel: Parcel) -> None:  # the batch is durable; Spark commits it next
-        hand_over(parcel)
-        print(f"batch {parcel.batch_id} handed", flush=True)
-
-    pipeline.outbox.put = put_and_say  # type: ignore[method-assign]
+    pipeline = Pipeline(spark, job, config, sinks,
+                        on_batch=lambda r: print(f"batch {r.batch_id} done", flush=True))
     source = spark.readStream.format(SOURCE_NAME).option("schedule", schedule).load()
     query = pipeline.start(source, available_now=until_idle)
     if until_idle:

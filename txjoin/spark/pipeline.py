@@ -5,9 +5,7 @@ Shape of the query::
     source (Spark's kafka | txjoin_replay | txjoin_files): topic, partition, offset, key, value
       -> mapInArrow(decode + route)                    # executors, before the shuffle
       -> groupBy(shard).transformWithStateInPandas(ShardProcessor)   # n shards in parallel
-      -> foreachBatch: the batch's changes to the outbox (durable), then in the
-         background, while Spark computes the next batch: Delta + PostgreSQL sinks,
-         each one commit per batch (``txjoin/sinks/outbox.py``)
+      -> foreachBatch: Delta + PostgreSQL sinks, each one commit per batch
 
 Every shard sees the metadata of every event and marker, so every shard
 assembles every transaction and releases the same ones in the same micro-batch
@@ -16,13 +14,10 @@ full copies of the looked-up tables (``txjoin/core/routing.py``). A shard's
 state is its own log in Spark's state store (RocksDB): each micro-batch writes
 only what it brought, snapshots are amortised (``txjoin/core/state_log.py``).
 The sinks get the union of the shards' output changes in commit order and
-commit it once per sink (the sinks write at the same time), through the outbox:
-durable in the checkpoint before Spark commits the batch, committed to the sinks
-while the next batch computes. After a crash at any point, the outbox's batch is
-committed first, then Spark re-runs the batch it had not committed from the
-previous state with the same input; the shards, being deterministic, produce the
-same changes, which the sinks skip if they already hold them: nothing lost,
-nothing applied twice.
+commit it once per sink (the sinks write at the same time). After a crash at
+any point Spark re-runs the last batch from the previous state with the same
+input; the shards, being deterministic, produce the same changes, which the
+sinks skip if they already hold them: nothing lost, nothing applied twice.
 """
 
 from __future__ import annotations
@@ -50,7 +45,6 @@ from txjoin.errors import ConfigError
 from txjoin.job import Job
 from txjoin.sinks import Sink
 from txjoin.sinks.lineage import Lineage, checkpoint_id
-from txjoin.sinks.outbox import Outbox, Parcel
 from txjoin.spark.shards import (
     OUTPUT_SCHEMA,
     ROUTED_SCHEMA,
@@ -110,14 +104,13 @@ class BatchReport:
     waiting: int
     transactions_released: int
     written: dict[str, bool] = field(default_factory=dict)  # sink -> applied (False: replay)
-    seconds: float = 0.0  # from the batch's start in foreachBatch to its sinks' commit
+    seconds: float = 0.0  # the whole foreachBatch call (includes computing the batch)
     breakdown: dict[str, float] = field(default_factory=dict)  # where the seconds went
     commit_ts_ms: list[int] = field(default_factory=list)
     finished_at: float = 0.0
     snapshot_rows: int = 0  # snapshot (op=r) rows the batch brought
     state_bytes_written: int = 0  # bytes the shards handed to the state store
     shard_states: list[str] = field(default_factory=list)  # cached/caught-up/restored/new
-    recovered: bool = False  # committed from the outbox a stopped or killed run left
 
 
 def decode_batch(job: Job, frame: pd.DataFrame) -> tuple[pa.Table, dict[str, Any]]:
@@ -225,7 +218,6 @@ class Pipeline:
         self.reports: list[BatchReport] = []
         self.schema = output_schema(job)
         self.kafka_facts: KafkaFacts | None = None  # set when Spark's kafka source is used
-        self.outbox = Outbox(self.checkpoint, self._deliver)
 
     @property
     def checkpoint(self) -> str:
@@ -283,38 +275,24 @@ class Pipeline:
                 .transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "None"))
 
     def _write(self, df: DataFrame, batch_id: int) -> None:
-        """foreachBatch: compute the batch's changes, hand them to the outbox (durable
-        before Spark commits the batch), return while the sinks commit them."""
-        started, started_at = time.monotonic(), time.time()
+        started = time.monotonic()
         frame = df.toPandas()
         computed = time.monotonic()
         table, info = decode_batch(self.job, frame)
         breakdown = {f"python_{k}": v for k, v in info.get("seconds", {}).items()}
         breakdown["source_and_stateful"] = computed - started
         breakdown["decode_output"] = time.monotonic() - computed
-        frontier = info.get("commit_seq")  # absent: the sinks keep the frontier they hold
-        lineage = Lineage(checkpoint_id(self.checkpoint),
-                          None if frontier is None else int(frontier))
-        handed = time.monotonic()
-        self.outbox.put(Parcel(batch_id, table, lineage,
-                               {**info, "breakdown": breakdown, "started_at": started_at}))
-        # Waiting for the previous batch's sinks, and making this one durable.
-        breakdown["sink_handoff"] = time.monotonic() - handed
-
-    def _deliver(self, parcel: Parcel) -> None:
-        """Commit one batch to every sink (the outbox's thread), then report it."""
-        info, table, batch_id = parcel.info, parcel.changes, parcel.batch_id
-        breakdown = dict(info.get("breakdown", {}))
-        started_at = float(info.get("started_at", time.time()))
         written = {}
         commit_seq = int(info.get("commit_seq", self.reports[-1].commit_seq
                                   if self.reports else 0))
-
+        frontier = info.get("commit_seq")  # absent: the sinks keep the frontier they hold
+        lineage = Lineage(checkpoint_id(self.checkpoint),
+                          None if frontier is None else int(frontier))
         # The sinks are independent (each commits the batch once, and skips a batch it
         # already holds when Spark re-runs it): they write at the same time.
         def write(sink: Sink) -> tuple[bool, float]:
             before = time.monotonic()
-            applied = sink.write(batch_id, table, lineage=parcel.lineage)
+            applied = sink.write(batch_id, table, lineage=lineage)
             return applied, time.monotonic() - before
 
         with ThreadPoolExecutor(max_workers=len(self.sinks) or 1,
@@ -322,7 +300,6 @@ class Pipeline:
             futures = [(sink.name, pool.submit(write, sink)) for sink in self.sinks]
             for name, future in futures:  # the first error (in sink order) stops the batch
                 written[name], breakdown[f"sink_{name}"] = future.result()
-        finished_at = time.time()
         report = BatchReport(
             batch_id=batch_id, records=int(info.get("records", 0)), changes=table.num_rows,
             commit_seq=commit_seq,
@@ -330,24 +307,18 @@ class Pipeline:
             snapshot_released=bool(info.get("snapshot_released", False)),
             waiting=int(info.get("waiting", 0)),
             transactions_released=int(info.get("released", 0)), written=written,
-            seconds=finished_at - started_at, breakdown=breakdown,
+            seconds=time.monotonic() - started, breakdown=breakdown,
             commit_ts_ms=[int(v.timestamp() * 1000) for v in
                           table.column("_commit_ts").to_pylist() if v is not None],
-            finished_at=finished_at, snapshot_rows=int(info.get("snapshot_rows", 0)),
+            finished_at=time.time(), snapshot_rows=int(info.get("snapshot_rows", 0)),
             state_bytes_written=int(info.get("state_bytes_written", 0)),
-            shard_states=list(info.get("states", [])), recovered=parcel.recovered)
+            shard_states=list(info.get("states", [])))
         self.reports.append(report)
         if self.on_batch is not None:
             self.on_batch(report)
 
-    def recover(self) -> list[int]:
-        """Commit the batches a stopped or killed run left in the outbox (before a query
-        starts, and before the sinks' lineage is compared with the checkpoint)."""
-        return self.outbox.recover()
-
     def start(self, source: DataFrame, *, available_now: bool = False,
-              query_name: str | None = None) -> PipelineQuery:
-        self.recover()
+              query_name: str | None = None) -> StreamingQuery:
         writer = (self.build(source).writeStream
                   .foreachBatch(self._write)
                   .option("checkpointLocation", self.checkpoint)
@@ -358,38 +329,4 @@ class Pipeline:
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=self.config.trigger_interval)
-        return PipelineQuery(writer.start(), self.outbox)
-
-
-class PipelineQuery:
-    """The streaming query, whose end also waits for its last batch's sinks.
-
-    ``awaitTermination`` and ``stop`` return once the outbox's batch in flight is
-    committed, and raise its sinks' error; a sink failure while the query waits for
-    data stops the query. Everything else is the ``StreamingQuery``'s.
-    """
-
-    def __init__(self, query: StreamingQuery, outbox: Outbox) -> None:
-        self.query = query
-        self._outbox = outbox
-
-    def awaitTermination(self, timeout: int | None = None) -> bool | None:
-        try:
-            ended = (self.query.awaitTermination() if timeout is None
-                     else self.query.awaitTermination(timeout))
-        except BaseException:
-            self._outbox.close()  # the query's error comes first
-            raise
-        if ended is None or ended:
-            self._outbox.wait()
-        elif self._outbox.failed():  # a sink failed while the query had nothing to do
-            self.query.stop()
-            self._outbox.wait()
-        return ended
-
-    def stop(self) -> None:
-        self.query.stop()
-        self._outbox.wait()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.query, name)
+        return writer.start()

@@ -15,19 +15,19 @@ from pathlib import Path
 
 import click
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from txjoin.job import Job
 from txjoin.sinks import Sink
 from txjoin.sinks.lineage import Checkpoint, check_lineage, short
-from txjoin.spark.pipeline import BatchReport, Pipeline, PipelineQuery, RunConfig, build_sinks
+from txjoin.spark.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
 from txjoin.spark.session import get_session
 
 
 def print_report(report: BatchReport) -> None:
     sinks = "+".join(f"{name}{'' if applied else '(replayed, skipped)'}"
                      for name, applied in report.written.items())
-    click.echo(f"batch {report.batch_id}{' (from the outbox)' if report.recovered else ''}: "
-               f"{report.records} records, "
+    click.echo(f"batch {report.batch_id}: {report.records} records, "
                f"{report.transactions_released} transactions released, {report.changes} "
                f"changes -> {sinks}; frontier commit_seq {report.commit_seq}, "
                f"{report.waiting} waiting")
@@ -64,7 +64,7 @@ def summary_line(reports: list[BatchReport], sinks: list[Sink]) -> str:
             f"{'none yet' if frontier is None else frontier}")
 
 
-def _await(query: PipelineQuery, until_idle: bool, stop: threading.Event | None) -> bool:
+def _await(query: StreamingQuery, until_idle: bool, stop: threading.Event | None) -> bool:
     """Wait for ``query``; False when interrupted (Ctrl-C or ``stop``) before it ended."""
     try:
         if until_idle:
@@ -82,7 +82,7 @@ def _await(query: PipelineQuery, until_idle: bool, stop: threading.Event | None)
     return True
 
 
-def _raise_failure(query: PipelineQuery) -> None:
+def _raise_failure(query: StreamingQuery) -> None:
     exc = query.exception()
     if exc is not None:
         raise exc
@@ -113,8 +113,6 @@ def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None]
             for sink in sinks:
                 sink.begin_rebuild(checkpoint.id)
         else:
-            # Batches a killed run handed over but did not commit go to the sinks first.
-            pipeline.recover()
             check_lineage(sinks, Checkpoint.open(path))
         source = source_frame(spark, job, config, pipeline)
         if config.rebuild:
