@@ -56,7 +56,8 @@ def high_watermarks(info: StackInfo) -> dict[str, int]:
         consumer.close()
 
 
-def settled_high_watermarks(info: StackInfo, quiet_s: float = 3.0,
+def settled_high_watermarks(info: StackInfo,
+                            quiet_s: float = 3 * debezium.OFFSET_FLUSH_INTERVAL_MS / 1000,
                             timeout: float = 120.0) -> dict[str, int]:
     """The high watermarks once Debezium has stopped sending: unchanged for ``quiet_s``.
 

@@ -96,6 +96,11 @@ def rest_url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
 
 
+# How often the worker records the connector's offsets (a restarted or killed worker
+# resends what came after the last record).
+OFFSET_FLUSH_INTERVAL_MS = 1000
+
+
 def worker_properties(work_dir: Path, bootstrap_servers: str, rest_port: int) -> dict[str, str]:
     """The standalone worker's settings: its offsets file in ``work_dir`` (kept across
     restarts: a restarted worker resumes where its last flush left it)."""
@@ -107,7 +112,7 @@ def worker_properties(work_dir: Path, bootstrap_servers: str, rest_port: int) ->
         "key.converter.schemas.enable": "false",
         "value.converter.schemas.enable": "false",
         "offset.storage.file.filename": str(work_dir / "offsets.dat"),
-        "offset.flush.interval.ms": "1000",
+        "offset.flush.interval.ms": str(OFFSET_FLUSH_INTERVAL_MS),
         "plugin.path": str(plugin_path()),
         # The plugin's jars carry ServiceLoader manifests: no reflective scan of every class.
         "plugin.discovery": PLUGIN_DISCOVERY,

@@ -237,11 +237,11 @@ def last_offsets(checkpoint: Path) -> dict[str, dict[str, int]]:
 # bytes than it wants. A micro-batch reads each partition up to an offset already
 # written, yet with Kafka's default (500 ms) every partition's read ended in one such
 # wait: counting 15k records of the stack's 8 topics took 2.6 s, 0.4 s with 10 ms
-# (2 cores). A batch's reads are bounded, so a short wait costs no extra fetches.
+# (2 cores).
 FETCH_MAX_WAIT_MS = 10
 # Bytes one fetch returns per partition (Kafka's default: 1 MiB, a thousand Debezium
 # records): a task reads its range in fewer round trips. bench -n 40000: source alone
-# ~79k -> ~85-88k records/s. A fetch stays bounded by fetch.max.bytes (50 MiB).
+# 78-79k -> 82-88k records/s. A fetch stays bounded by fetch.max.bytes (50 MiB).
 MAX_PARTITION_FETCH_BYTES = 16 * 1024 * 1024
 
 
