@@ -131,14 +131,18 @@ class Workload(threading.Thread):
         self.seed = seed
         self.result: GenerateResult | None = None
         self.error: BaseException | None = None
+        self.stopping = threading.Event()
 
     def run(self) -> None:
         try:
-            self.result = generate(*self.args, seed=self.seed, writers=3)
+            self.result = generate(*self.args, seed=self.seed, writers=3, stop=self.stopping)
         except BaseException as exc:
             self.error = exc
 
-    def finish(self) -> GenerateResult:
+    def finish(self, *, early: bool = False) -> GenerateResult:
+        """Join the workload; ``early``: stop it now (its duration is then only a bound)."""
+        if early:
+            self.stopping.set()
         self.join(self.args[2] + 120)
         if self.error is not None:
             raise self.error
@@ -321,3 +325,22 @@ def test_verify_exits_1_and_names_the_rows_when_a_sink_is_wrong(e2e_stack: E2ESt
                                          "--output-dir", str(tmp_path / "output")])
     assert result.exit_code == 1, result.output
     assert f"missing ({present})" in result.output and "no Delta table" in result.output
+
+
+def test_demo_json_summarises_a_live_run_it_verified(e2e_stack: E2EStack) -> None:
+    """`txjoin demo --json`: one JSON object on stdout (progress on stderr), its latency
+    figures from changes the job really streamed, and both sinks verified."""
+    done = subprocess.run(
+        txjoin_command("demo", "--dir", str(e2e_stack.directory), "--duration", "4",
+                       "--rate", "20", "--orders-only", "--master", MASTER, "--json"),
+        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S,
+        check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout)  # stdout holds the JSON and nothing else
+    print(f"\n[e2e] demo --json: {summary}")
+    assert summary["ok"] and summary["transactions"] > 0 and summary["events_per_s"] > 0
+    latency = summary["commit_to_sink_ms"]
+    assert latency["count"] > 0
+    assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
+    assert set(summary["verify"]["orders"]["sinks"]) == {"delta", "postgres"}
+    assert "summary" in done.stderr

@@ -73,7 +73,21 @@ def test_postgres_sink_down_for_20s_mid_stream_loses_and_repeats_nothing(
         restartable.start()
         print(f"\n[e2e] sink PostgreSQL down for {time.monotonic() - down_at:.0f}s")
         assert workload.is_alive(), "the workload ended before the outage did: lengthen it"
-        result = workload.finish()
+        # Two batches applied after the outage (the retried one, then one read while the
+        # workload still writes): the job recovered mid-stream, so the workload can stop.
+        before: int | None = None  # the last batch applied before the outage
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while True:
+            now = applied_batches(restartable.dsn)  # None while PostgreSQL starts
+            if before is None:
+                before = now
+            elif now is not None and now >= before + 2:
+                break
+            assert run.poll() is None, f"txjoin run died after the outage:\n{tail(log)}"
+            assert time.monotonic() < deadline, f"no batch after the outage:\n{tail(log)}"
+            time.sleep(0.5)
+        assert workload.is_alive(), "the workload ended before the job recovered: lengthen it"
+        result = workload.finish(early=True)
         wait_until_captured(e2e_stack.info)
         assert run.poll() is None, f"txjoin run died after the outage:\n{tail(log)}"
         os.killpg(run.pid, signal.SIGINT)

@@ -147,11 +147,11 @@ def test_consecutive_replay_processes_all_exit_0(tmp_path: Path) -> None:
     # 20 in a row would take ~10 min here; tests/unit/test_exit.py runs the reading part
     # of the race (the cause) 20 times in seconds.
     codes = []
-    for _ in range(3):
+    for _ in range(2):
         done = txjoin("replay", str(SCENARIO), env={"TMPDIR": str(tmp_path)})
         assert ABORT not in done.stderr
         codes.append(done.returncode)
-    assert codes == [0, 0, 0]
+    assert codes == [0, 0]
 
 
 def test_txjoin_run_reads_two_source_databases_with_a_prefix_override(

@@ -71,7 +71,7 @@ def test_pipeline_over_files_in_small_batches_resumes_and_matches_the_oracle(
     archive_rows(archive_dir, spread_rows[:len(records)], per_file=7)
 
     config = RunConfig(topic_prefix="fshop", source=f"files:{archive_dir}",
-                       max_events_per_trigger=40, checkpoint_dir=str(tmp_path / "ckpt"),
+                       max_events_per_trigger=60, checkpoint_dir=str(tmp_path / "ckpt"),
                        output_dir=str(tmp_path / "out"), postgres_dsn=pg_dsn)
 
     def drain() -> list:

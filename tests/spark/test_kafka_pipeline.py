@@ -47,7 +47,7 @@ def test_pipeline_over_kafka_in_small_batches_resumes_and_matches_the_oracle(
     produce(bootstrap, [(r.topic, r.key, r.value) for r in records])
 
     config = RunConfig(topic_prefix="kshop", bootstrap_servers=bootstrap,
-                       max_events_per_trigger=40, checkpoint_dir=str(tmp_path / "ckpt"),
+                       max_events_per_trigger=80, checkpoint_dir=str(tmp_path / "ckpt"),
                        output_dir=str(tmp_path / "out"), postgres_dsn=pg_dsn)
 
     def drain() -> list:

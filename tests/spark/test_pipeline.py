@@ -106,7 +106,7 @@ def _kill_schedule(tmp_path: Path, n_tx: int, partitions: int = 1
     for tx in txs:
         produced.extend(synth.transaction(tx))
     # table topics over `partitions` partitions by key; interleave topic-partitions at
-    # random, keeping each one's order; ~40 batches
+    # random, keeping each one's order; ~20 batches
     rnd = random.Random(5)
     queues: dict[tuple[str, int], list] = {}
     for row in spread(produced, partitions, f"{synth.prefix}.transaction"):
@@ -115,7 +115,7 @@ def _kill_schedule(tmp_path: Path, n_tx: int, partitions: int = 1
     while any(queues.values()):
         rows = []
         for queue in queues.values():
-            take = rnd.randint(0, 30)
+            take = rnd.randint(0, 60)
             rows += queue[:take]
             del queue[:take]
         done = {t for (t, _), q in queues.items() if not q}
@@ -138,8 +138,12 @@ def _wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> None:
     raise AssertionError(f"no {needle!r} within {timeout}s")
 
 
-@pytest.mark.parametrize("shards, partitions", [(1, 1), (4, 1), (2, 3)],
-                         ids=["shards1", "shards4", "shards2-partitions3"])
+# The default shard count (Spark's parallelism, 2 here) over partitioned topics, and more
+# shards than cores. One shard is not killed here (~2.5 min a run): the restart it would
+# test is the same checkpoint and sink protocol, which every scenario and the restart at
+# every batch boundary run at shards 1, 2 and 4.
+@pytest.mark.parametrize("shards, partitions", [(4, 1), (2, 3)],
+                         ids=["shards4", "shards2-partitions3"])
 def test_kill_9_and_restart_loses_nothing_and_applies_nothing_twice(
         pg_dsn: str, shards: int, partitions: int, tmp_path: Path) -> None:
     """partitions: table topics spread over that many partitions by key (declared by the

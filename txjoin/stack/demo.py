@@ -330,25 +330,32 @@ def _ms(value: float | None) -> str:
 @click.option("--master", default="local[2]", show_default=True, help="Spark master URL.")
 @click.option("--plain", is_flag=True,
               help="Plain progress lines even on a terminal (the default without one).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the summary as one JSON object on stdout (commit_to_sink_ms with "
+                   "p50/p99/max, events_per_s, verify results); progress goes to stderr.")
 def demo(directory: Path, duration: float, rate: float, seed: int, writers: int,
-         orders_only: bool, master: str, plain: bool) -> None:
+         orders_only: bool, master: str, plain: bool, as_json: bool) -> None:
     """Start the stack, write a live workload, stream it through txjoin, verify, summarise.
 
     The stack keeps running afterwards (`txjoin down` stops it). Exit code 0 when every sink
     of every job matches PostgreSQL's answer, 1 otherwise.
     """
+    console = Console(stderr=True) if as_json else None
     try:
-        ok = run_demo(directory, duration, rate, seed, writers, orders_only, master, plain)
+        summary = run_demo(directory, duration, rate, seed, writers, orders_only, master,
+                           plain or as_json, console)
     except TxjoinError as exc:
         click.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(exc.exit_code)
-    sys.exit(0 if ok else 1)
+    if as_json:
+        click.echo(json.dumps(summary, sort_keys=True))
+    sys.exit(0 if summary["ok"] else 1)
 
 
 def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, writers: int = 2,
              orders_only: bool = False, master: str = "local[2]", plain: bool = False,
-             console: Console | None = None) -> bool:
-    """The demo; True when every verification passed."""
+             console: Console | None = None) -> dict[str, Any]:
+    """The demo; its summary (``summary_data``), ``ok`` when every verification passed."""
     from txjoin.job import load_job
     from txjoin.spark.pipeline import RunConfig
     from txjoin.spark.run import run_job
@@ -437,7 +444,35 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
     _summary(say, up, generator, progress, others, results)
     say(f"the stack keeps running: `txjoin down --dir {directory}` stops it "
         f"(`--wipe` also removes its data)")
-    return all(r.ok for r in results)
+    return summary_data(rate, duration, generator, progress, results)
+
+
+def summary_data(rate: float, duration: float, generator: GeneratorThread,
+                 progress: JobProgress, results: list[Any]) -> dict[str, Any]:
+    """The demo's figures as plain data (``txjoin demo --json``): the offered and achieved
+    rates, commit-to-sink latency of the streamed job in ms, and each job's verify."""
+    gen = generator.result
+    lat = progress.latencies_ms
+    data: dict[str, Any] = {
+        "rate_tx_per_s": rate, "duration_s": duration,
+        "transactions": gen.transactions if gen is not None else 0,
+        "events": gen.events if gen is not None else 0,
+        "commit_to_sink_ms": {"p50": percentile(lat, 50), "p99": percentile(lat, 99),
+                              "max": max(lat) if lat else None, "count": len(lat)},
+        "ok": all(r.ok for r in results),
+        "verify": {r.job: {"ok": r.ok, "sinks": {s.sink: {"rows": s.rows,
+                                                          "mismatches": s.mismatches}
+                                                 for s in r.sinks}} for r in results},
+    }
+    if gen is not None:
+        data["achieved_tx_per_s"] = round(gen.transactions / max(gen.seconds, 1e-9), 1)
+    # events_per_s: from the first write to the last sink commit, end to end
+    end = progress.last_active_at
+    if gen is not None and generator.started_at is not None and end is not None:
+        data["events_per_s"] = round(gen.events / max(end - generator.started_at, 1e-9), 1)
+    else:
+        data["events_per_s"] = None
+    return data
 
 
 def _summary(say: Any, up: Any, generator: GeneratorThread, progress: JobProgress,

@@ -373,26 +373,31 @@ class _Writer:
         return None
 
 
-def paced(step: Callable[[], None], deadline: float, interval: float) -> None:
-    """Call ``step`` every ``interval`` seconds until ``deadline`` (monotonic), flat out when
-    a step takes longer than the interval."""
+def paced(step: Callable[[], None], deadline: float, interval: float,
+          stop: threading.Event | None = None) -> None:
+    """Call ``step`` every ``interval`` seconds until ``deadline`` (monotonic) or until
+    ``stop`` is set, flat out when a step takes longer than the interval."""
     next_at = time.monotonic()
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
         step()
         next_at += interval
         pause = next_at - time.monotonic()
         if pause > 0:
-            time.sleep(pause)
+            if stop is None:
+                time.sleep(pause)
+            else:
+                stop.wait(pause)
 
 
 def generate(dsn: str, rate_tx_per_s: float, duration_s: float, seed: int = 0,
-             writers: int = 1) -> GenerateResult:
+             writers: int = 1, stop: threading.Event | None = None) -> GenerateResult:
     """Drive the pizzeria workload against ``dsn`` for ``duration_s`` seconds.
 
     ``rate_tx_per_s`` is the target over all ``writers`` (each its own connection and
     thread); when the database cannot keep up the writers simply run flat out. Returns
     the committed transactions and the row changes per captured table (= the data events
-    Debezium should emit), and how many orders_expected rows were written.
+    Debezium should emit), and how many orders_expected rows were written. Setting
+    ``stop`` ends it early, after each writer's transaction in flight.
     """
     if rate_tx_per_s <= 0 or duration_s < 0 or writers < 1:
         raise ConfigError("generate needs rate > 0, duration >= 0 and writers >= 1")
@@ -413,7 +418,7 @@ def generate(dsn: str, rate_tx_per_s: float, duration_s: float, seed: int = 0,
         writer: _Writer | None = None
         try:
             writer = _Writer(dsn, world, random.Random(seed * 1_000 + index))
-            paced(writer.step, deadline, interval)
+            paced(writer.step, deadline, interval, stop)
         except BaseException as exc:
             errors.append(exc)
         finally:
