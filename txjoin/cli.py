@@ -122,8 +122,7 @@ def _env(name: str) -> str:
                    "Default: the job's decimal_handling_mode, else string (as shipped in "
                    "config/debezium-postgres.properties).")
 @click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
-              help="Extra Spark setting (repeatable), e.g. to enable delta-spark's writer "
-                   "(see README).")
+              help="Extra Spark setting (repeatable), e.g. spark.executor.memory=2g.")
 @click.option("--max-transaction-bytes", envvar=_env("MAX_TRANSACTION_BYTES"), show_envvar=True,
               type=click.IntRange(min=1), default=512 << 20, show_default=True,
               help="A transaction is buffered whole in a shard's memory until it is "
@@ -132,6 +131,16 @@ def _env(name: str) -> str:
 @click.option("--shards", envvar=_env("SHARDS"), show_envvar=True, type=click.IntRange(min=1),
               default=None, help="Shards the join's state and work are split into (fixed for "
                                  "a checkpoint). Default: Spark's default parallelism.")
+@click.option("--maintain-every", envvar=_env("MAINTAIN_EVERY"), show_envvar=True,
+              type=click.IntRange(min=1), default=None,
+              help="Compact the Delta tables' small files after every N micro-batches (and "
+                   "VACUUM them with --vacuum-retention-hours), between batches, so no "
+                   "writer runs beside it. Default: never (`txjoin maintain` does it while "
+                   "the job is stopped).")
+@click.option("--vacuum-retention-hours", envvar=_env("VACUUM_RETENTION_HOURS"),
+              show_envvar=True, type=click.FloatRange(min=0), default=None,
+              help="With --maintain-every: delete data files no Delta version of the last H "
+                   "hours needs (time travel keeps working inside H). Default: no VACUUM.")
 @click.option("--dir", "directory", envvar=_env("DIR"), show_envvar=True, default=DEFAULT_DIR,
               show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Local stack directory (state, logs, default checkpoints and output).")
@@ -147,7 +156,7 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
         until_idle: bool, rebuild: bool, on_incomplete: str,
         incomplete_timeout: float, decimal_handling_mode: str | None,
         spark_conf: tuple[str, ...], max_transaction_bytes: int, shards: int | None,
-        directory: Path,
+        maintain_every: int | None, vacuum_retention_hours: float | None, directory: Path,
         source: str) -> None:
     """Run JOB_FILE as a streaming query: Kafka -> transactions -> join -> Delta + PostgreSQL."""
     from txjoin.job import load_job
@@ -195,7 +204,11 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
         on_incomplete=on_incomplete, incomplete_timeout_s=incomplete_timeout,
         spark_conf=_parse_conf(spark_conf), shards=shards, source=source, rebuild=rebuild,
         max_transaction_bytes=max_transaction_bytes,
-        postgres_retry_timeout_s=postgres_retry_timeout)
+        postgres_retry_timeout_s=postgres_retry_timeout, maintain_every=maintain_every,
+        vacuum_retention_hours=vacuum_retention_hours)
+    if vacuum_retention_hours is not None and maintain_every is None:
+        raise ConfigError("--vacuum-retention-hours runs with the job's maintenance: add "
+                          "--maintain-every N (or run `txjoin maintain` while it is stopped)")
     config.prefixes(job)  # every source has a prefix, no two share one: fail before Spark
     run_job(job, config)
 
@@ -315,6 +328,46 @@ def replay(files: tuple[Path, ...], as_json: bool, postgres_dsn: str | None,
             else:
                 shutil.rmtree(root, ignore_errors=True)
     sys.exit(1 if failed else 0)
+
+
+@main.command()
+@click.argument("job_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--output-dir", envvar=_env("OUTPUT_DIR"), show_envvar=True, default=None,
+              help="Delta tables root, as given to `txjoin run`. Default: <--dir>/output.")
+@click.option("--retention-hours", type=click.FloatRange(min=0), default=None,
+              help="Also VACUUM: delete data files no version of the last H hours needs "
+                   "(time travel keeps working inside H). Default: compact only.")
+@click.option("--master", envvar=_env("MASTER"), show_envvar=True, default="local[*]",
+              show_default=True, help="Spark master URL.")
+@click.option("--dir", "directory", envvar=_env("DIR"), show_envvar=True, default=DEFAULT_DIR,
+              show_default=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Local stack directory (its default output).")
+@cli_errors
+def maintain(job_file: Path, output_dir: str | None, retention_hours: float | None,
+             master: str, directory: Path) -> None:
+    """Compact JOB_FILE's Delta tables (and VACUUM with --retention-hours).
+
+    Compaction commits no row change: readers see the same state, earlier versions stay
+    readable. Run it while the job is stopped (a running job compacts itself with
+    `txjoin run --maintain-every N`): Delta would let one of two concurrent writers fail.
+    """
+    from txjoin.job import load_job
+    from txjoin.sinks.delta import DeltaSink
+    from txjoin.spark.pipeline import RunConfig, build_sinks
+    from txjoin.spark.session import get_session
+
+    os.environ.setdefault(SPARK_LOG_ENV, str(directory / "logs" / "spark.log"))
+    job = load_job(job_file)
+    root = Path(output_dir or directory / "output")
+    if not (root / job.output.table / "current" / "_delta_log").is_dir():
+        raise ConfigError(f"no Delta table of job {job.name!r} at {root / job.output.table}: "
+                          f"has it run with --output-dir {root}?")
+    spark = get_session(master, app_name="txjoin-maintain")
+    sinks = build_sinks(job, RunConfig(output_dir=str(root), master=master), spark)
+    for sink in sinks:
+        if isinstance(sink, DeltaSink):
+            for upkeep in sink.maintain(retention_hours):
+                click.echo(upkeep.line())
 
 
 @main.group("job")

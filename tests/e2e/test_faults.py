@@ -45,7 +45,8 @@ from tests.e2e.test_end_to_end import (
 from txjoin.job import load_job
 from txjoin.stack import status, up
 from txjoin.stack.demo import wait_for_end, wait_until_captured
-from txjoin.stack.generate import ADVISORY_LOCK_KEY, generate
+from txjoin.stack.generate import generate
+from txjoin.stack.postgres import ADVISORY_LOCK_KEY
 from txjoin.stack.verify import verify_job
 
 pytestmark = pytest.mark.e2e

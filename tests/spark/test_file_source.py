@@ -14,16 +14,20 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
 from txjoin.bench import spread
+from txjoin.cli import main
 from txjoin.core.oracle import outputs_after_each
+from txjoin.core.output import output_schema
 from txjoin.errors import DecodeError, OrderingError, TxjoinError, from_worker
 from txjoin.job import load_job
 from txjoin.scenarios.checks import check_exactly_once, check_final
 from txjoin.scenarios.synthesize import Produced, Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
 from txjoin.sinks import without_metadata
+from txjoin.sinks.delta import DeltaSink
 from txjoin.spark.pipeline import Pipeline, RunConfig, build_sinks
 from txjoin.spark.run import source_frame
 from txjoin.stack.export import write_records
@@ -52,10 +56,14 @@ def archive_rows(out: Path, rows: list[tuple[str, int, int, str | None, str | No
         write_records(out, topic, part, recs[0][2], [r[4] for r in recs], per_file)
 
 
-@pytest.mark.parametrize("partitions", [1, 3], ids=["1-partition", "3-partitions"])
+@pytest.mark.parametrize("partitions, maintain_every", [(1, None), (3, 2)],
+                         ids=["1-partition", "3-partitions-maintained"])
 def test_pipeline_over_files_in_small_batches_resumes_and_matches_the_oracle(
-        spark: SparkSession, pg_dsn: str, tmp_path: Path, partitions: int) -> None:
-    """partitions: table topics spread over that many partition folders by key."""
+        spark: SparkSession, pg_dsn: str, tmp_path: Path, partitions: int,
+        maintain_every: int | None) -> None:
+    """partitions: table topics spread over that many partition folders by key.
+    maintain_every: the job compacts and VACUUMs (retention 0) its Delta tables every that
+    many batches, and `txjoin maintain` runs once more at the end: nothing changes."""
     job = load_job(ORDERS)
     snapshot, txs = pizzeria_workload(60, seed=5)
     synth = Synthesizer(job, prefix="fshop")
@@ -72,7 +80,9 @@ def test_pipeline_over_files_in_small_batches_resumes_and_matches_the_oracle(
 
     config = RunConfig(topic_prefix="fshop", source=f"files:{archive_dir}",
                        max_events_per_trigger=60, checkpoint_dir=str(tmp_path / "ckpt"),
-                       output_dir=str(tmp_path / "out"), postgres_dsn=pg_dsn)
+                       output_dir=str(tmp_path / "out"), postgres_dsn=pg_dsn,
+                       maintain_every=maintain_every,
+                       vacuum_retention_hours=None if maintain_every is None else 0)
 
     def drain() -> list:
         sinks = build_sinks(job, config, spark, pg_table_suffix=f"files{partitions}")
@@ -80,6 +90,10 @@ def test_pipeline_over_files_in_small_batches_resumes_and_matches_the_oracle(
         query = pipeline.start(source_frame(spark, job, config, pipeline), available_now=True)
         query.awaitTermination()
         assert len(pipeline.reports) > 3, "small batches expected"
+        maintained = [r.batch_id for r in pipeline.reports if "delta_maintain" in r.breakdown]
+        assert maintained == ([] if maintain_every is None else
+                              [r.batch_id for r in pipeline.reports
+                               if (r.batch_id + 1) % maintain_every == 0])
         return sinks
 
     expected = outputs_after_each(job, snapshot, txs)
@@ -99,6 +113,19 @@ def test_pipeline_over_files_in_small_batches_resumes_and_matches_the_oracle(
         once = check_exactly_once(sink.read_changelog(), ["order_id"], current)
         assert once.ok, f"{sink.name}: {once.message}"
         sink.close()
+
+    if maintain_every is not None:
+        def delta_rows() -> tuple[list, list]:
+            delta = DeltaSink(str(tmp_path / "out"), job.output.table, job.name,
+                              list(job.output.key), output_schema(job))  # read-only
+            return delta.read_current(), delta.read_changelog()
+
+        before = delta_rows()
+        done = CliRunner().invoke(main, ["maintain", str(ORDERS), "--output-dir",
+                                         str(tmp_path / "out"), "--retention-hours", "0"])
+        assert done.exit_code == 0, done.output
+        assert done.output.count("live files") == 2, done.output  # changelog and current
+        assert delta_rows() == before
 
 
 def test_files_that_appear_while_the_job_runs_are_read(spark: SparkSession,

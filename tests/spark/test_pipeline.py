@@ -1,6 +1,6 @@
 """The Spark pipeline end to end on the replay source: scenarios, restarts, kill -9.
 
-Both sinks (Delta via delta-rs, PostgreSQL) are compared row by row with the
+Both sinks (Delta via delta-spark, PostgreSQL) are compared row by row with the
 oracle; the changelog must hold every version exactly once.
 """
 

@@ -214,6 +214,41 @@ def test_delta_replay_after_a_crash_between_changelog_and_current(
     assert sink.read_current()[0]["total"] == Decimal("5.00")
 
 
+def test_delta_maintenance_compacts_without_changing_a_state_or_the_progress(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """Compaction and VACUUM (issue 20 item 3): same rows, same progress and lineage,
+    replays still skipped, every version inside the retention still readable; VACUUM
+    with no retention leaves only the live files on disk."""
+    lineage = Lineage("ck-maintain", 0)
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
+    for b in range(6):
+        sink.write(b, batch(change("c" if b == 0 else "u", b % 3, b + 1),
+                            change("c" if b < 3 else "u", 10 + b % 3, 100 + b)), lineage)
+    current, changelog = sink.read_current(), sink.read_changelog()
+    held = sink.held()
+    version = DeltaTable(sink.current_path).version()
+    old = DeltaTable(sink.current_path, version=version - 2).to_pyarrow_table()
+
+    compacted = sink.maintain(retention_hours=1)
+    assert [u.path for u in compacted] == [sink.changelog_path, sink.current_path]
+    for upkeep in compacted:
+        assert upkeep.files_before > upkeep.files_after == 1, upkeep.line()
+        assert upkeep.on_disk_after == upkeep.on_disk_before + 1  # 1 h keeps the old files
+    assert sink.read_current() == current and sink.read_changelog() == changelog
+    assert sink.held() == held
+    assert DeltaTable(sink.current_path, version=version - 2).to_pyarrow_table() == old
+    # Progress and idempotence go on through the maintenance commits.
+    assert sink.write(5, batch(change("d", 2, 6)), lineage) is False
+    assert sink.write(6, batch(change("d", 2, 7)), lineage) is True
+    assert sink.last_applied_batch() == 6
+
+    vacuumed = sink.maintain(retention_hours=0)
+    for upkeep in vacuumed:
+        assert upkeep.on_disk_after == upkeep.files_after, upkeep.line()
+    assert [r["order_id"] for r in sink.read_current()] == \
+        [r["order_id"] for r in current if r["order_id"] != 2]
+
+
 def test_delta_writes_over_an_empty_log_a_killed_first_write_left(
         spark: SparkSession, tmp_path: Path) -> None:
     """A job killed while creating its tables leaves ``_delta_log`` without a commit;

@@ -44,6 +44,7 @@ from txjoin.core.state_log import LAYOUT_VERSION
 from txjoin.errors import ConfigError
 from txjoin.job import Job
 from txjoin.sinks import Sink
+from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.lineage import Lineage, checkpoint_id
 from txjoin.spark.shards import (
     OUTPUT_SCHEMA,
@@ -81,6 +82,8 @@ class RunConfig:
     source: str = "kafka"  # or "files:DIR" (txjoin.spark.sources.files)
     rebuild: bool = False  # start a new checkpoint and re-derive the sinks from the source
     postgres_retry_timeout_s: float = 60.0  # how long a lost PostgreSQL sink is retried
+    maintain_every: int | None = None  # compact the Delta tables every N batches (None: never)
+    vacuum_retention_hours: float | None = None  # and VACUUM them (None: no VACUUM)
 
     def prefixes(self, job: Job) -> dict[str, str]:
         """Source name -> topic prefix for ``job`` (``topic_prefix`` for a single source)."""
@@ -149,8 +152,6 @@ def build_sinks(job: Job, config: RunConfig, spark: SparkSession | None = None,
     """Delta always (written by delta-spark through ``spark``; without it, for reading only);
     PostgreSQL when a DSN is configured (``pg_table_suffix`` keeps several runs, e.g.
     scenarios, apart in one database)."""
-    from txjoin.sinks.delta import DeltaSink
-
     schema = output_schema(job)
     keys = list(job.output.key)
     sinks: list[Sink] = [DeltaSink(config.output_dir, job.output.table, job.name, keys, schema,
@@ -300,6 +301,14 @@ class Pipeline:
             futures = [(sink.name, pool.submit(write, sink)) for sink in self.sinks]
             for name, future in futures:  # the first error (in sink order) stops the batch
                 written[name], breakdown[f"sink_{name}"] = future.result()
+        every = self.config.maintain_every
+        if every is not None and (batch_id + 1) % every == 0:
+            # Between two batches: no writer of ours runs beside the compaction.
+            before = time.monotonic()
+            for sink in self.sinks:
+                if isinstance(sink, DeltaSink):
+                    sink.maintain(self.config.vacuum_retention_hours)
+            breakdown["delta_maintain"] = time.monotonic() - before
         report = BatchReport(
             batch_id=batch_id, records=int(info.get("records", 0)), changes=table.num_rows,
             commit_seq=commit_seq,

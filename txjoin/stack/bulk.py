@@ -44,7 +44,6 @@ import psycopg2.extensions
 from txjoin.errors import ConfigError, ServiceError
 from txjoin.sinks.postgres import mask_dsn
 from txjoin.stack.generate import (
-    ADVISORY_LOCK_KEY,
     COLOURS,
     NAMES,
     PIZZA_IDS,
@@ -52,6 +51,7 @@ from txjoin.stack.generate import (
     connect_source,
     pizza_array,
 )
+from txjoin.stack.postgres import ADVISORY_LOCK_KEY
 from txjoin.stack.stack import StackInfo
 
 TRANSACTIONS_PER_ROUND_TRIP = 100

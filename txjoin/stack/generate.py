@@ -39,9 +39,7 @@ import psycopg2.extensions
 
 from txjoin.errors import ConfigError, ServiceError
 from txjoin.sinks.postgres import mask_dsn
-
-# Any constant works; it only has to be the same for every writer of one database.
-ADVISORY_LOCK_KEY = 0x7478_6A6F_696E  # "txjoin"
+from txjoin.stack.postgres import ADVISORY_LOCK_KEY
 
 PIZZA_IDS = (1, 2, 3, 4)
 UNKNOWN_PIZZA_ID = 99  # never on the menu: the inner join drops it

@@ -3,11 +3,12 @@
 For ``jobs/users_colors_two_dbs.py`` on a stack started with ``txjoin up --job``. Each
 database gets its own writers (threads, one connection each) racing for that database's
 advisory lock: as in :mod:`txjoin.stack.generate`, the lock is taken by the FIRST
-statement and held until commit, so one database's transactions commit one after another,
-and the LAST statement records ``pg_current_xact_id()`` and its count of captured row
-changes in the uncaptured commit log (:data:`txjoin.stack.postgres.COMMIT_LOG`). Its
-``seq`` is therefore that source's commit order: what ``txjoin verify`` checks the sink
-changelog's per-source order against.
+statement and held until commit, so one database's transactions commit one after another.
+The database's commit-order trigger (:mod:`txjoin.stack.postgres`) records each one's xid
+and count of captured row changes in the uncaptured commit log
+(:data:`txjoin.stack.postgres.COMMIT_LOG`) at commit, as for any other writer. Its ``seq``
+is that source's commit order: what ``txjoin verify`` checks the sink changelog's
+per-source order against.
 
 The two databases are not coordinated at all: there is no order between them, which is
 the point (DESIGN §1 per source). Colour writers pick user ids up to a little past the
@@ -29,14 +30,13 @@ import psycopg2.extensions
 from txjoin.errors import ConfigError, ServiceError
 from txjoin.sinks.postgres import mask_dsn
 from txjoin.stack.generate import (
-    ADVISORY_LOCK_KEY,
     COLOURS,
     NAMES,
     GenerateResult,
     connect_source,
     paced,
 )
-from txjoin.stack.postgres import COMMIT_LOG
+from txjoin.stack.postgres import ADVISORY_LOCK_KEY
 
 USERS_TABLE = "public.users"
 COLOURS_TABLE = "public.users_favorite_color"
@@ -83,11 +83,9 @@ class _SourceWriter:
                 funcs, weights = zip(*self.kinds, strict=True)
                 kind = self.rng.choices(funcs, weights)[0]
                 kind(cur)
-                # LAST statement, under the lock: this transaction's place in commit order.
+                # Its place in commit order is recorded at commit by the database's trigger.
                 # A transaction that changed no captured row (a delete of rows a racing
-                # writer removed) is never published: pgoutput skips empty transactions.
-                cur.execute(f"INSERT INTO {COMMIT_LOG} (xid, events) "
-                            "VALUES (pg_current_xact_id()::text::bigint, %s)", (self.tx_events,))
+                # writer removed) gets none: pgoutput never publishes it either.
             self.conn.commit()
         except BaseException:
             self.conn.rollback()

@@ -209,11 +209,39 @@ def _create_databases(port: int) -> None:
 
 _PG_TYPES = {"int": "integer", "bool": "boolean", "double": "double precision"}
 
+# Any constant works; it only has to be the same for every writer of one database.
+ADVISORY_LOCK_KEY = 0x7478_6A6F_696E  # "txjoin"
+"""The transaction-level advisory lock that serialises a source database's commits: the
+workload generators take it first; a ``txjoin up --job`` database's commit-order trigger
+takes it at commit (so any writer's transactions are recorded in commit order)."""
+
 COMMIT_LOG = "public.txjoin_commits"
-"""Uncaptured table of a source database: the workload's transactions in commit order."""
+"""Uncaptured table of a source database: its transactions in commit order (``seq``)."""
 CHANGE_LOG = "public.txjoin_changes"
 """Uncaptured table of a source database: every row change of its captured tables, by xid
 (a trigger writes it), so verify can rebuild the source's state after each transaction."""
+
+# The commit log of a `txjoin up --job` database is written by a deferred constraint
+# trigger on every captured table, whoever writes (txjoin generate, the user's own SQL or
+# application). It fires at commit, before the commit record: it takes ADVISORY_LOCK_KEY,
+# which is released only once the transaction has committed, and then numbers the
+# transaction. The next writing transaction waits for the lock at its own commit, so
+# `seq` is commit order (and WAL order). It fires once per changed row: `events` counts
+# them (the data events Debezium publishes for the transaction).
+_COMMIT_LOG_SQL = f"""
+CREATE TABLE IF NOT EXISTS {COMMIT_LOG} (seq bigserial PRIMARY KEY,
+    xid bigint NOT NULL UNIQUE, events integer NOT NULL DEFAULT 0,
+    committed_at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE OR REPLACE FUNCTION public.txjoin_record_commit() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock({ADVISORY_LOCK_KEY});
+    INSERT INTO {COMMIT_LOG} AS c (xid, events) VALUES (pg_current_xact_id()::text::bigint, 1)
+        ON CONFLICT (xid) DO UPDATE SET events = c.events + 1;
+    RETURN NULL;
+END
+$$;
+"""
 
 _CHANGE_LOG_SQL = f"""
 CREATE TABLE IF NOT EXISTS {CHANGE_LOG} (
@@ -269,14 +297,18 @@ def create_source_database(port: int, database: str, tables: Sequence[Table]) ->
     try:
         with conn, conn.cursor() as cur:
             cur.execute(_CHANGE_LOG_SQL)
+            cur.execute(_COMMIT_LOG_SQL)
             for table in tables:
                 cur.execute(table_ddl(table))
                 cur.execute(f"CREATE OR REPLACE TRIGGER txjoin_record_change AFTER INSERT OR "
                             f"UPDATE OR DELETE ON {table.name} FOR EACH ROW EXECUTE FUNCTION "
                             f"public.txjoin_record_change()")
-            cur.execute(f"CREATE TABLE IF NOT EXISTS {COMMIT_LOG} (seq bigserial PRIMARY KEY, "
-                        "xid bigint NOT NULL UNIQUE, events integer NOT NULL DEFAULT 0, "
-                        "committed_at timestamptz NOT NULL DEFAULT clock_timestamp())")
+                # (no CREATE OR REPLACE for a constraint trigger)
+                cur.execute(f"DROP TRIGGER IF EXISTS txjoin_record_commit ON {table.name}")
+                cur.execute(f"CREATE CONSTRAINT TRIGGER txjoin_record_commit AFTER "
+                            f"INSERT OR UPDATE OR DELETE ON {table.name} DEFERRABLE INITIALLY "
+                            f"DEFERRED FOR EACH ROW EXECUTE FUNCTION "
+                            f"public.txjoin_record_commit()")
     finally:
         conn.close()
     return url
