@@ -141,6 +141,11 @@ def _env(name: str) -> str:
               show_envvar=True, type=click.FloatRange(min=0), default=None,
               help="With --maintain-every: delete data files no Delta version of the last H "
                    "hours needs (time travel keeps working inside H). Default: no VACUUM.")
+@click.option("--metrics-port", envvar=_env("METRICS_PORT"), show_envvar=True,
+              type=click.IntRange(min=0, max=65535), default=None,
+              help="Serve the job's progress at http://HOST:PORT/metrics in the Prometheus "
+                   "text format (batches, records, transactions released and waiting, "
+                   "frontier lag, per-stage and sink commit times). Default: off.")
 @click.option("--dir", "directory", envvar=_env("DIR"), show_envvar=True, default=DEFAULT_DIR,
               show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Local stack directory (state, logs, default checkpoints and output).")
@@ -156,8 +161,8 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
         until_idle: bool, rebuild: bool, on_incomplete: str,
         incomplete_timeout: float, decimal_handling_mode: str | None,
         spark_conf: tuple[str, ...], max_transaction_bytes: int, shards: int | None,
-        maintain_every: int | None, vacuum_retention_hours: float | None, directory: Path,
-        source: str) -> None:
+        maintain_every: int | None, vacuum_retention_hours: float | None,
+        metrics_port: int | None, directory: Path, source: str) -> None:
     """Run JOB_FILE as a streaming query: Kafka -> transactions -> join -> Delta + PostgreSQL."""
     from txjoin.job import load_job
     from txjoin.spark.pipeline import RunConfig
@@ -205,7 +210,7 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
         spark_conf=_parse_conf(spark_conf), shards=shards, source=source, rebuild=rebuild,
         max_transaction_bytes=max_transaction_bytes,
         postgres_retry_timeout_s=postgres_retry_timeout, maintain_every=maintain_every,
-        vacuum_retention_hours=vacuum_retention_hours)
+        vacuum_retention_hours=vacuum_retention_hours, metrics_port=metrics_port)
     if vacuum_retention_hours is not None and maintain_every is None:
         raise ConfigError("--vacuum-retention-hours runs with the job's maintenance: add "
                           "--maintain-every N (or run `txjoin maintain` while it is stopped)")

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import psycopg2
@@ -30,6 +31,7 @@ from tests.e2e.test_end_to_end import (
     tail,
 )
 from tests.fixtures import restartable_postgres
+from tests.fixtures.postgres import free_port
 from txjoin.job import load_job
 from txjoin.stack.demo import wait_until_captured
 from txjoin.stack.verify import verify_job
@@ -54,8 +56,9 @@ def test_postgres_sink_down_for_20s_mid_stream_loses_and_repeats_nothing(
         e2e_stack: E2EStack, tmp_path: Path,
         restartable: restartable_postgres.RestartablePostgres) -> None:
     log = tmp_path / "run.log"
+    metrics_port = free_port()
     args = [*run_args(e2e_stack, ORDERS, tmp_path, restartable.dsn),
-            "--postgres-retry-timeout", "90"]
+            "--postgres-retry-timeout", "90", "--metrics-port", str(metrics_port)]
     # long enough to outlast the first batch (a cold query on a backlog) plus the outage
     workload = Workload(e2e_stack, rate=20, duration=150, seed=13)
     workload.start()
@@ -66,6 +69,17 @@ def test_postgres_sink_down_for_20s_mid_stream_loses_and_repeats_nothing(
             assert run.poll() is None, f"txjoin run died:\n{tail(log)}"
             assert time.monotonic() < deadline, f"no batch in PostgreSQL yet:\n{tail(log)}"
             time.sleep(0.5)
+        # The running job's progress, as a Prometheus scraper reads it (a batch is counted
+        # once foreachBatch returns, just after its sinks committed).
+        deadline = time.monotonic() + 60
+        while True:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as response:
+                scraped = response.read().decode()
+            if 'txjoin_batches_total{job="orders"} 0' not in scraped:
+                break
+            assert time.monotonic() < deadline, f"no batch in the metrics:\n{scraped}"
+            time.sleep(0.2)
+        assert 'txjoin_stage_seconds{job="orders",stage="sink_postgres"}' in scraped, scraped
         restartable.stop()
         down_at = time.monotonic()
         time.sleep(OUTAGE_S)

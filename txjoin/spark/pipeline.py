@@ -84,6 +84,7 @@ class RunConfig:
     postgres_retry_timeout_s: float = 60.0  # how long a lost PostgreSQL sink is retried
     maintain_every: int | None = None  # compact the Delta tables every N batches (None: never)
     vacuum_retention_hours: float | None = None  # and VACUUM them (None: no VACUUM)
+    metrics_port: int | None = None  # serve Prometheus metrics on this port (None: no)
 
     def prefixes(self, job: Job) -> dict[str, str]:
         """Source name -> topic prefix for ``job`` (``topic_prefix`` for a single source)."""

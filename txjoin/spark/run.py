@@ -20,6 +20,7 @@ from pyspark.sql.streaming import StreamingQuery
 from txjoin.job import Job
 from txjoin.sinks import Sink
 from txjoin.sinks.lineage import Checkpoint, check_lineage, short
+from txjoin.spark.metrics import Metrics, MetricsServer
 from txjoin.spark.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
 from txjoin.spark.session import get_session
 
@@ -91,17 +92,32 @@ def _raise_failure(query: StreamingQuery) -> None:
 def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None] | None = None,
             stop: threading.Event | None = None, quiet: bool = False) -> list[BatchReport]:
     """Run the job until stopped (Ctrl-C or ``stop``), or until idle with ``until_idle``."""
+    metrics = Metrics(job.name)
+    server = None if config.metrics_port is None else MetricsServer(metrics, config.metrics_port)
+    say = (lambda _: None) if quiet else click.echo
+    if server is not None:
+        say(f"metrics: http://localhost:{server.port}/metrics")
+    try:
+        return _run(job, config, metrics, on_batch, stop, quiet, say)
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _run(job: Job, config: RunConfig, metrics: Metrics,
+         on_batch: Callable[[BatchReport], None] | None, stop: threading.Event | None,
+         quiet: bool, say: Callable[[str], None]) -> list[BatchReport]:
     spark = get_session(config.master, app_name=f"txjoin-{job.name}",
                         extra_conf=config.spark_conf)
     sinks = build_sinks(job, config, spark)
 
     def report(r: BatchReport) -> None:
+        metrics.observe(r)
         if not quiet:
             print_report(r)
         if on_batch is not None:
             on_batch(r)
 
-    say = (lambda _: None) if quiet else click.echo
     pipeline = Pipeline(spark, job, config, sinks, on_batch=report)
     try:
         path = Path(pipeline.checkpoint)
