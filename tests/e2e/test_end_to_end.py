@@ -34,6 +34,7 @@ from click.testing import CliRunner
 from deltalake import DeltaTable
 
 from tests.e2e.conftest import E2EStack, restart_debezium
+from txjoin.cli import main
 from txjoin.job import Job, load_job
 from txjoin.scenarios.checks import canonical, show
 from txjoin.sinks.delta import DeltaSink
@@ -344,3 +345,9 @@ def test_demo_json_summarises_a_live_run_it_verified(e2e_stack: E2EStack) -> Non
     assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
     assert set(summary["verify"]["orders"]["sinks"]) == {"delta", "postgres"}
     assert "summary" in done.stderr
+
+    # `txjoin status` shows the job from its progress row in the stack's sink database.
+    shown = CliRunner().invoke(main, ["status", "--dir", str(e2e_stack.directory)])
+    assert shown.exit_code == 0, shown.output
+    job_row = next(line for line in shown.output.splitlines() if " orders " in line)
+    assert "s ago" in job_row, shown.output

@@ -26,6 +26,7 @@ sinks return the same Python values (``Decimal`` for decimals, aware datetimes).
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import math
@@ -271,6 +272,27 @@ def _copy_value(t: pa.DataType) -> Callable[[Any], Any] | None:
     if pa.types.is_duration(t):
         return lambda v: None if v is None else f"{v // timedelta(microseconds=1)} microseconds"
     return None
+
+
+def read_progress(dsn: str, schema: str = "public") -> list[dict[str, Any]]:
+    """Every job's row of ``txjoin_progress`` in ``schema`` (empty when there is none),
+    newest first: what ``txjoin status`` shows of the jobs writing this database."""
+    try:
+        with contextlib.closing(psycopg2.connect(dsn, connect_timeout=3)) as conn, \
+                conn.cursor() as cur:
+            cur.execute("SELECT to_regclass(%s)", (f"{schema}.{PROGRESS_TABLE}",))
+            if cur.fetchone()[0] is None:
+                return []
+            cur.execute(sql.SQL(
+                "SELECT job, last_batch_id, frontier_commit_seq, last_change_xid, updated_at, "
+                "now() - updated_at FROM {} ORDER BY updated_at DESC").format(
+                    sql.Identifier(schema, PROGRESS_TABLE)))
+            names = ("job", "last_batch_id", "frontier_commit_seq", "last_change_xid",
+                     "updated_at", "age")
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    except psycopg2.Error as exc:
+        raise ServiceError(f"cannot read {PROGRESS_TABLE} at {mask_dsn(dsn)}: "
+                           f"{_first_line(exc)}") from None
 
 
 class PostgresSink:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from txjoin.errors import ConfigError, ServiceError, cli_errors
-from txjoin.sinks.postgres import mask_dsn
+from txjoin.sinks.postgres import mask_dsn, read_progress
 from txjoin.stack import stack as stack_mod
 from txjoin.stack.generate import generate as generate_workload
 
@@ -123,6 +124,24 @@ def status(directory: Path) -> None:
         for source in info.sources:
             console.print(f"source {source.name!r}: {mask_dsn(source.dsn)}, topics "
                           f"{', '.join(source.topics)}", highlight=False)
+        postgres = next((c for c in components if c.name == "postgres"), None)
+        if postgres is not None and postgres.running:
+            _print_jobs(console, read_progress(info.pg_dsn_sink))
+
+
+def _print_jobs(console: Console, rows: list[dict[str, Any]]) -> None:
+    """The jobs writing the stack's sink database, from their progress rows."""
+    if not rows:
+        console.print("jobs      none has written the sink database yet", highlight=False)
+        return
+    table = Table("job", "last batch", "frontier commit_seq", "last change xid", "updated")
+    for row in rows:
+        age = row["age"].total_seconds()
+        table.add_row(row["job"], str(row["last_batch_id"]),
+                      "" if row["frontier_commit_seq"] is None else str(row["frontier_commit_seq"]),
+                      "" if row["last_change_xid"] is None else str(row["last_change_xid"]),
+                      f"{age:,.0f} s ago")
+    console.print(table)
 
 
 @click.command()
