@@ -41,6 +41,7 @@ from txjoin.core.engine import Engine
 from txjoin.job import load_job
 from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
+from txjoin.spark.metrics import quantile
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "orders.py"
 
@@ -99,13 +100,6 @@ def produce(bootstrap: str, records: list[tuple[str, str | None, str | None]],
 
 def _identity(batches: Iterator[Any]) -> Iterator[Any]:
     yield from batches
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def key_partition(key: str | None, partitions: int) -> int:
@@ -285,8 +279,8 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
             "data_events_per_s": round(data_events / total_s),
             "transactions_per_s": round(len(txs) / total_s),
             "micro_batches": len(reports),
-            "batch_latency_p50_s": round(_percentile(durations, 0.5), 3),
-            "batch_latency_p99_s": round(_percentile(durations, 0.99), 3),
+            "batch_latency_p50_s": round(quantile(durations, 0.5), 3),
+            "batch_latency_p99_s": round(quantile(durations, 0.99), 3),
             "sink_write_p50_s": round(statistics.median([r.seconds for r in reports]), 3)
             if reports else 0,
             "seconds_per_batch_by_stage": {
@@ -295,14 +289,14 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
             "peak_rss_driver_mb": round(rss.driver / 2**20),
             "peak_rss_python_workers_mb": round(rss.workers / 2**20),
             "steady_batches": len(steady),
-            "steady_batch_p50_s": round(_percentile(steady_durations, 0.5), 3),
+            "steady_batch_p50_s": round(quantile(steady_durations, 0.5), 3),
             # Bytes the shards handed to Spark's state store (segments, meta, and the
             # amortised snapshots), per batch without snapshot rows; Spark's own figures
             # for the same batches: rows updated and the store's memory.
             "state_bytes_written_per_batch": round(statistics.mean(
                 r.state_bytes_written for r in steady)) if steady else 0,
             "state_rows_updated_per_batch": round(statistics.mean(updated)) if updated else 0,
-            "state_memory_used_bytes_p50": round(_percentile([float(m) for m in memory], 0.5)),
+            "state_memory_used_bytes_p50": round(quantile([float(m) for m in memory], 0.5)),
             "shard_states": sorted({s for r in reports for s in r.shard_states}),
         })
         result["ratio_to_ceiling"] = round(result["events_per_s"] /

@@ -41,7 +41,10 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _quantile(values: list[float], q: float) -> float:
+def quantile(values: list[float], q: float) -> float:
+    """The ``q`` (0..1) quantile of ``values`` by nearest rank (0.0 for none)."""
+    if not values:
+        return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
@@ -93,7 +96,7 @@ class Metrics:
                        "transaction it wrote.", [("", min(lags))])
                 metric("commit_to_sink_seconds", "summary",
                        "Sink commit time minus source commit time, over the last batch's "
-                       "changes.", [(f',quantile="{q}"', _quantile(lags, q))
+                       "changes.", [(f',quantile="{q}"', quantile(lags, q))
                                     for q in (0.5, 0.99)])
             metric("batch_seconds", "gauge", "The last micro-batch, in all.",
                    [("", last.seconds)])

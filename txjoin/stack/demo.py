@@ -332,7 +332,8 @@ def _ms(value: float | None) -> str:
               help="Plain progress lines even on a terminal (the default without one).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the summary as one JSON object on stdout (commit_to_sink_ms with "
-                   "p50/p99/max, events_per_s, verify results); progress goes to stderr.")
+                   "p50/p99/max, events_per_s and end_to_end_s, verify results); progress "
+                   "goes to stderr.")
 def demo(directory: Path, duration: float, rate: float, seed: int, writers: int,
          orders_only: bool, master: str, plain: bool, as_json: bool) -> None:
     """Start the stack, write a live workload, stream it through txjoin, verify, summarise.
@@ -441,10 +442,11 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
         say(job_progress.line(published_transactions(info)), markup=False)
 
     results = [verify_job(job, info, Path(directory) / "output") for job in jobs]
-    _summary(say, up, generator, progress, others, results)
+    summary = summary_data(rate, duration, generator, progress, results)
+    _summary(say, up, generator, summary, others, results)
     say(f"the stack keeps running: `txjoin down --dir {directory}` stops it "
         f"(`--wipe` also removes its data)")
-    return summary_data(rate, duration, generator, progress, results)
+    return summary
 
 
 def summary_data(rate: float, duration: float, generator: GeneratorThread,
@@ -465,18 +467,19 @@ def summary_data(rate: float, duration: float, generator: GeneratorThread,
                                                  for s in r.sinks}} for r in results},
     }
     if gen is not None:
-        data["achieved_tx_per_s"] = round(gen.transactions / max(gen.seconds, 1e-9), 1)
+        data["achieved_tx_per_s"] = gen.transactions / max(gen.seconds, 1e-9)
     # events_per_s: from the first write to the last sink commit, end to end
     end = progress.last_active_at
+    data["end_to_end_s"] = data["events_per_s"] = None
     if gen is not None and generator.started_at is not None and end is not None:
-        data["events_per_s"] = round(gen.events / max(end - generator.started_at, 1e-9), 1)
-    else:
-        data["events_per_s"] = None
+        data["end_to_end_s"] = end - generator.started_at
+        data["events_per_s"] = gen.events / max(data["end_to_end_s"], 1e-9)
     return data
 
 
-def _summary(say: Any, up: Any, generator: GeneratorThread, progress: JobProgress,
+def _summary(say: Any, up: Any, generator: GeneratorThread, summary: dict[str, Any],
              others: list[tuple[Any, JobProgress, float]], results: list[Any]) -> None:
+    """The demo's summary as text, from ``summary_data``'s figures."""
     gen = generator.result
     say("")
     say("[bold]summary[/bold]")
@@ -484,17 +487,15 @@ def _summary(say: Any, up: Any, generator: GeneratorThread, progress: JobProgres
     say(f"  stack start          {start}")
     if gen is not None and generator.started_at is not None:
         say(f"  workload             {gen.transactions} transactions, {gen.events} row changes "
-            f"in {gen.seconds:.1f} s ({gen.transactions / max(gen.seconds, 1e-9):.0f} tx/s, "
+            f"in {gen.seconds:.1f} s ({summary['achieved_tx_per_s']:.0f} tx/s, "
             f"{gen.events / max(gen.seconds, 1e-9):.0f} events/s)")
-        end = progress.last_active_at
-        if end is not None:
-            span = end - generator.started_at
+        if summary["end_to_end_s"] is not None:
             say(f"  PostgreSQL -> sinks  {gen.events} events into delta and postgres in "
-                f"{span:.1f} s from the first write to the last sink commit = "
-                f"{gen.events / max(span, 1e-9):.0f} events/s")
-    lat = progress.latencies_ms
-    say(f"  commit-to-sink       p50 {_ms(percentile(lat, 50))}, p99 {_ms(percentile(lat, 99))}"
-        f", max {_ms(max(lat) if lat else None)} over {len(lat)} changes "
+                f"{summary['end_to_end_s']:.1f} s from the first write to the last sink commit "
+                f"= {summary['events_per_s']:.0f} events/s")
+    lat = summary["commit_to_sink_ms"]
+    say(f"  commit-to-sink       p50 {_ms(lat['p50'])}, p99 {_ms(lat['p99'])}"
+        f", max {_ms(lat['max'])} over {lat['count']} changes "
         f"(sink commit time - source commit time)")
     for job, job_progress, seconds in others:
         say(f"  {job.name:<20} caught up on the whole history: {job_progress.events} events "

@@ -375,16 +375,14 @@ def paced(step: Callable[[], None], deadline: float, interval: float,
           stop: threading.Event | None = None) -> None:
     """Call ``step`` every ``interval`` seconds until ``deadline`` (monotonic) or until
     ``stop`` is set, flat out when a step takes longer than the interval."""
+    stop = stop or threading.Event()
     next_at = time.monotonic()
-    while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
+    while time.monotonic() < deadline and not stop.is_set():
         step()
         next_at += interval
         pause = next_at - time.monotonic()
         if pause > 0:
-            if stop is None:
-                time.sleep(pause)
-            else:
-                stop.wait(pause)
+            stop.wait(pause)
 
 
 def generate(dsn: str, rate_tx_per_s: float, duration_s: float, seed: int = 0,
