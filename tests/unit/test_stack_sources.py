@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from txjoin.cli import main
 from txjoin.errors import ConfigError, JobError
 from txjoin.job import Source, load_job
-from txjoin.stack import debezium
+from txjoin.stack import debezium, external
 from txjoin.stack import stack as stack_mod
 from txjoin.stack.postgres import table_ddl
 
@@ -27,7 +27,31 @@ def test_each_source_gets_a_database_named_after_its_prefix_with_its_tables() ->
         ("users", "users_db", "debezium:users_db", ["public.users"]),
         ("colors", "colors_db", "debezium:colors_db", ["public.users_favorite_color"]),
     ]
-    assert stack_mod.job_sources(load_job(REPO / "jobs" / "users_colors.py")) == []
+
+
+def test_a_job_without_sources_gets_one_database_named_after_the_job() -> None:
+    plain = load_job(REPO / "jobs" / "users_colors.py")
+    [spec] = stack_mod.job_sources(plain)
+    assert (spec.name, spec.prefix, spec.database, spec.external_dsn) == (
+        "default", "users_colors", "users_colors", None)
+    assert [t.name for t in spec.tables] == [t.name for t in plain.tables]
+    with pytest.raises(ConfigError, match="named after it, and 'shop' is taken: rename"):
+        stack_mod.job_sources(replace(plain, name="Shop"))
+    assert stack_mod.job_sources(replace(plain, name="9 lives"))[0].prefix == "job_9_lives"
+
+
+def test_a_users_database_is_captured_for_one_source_only() -> None:
+    dsn = "postgresql://me:pw@db.example:6543/app?sslmode=require"
+    [spec] = stack_mod.job_sources(load_job(REPO / "jobs" / "orders.py"), dsn)
+    assert (spec.prefix, spec.database, spec.external_dsn) == ("orders", "app", dsn)
+    assert external.connection_settings(dsn) == {
+        "database.hostname": "db.example", "database.port": "6543", "database.user": "me",
+        "database.password": "pw", "database.dbname": "app", "database.sslmode": "require"}
+    with pytest.raises(ConfigError, match="--source-dsn names one database, and job "
+                                          "'users_colors_two_dbs' reads 2"):
+        stack_mod.job_sources(TWO_DBS, dsn)
+    with pytest.raises(ConfigError, match="names no database"):
+        external.connection_settings("host=db user=me")
 
 
 def test_sources_sharing_a_prefix_or_a_reserved_name_are_refused() -> None:
@@ -79,8 +103,8 @@ def test_a_version_1_state_file_still_reads_as_the_single_source_stack(tmp_path:
         info.source("users")
 
 
-def test_up_with_a_single_source_job_says_to_drop_the_option(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["up", "--dir", str(tmp_path), "--job",
-                                       str(REPO / "jobs" / "users_colors.py")])
+def test_source_dsn_without_a_job_is_a_usage_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["up", "--dir", str(tmp_path), "--source-dsn",
+                                       "postgresql://me@db/app"])
     assert result.exit_code == 2, result.output
-    assert "the job has no `sources`" in result.output
+    assert "--source-dsn captures a job's tables: add --job FILE" in result.output

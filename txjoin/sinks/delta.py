@@ -74,6 +74,28 @@ def _quoted(column: str) -> str:
     return "`" + column.replace("`", "``") + "`"
 
 
+def _stored_type(t: pa.DataType) -> pa.DataType:
+    """The Delta type of an output type: Delta has no time-of-day and no interval type, so a
+    ``time``/``timetz`` is stored as its ISO text (``10:15:30.123456``, timetz in UTC: in
+    this fixed form text order is time order) and an ``interval`` as its microseconds (as
+    Debezium sends it), in arrays and collected rows too."""
+    if pa.types.is_time(t):
+        return pa.string()
+    if pa.types.is_duration(t):
+        return pa.int64()
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(t.value_field.with_type(_stored_type(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_stored_type(f.type)) for f in t])
+    return t
+
+
+def stored_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` as the Delta tables store it (see :func:`_stored_type`)."""
+    return pa.schema([f.with_type(_stored_type(f.type)) for f in schema],
+                     metadata=schema.metadata)
+
+
 def _spark_schema(schema: pa.Schema) -> StructType:
     """The Spark schema of ``schema``, nullability included (key columns stay NOT NULL)."""
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -137,6 +159,7 @@ class DeltaSink:
         self.table, self.job = table, job
         self.key_columns = list(key_columns)
         self.schema = schema
+        self.stored = stored_schema(schema)
         # Absolute: delta-spark reads a relative location such as ".txjoin/..." as a name.
         self.root = Path(output_dir).absolute() / table
         self.where = str(self.root)
@@ -281,7 +304,8 @@ class DeltaSink:
 
     def write(self, batch_id: int, changes: pa.Table, lineage: Lineage | None = None) -> bool:
         """Append ``changes`` to the changelog, then merge them into the current table."""
-        changes = conform(changes, self.schema, f"delta sink {self.table!r}", batch_id)
+        changes = conform(changes, self.schema, f"delta sink {self.table!r}",
+                          batch_id).cast(self.stored)
         changelog_path, current_path = self._targets()
         self._check_lineage(current_path, lineage)
         checkpoint = None if lineage is None else lineage.checkpoint_id
@@ -293,12 +317,12 @@ class DeltaSink:
         metadata = self._metadata(batch_id, lineage, last_xid)
         wrote = False
         if self._applied(changelog_path, "changelog", checkpoint) < batch_id:
-            self._create(changelog_path, self.schema)
+            self._create(changelog_path, self.stored)
             self._save(self._frame(changes), changelog_path, "append",
                        self.app_id("changelog", checkpoint), batch_id, metadata)
             wrote = True
         if self._applied(current_path, "current", checkpoint) < batch_id:
-            self._create(current_path, current_schema(self.schema))
+            self._create(current_path, current_schema(self.stored))
             self._merge_current(current_path, self.app_id("current", checkpoint), batch_id,
                                 metadata, last_change_per_key(changes, self.key_columns))
             wrote = True
@@ -380,8 +404,8 @@ class DeltaSink:
         shadow_changelog, shadow_current = self._targets()
         # The changelog first: as for batches, the current table is the progress.
         for kind, path, shadow, schema in (
-                ("changelog", self.changelog_path, shadow_changelog, self.schema),
-                ("current", self.current_path, shadow_current, current_schema(self.schema))):
+                ("changelog", self.changelog_path, shadow_changelog, self.stored),
+                ("current", self.current_path, shadow_current, current_schema(self.stored))):
             held = self._held(shadow, kind)
             rows = (self.spark.read.format("delta").load(shadow)
                     if DeltaTable.is_deltatable(shadow) else self._frame(schema.empty_table()))

@@ -34,27 +34,32 @@ _dir_option = click.option(
 @click.option("--timeout", type=float, default=180.0, show_default=True,
               help="Seconds each component may take to become healthy.")
 @click.option("--job", "job_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="A job with several sources (e.g. jobs/users_colors_two_dbs.py): start one "
-                   "database (named after the source's topic prefix, holding its tables) and "
-                   "one Debezium connector per source instead of the `shop` connector.")
+              help="Capture this job's tables instead of the pizzeria's: one database built "
+                   "from its Table declarations, with one Debezium connector, per source (a job "
+                   "without `sources` gets one, named after the job; both name the topic "
+                   "prefix). Write to it with your own SQL or application.")
+@click.option("--source-dsn", default=None, metavar="DSN",
+              help="With --job: capture the job's tables from this PostgreSQL, which you run "
+                   "(checked first: wal_level=logical, a REPLICATION role, the tables, columns "
+                   "and replica identity); the stack's own PostgreSQL then holds only the sink.")
 @click.option("--partitions", type=click.IntRange(min=1), default=1, show_default=True,
               help="Partitions of each table topic (Debezium spreads records by row key; "
                    "transaction topics always have one).")
 @cli_errors
 def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: float,
-       job_file: Path | None, partitions: int) -> None:
+       job_file: Path | None, source_dsn: str | None, partitions: int) -> None:
     """Start PostgreSQL, Apache Kafka and Debezium (Kafka Connect) in the background.
 
     A stack stopped by `down` (without --wipe), or whose processes died, starts again on
     its ports and data."""
     sources: list[stack_mod.SourceSpec] = []
+    if source_dsn is not None and job_file is None:
+        raise ConfigError("--source-dsn captures a job's tables: add --job FILE (write one "
+                          "from your catalog with `txjoin job init --dsn DSN --tables ...`)")
     if job_file is not None:
         from txjoin.job import load_job
 
-        sources = stack_mod.job_sources(load_job(job_file))
-        if not sources:
-            raise ConfigError(f"{job_file}: the job has no `sources`; a single-source job "
-                              f"runs on the default stack: `txjoin up` without --job")
+        sources = stack_mod.job_sources(load_job(job_file), source_dsn)
     result = stack_mod.up(directory, pg_port=pg_port, broker_port=broker_port, timeout=timeout,
                           progress=lambda line: _console.print(f"[dim]{line}[/dim]"),
                           sources=sources, partitions=partitions)
@@ -90,14 +95,18 @@ def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: f
 @cli_errors
 def down(directory: Path, wipe: bool) -> None:
     """Stop the processes `up` started (only those); their data stays unless --wipe."""
-    stopped = stack_mod.down(directory, wipe=wipe)
+    stopped = stack_mod.down(
+        directory, wipe=wipe,
+        warn=lambda line: _console.print(f"[yellow]warning: {line}[/yellow]", highlight=False,
+                                         soft_wrap=True))
     _console.print(f"stopped {', '.join(stopped)}" if stopped else "nothing was running")
     if wipe:
         _console.print(
             f"removed from {directory}: PostgreSQL's data (source and sink databases), "
             f"Kafka's topics, Debezium's offsets, logs, the state file, checkpoints/ and "
-            f"output/; checkpoints or outputs kept elsewhere (--checkpoint-dir, --output-dir) "
-            f"are not touched",
+            f"output/ (and Debezium's slot and publication from a --source-dsn database, "
+            f"whose data stays); checkpoints or outputs kept elsewhere (--checkpoint-dir, "
+            f"--output-dir) are not touched",
             highlight=False, soft_wrap=True)
 
 
@@ -189,6 +198,11 @@ def generate(directory: Path, dsn: str | None, rate: float, duration: float, see
         info = stack_mod.load_stack(directory)
         if info is None:
             raise ServiceError(f"no running stack in {directory}: `txjoin up` or pass --dsn")
+        if info.sources:
+            raise ConfigError(f"the stack in {directory} captures a job's own tables (`up "
+                              f"--job`), not the pizzeria's: write to "
+                              f"{mask_dsn(info.pg_dsn_source)} with your own SQL or "
+                              f"application")
         dsn = info.pg_dsn_source
     result = generate_workload(dsn, rate, duration, seed=seed, writers=writers)
     _console.print(f"{result.transactions} transactions in {result.seconds:.1f}s "

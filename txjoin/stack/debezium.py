@@ -173,8 +173,18 @@ def source_overrides(name: str, prefix: str, database: str,
     ``<prefix>.transaction`` topic.
     """
     return {"name": f"txjoin-{prefix}", "database.dbname": database, "topic.prefix": prefix,
-            "slot.name": f"txjoin_{prefix}", "publication.name": f"dbz_{prefix}",
+            "slot.name": slot_name(prefix), "publication.name": publication_name(prefix),
             "table.include.list": ",".join(tables)}
+
+
+def slot_name(prefix: str) -> str:
+    """The replication slot of the connector with topic prefix ``prefix``."""
+    return f"txjoin_{prefix}"
+
+
+def publication_name(prefix: str) -> str:
+    """The publication of the connector with topic prefix ``prefix``."""
+    return f"dbz_{prefix}"
 
 
 def connector_status(rest: str, connector: str) -> dict[str, Any] | None:

@@ -30,6 +30,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -41,9 +42,11 @@ import psycopg2
 
 from txjoin import jvm
 from txjoin.errors import ConfigError, ServiceError
-from txjoin.job import Job, Table
+from txjoin.job import DEFAULT_SOURCE, Job, Table
+from txjoin.sinks.postgres import mask_dsn
 from txjoin.stack import broker as broker_mod
 from txjoin.stack import debezium as debezium_mod
+from txjoin.stack import external as external_mod
 from txjoin.stack import postgres as postgres_mod
 from txjoin.stack.processes import ProcessId, ensure_port_free, free_port, listening, wait_until
 
@@ -59,16 +62,22 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class SourceSpec:
-    """A source database to start: the job's source name, topic prefix, and its tables."""
+    """A source database to capture: the job's source name, topic prefix, and its tables;
+    ``external_dsn``: a database the user runs (``up --source-dsn``), else one the stack
+    creates in its own PostgreSQL."""
 
     name: str
     prefix: str
     tables: tuple[Table, ...]
+    external_dsn: str | None = None
 
     @property
     def database(self) -> str:
-        """Its logical database: named after the prefix (unique per stack)."""
+        """Its logical database: the user's, or named after the prefix (unique per stack)."""
+        if self.external_dsn is not None:
+            return external_mod.connection_settings(self.external_dsn)["database.dbname"]
         return self.prefix
+
 
     @property
     def component(self) -> str:
@@ -76,19 +85,38 @@ class SourceSpec:
         return f"debezium:{self.prefix}"
 
 
-def job_sources(job: Job) -> list[SourceSpec]:
-    """The source databases ``job`` reads (empty for a single-source job)."""
-    prefixes = job.source_prefixes(DEFAULT_PREFIX)
-    specs = []
-    for source in job.sources:
-        tables = tuple(t for t in job.tables if t.source == source.name)
-        if not tables:
-            raise ConfigError(f"job {job.name!r} ({job.source_file}): source "
-                              f"{source.name!r} has no table; give a Table source="
-                              f"{source.name!r} or remove the source")
-        specs.append(SourceSpec(source.name, prefixes[source.name], tables))
+def job_sources(job: Job, source_dsn: str | None = None) -> list[SourceSpec]:
+    """The source databases of ``job``'s stack (``txjoin up --job``): one per declared
+    source; a job without declared sources gets one, named after the job (its database and
+    topic prefix). ``source_dsn``: capture the user's database there instead of creating
+    one (a job with one source only)."""
+    if not job.sources:
+        prefix = re.sub(r"[^a-z0-9_]", "_", job.name.lower())
+        if not prefix[:1].isalpha():
+            prefix = f"job_{prefix}"
+        specs = [SourceSpec(DEFAULT_SOURCE, prefix, tuple(job.tables), source_dsn)]
+    else:
+        prefixes = job.source_prefixes(DEFAULT_PREFIX)
+        specs = []
+        for source in job.sources:
+            tables = tuple(t for t in job.tables if t.source == source.name)
+            if not tables:
+                raise ConfigError(f"job {job.name!r} ({job.source_file}): source "
+                                  f"{source.name!r} has no table; give a Table source="
+                                  f"{source.name!r} or remove the source")
+            specs.append(SourceSpec(source.name, prefixes[source.name], tables, source_dsn))
+        if source_dsn is not None and len(specs) > 1:
+            raise ConfigError(f"--source-dsn names one database, and job {job.name!r} reads "
+                              f"{len(specs)} ({', '.join(s.name for s in specs)}); capture "
+                              f"one source per stack, or drop --source-dsn")
+    if source_dsn is not None:
+        return specs
     databases = [s.database for s in specs]
     clash = {d for d in databases if databases.count(d) > 1 or d in _RESERVED_DATABASES}
+    if clash and not job.sources:
+        raise ConfigError(f"job {job.name!r} ({job.source_file}): a job without sources gets "
+                          f"a source database and topic prefix named after it, and "
+                          f"{databases[0]!r} is taken: rename the job")
     if clash:
         raise ConfigError(f"job {job.name!r} ({job.source_file}): topic prefix(es) "
                           f"{sorted(clash)} name the source databases and must be distinct and "
@@ -331,6 +359,13 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
         ensure_port_free(pg_port, "PostgreSQL")
     if broker_port is not None:
         ensure_port_free(broker_port, "the broker")
+    for spec in sources:
+        if spec.external_dsn is not None:
+            progress(f"source {spec.name!r}: checking {mask_dsn(spec.external_dsn)} for "
+                     f"logical decoding")
+            external_mod.check_capture(spec.external_dsn, spec.tables,
+                                       debezium_mod.slot_name(spec.prefix),
+                                       debezium_mod.publication_name(spec.prefix))
     pg_port = pg_port or free_port()
     broker_port = broker_port or free_port()
 
@@ -347,13 +382,18 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
         "bootstrap_servers": f"127.0.0.1:{broker_port}",
         "topic_prefix": prefix, "tables": list(tables), "partitions": partitions,
         "sources": [{"name": s.name, "prefix": s.prefix, "database": s.database,
-                     "dsn": postgres_mod.dsn(pg_port, s.database), "component": s.component,
+                     "dsn": s.external_dsn or postgres_mod.dsn(pg_port, s.database),
+                     "external": s.external_dsn is not None, "component": s.component,
                      "tables": [t.name for t in s.tables]} for s in sources],
         "postgres": {"port": pg_port, "data_root": str(postgres_mod.data_root(directory)),
                      "log": str(logs / "postgres.log")},
         "broker": {"port": broker_port, "controller_port": free_port(),
                    "data_dir": str(directory / KAFKA_DATA), "log": str(logs / "broker.log")},
     }
+    if len(sources) == 1:  # the job's one database is the stack's source
+        only = state["sources"][0]
+        state.update(pg_dsn_source=only["dsn"], topic_prefix=only["prefix"],
+                     tables=only["tables"])
     workers = [("debezium", directory / "connect", logs / "debezium.log", None)] \
         if not sources else \
         [(s.component, directory / f"connect-{s.prefix}", logs / f"debezium-{s.prefix}.log",
@@ -366,6 +406,8 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
         _start_postgres(directory, state, timeout, progress)
         _start_broker(directory, state, timeout, progress)
         for spec in sources:
+            if spec.external_dsn is not None:
+                continue
             progress(f"postgres: database {spec.database} for source {spec.name!r}")
             postgres_mod.create_source_database(pg_port, spec.database, spec.tables)
         for name in _debezium_components(state):
@@ -463,6 +505,9 @@ def _start_debezium(directory: Path, state: dict[str, Any], name: str,
     source = next((s for s in state.get("sources") or [] if s["component"] == name), None)
     overrides = None if source is None else debezium_mod.source_overrides(
         source["name"], source["prefix"], source["database"], list(source["tables"]))
+    if source is not None and source.get("external"):
+        assert overrides is not None
+        overrides.update(external_mod.connection_settings(source["dsn"]))
     what = "" if source is None else f" for source {source['name']!r} (prefix {source['prefix']})"
     progress(f"{name}: starting Kafka Connect{what}, REST on 127.0.0.1:{entry['rest_port']}")
     ensure_port_free(entry["rest_port"], f"{name}'s Kafka Connect REST API",
@@ -569,12 +614,15 @@ def _remove_data(directory: Path, state: dict[str, Any] | None) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def down(directory: str | os.PathLike[str] = DEFAULT_DIR, *, wipe: bool = False) -> list[str]:
+def down(directory: str | os.PathLike[str] = DEFAULT_DIR, *, wipe: bool = False,
+         warn: Progress = _noop) -> list[str]:
     """Stop exactly the processes ``up`` recorded; return the names of those that were running.
 
     Keeps data and logs for a post-mortem unless ``wipe``, which removes them, the state
     file, and the default checkpoints and Delta outputs under ``directory`` (``DERIVED``)
-    too. Harmless when nothing runs.
+    too, and drops the connector's replication slot and publication from a database the
+    user runs (``up --source-dsn``; ``warn`` says what is left if it cannot). Harmless
+    when nothing runs.
     """
     directory = Path(directory).resolve()
     if not directory.exists():
@@ -586,6 +634,13 @@ def down(directory: str | os.PathLike[str] = DEFAULT_DIR, *, wipe: bool = False)
             state["stopped"] = True
             _write_state(directory, state)
         if wipe:
+            for source in (state or {}).get("sources") or []:
+                if source.get("external"):
+                    left = external_mod.drop_capture(
+                        source["dsn"], debezium_mod.slot_name(source["prefix"]),
+                        debezium_mod.publication_name(source["prefix"]))
+                    if left:
+                        warn(left)
             _remove_data(directory, state)
             shutil.rmtree(directory / "logs", ignore_errors=True)
             # Checkpoints and outputs made from this stack's topics mean nothing to the
@@ -617,7 +672,7 @@ def status(directory: str | os.PathLike[str] = DEFAULT_DIR) -> list[ComponentSta
         if not running:
             health = "stopped" if state.get("stopped") else "DEAD (stale: run txjoin down)"
         elif name == "postgres":
-            health = "accepting connections" if _accepts(state["pg_dsn_source"]) else "unreachable"
+            health = "accepting connections" if _accepts(state["pg_dsn_sink"]) else "unreachable"
         elif name == "broker":
             health = "listening" if listening(int(port)) else "not listening"
         else:

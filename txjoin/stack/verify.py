@@ -206,7 +206,8 @@ def expected_rows(job: Job, source_dsn: str) -> tuple[list[Row], set[tuple[Any, 
             raise ConfigError(
                 f"job {job.name!r} has as_of_fact semantics, which verify checks against the "
                 f"table {table} on the source database (written by `txjoin generate`); it does "
-                f"not exist there")
+                f"not exist there: for a workload txjoin did not write, verify the job with "
+                f"semantics=\"current\" (checked on the job's query)")
         have = {r["column_name"] for r in _fetch(
             conn, "SELECT column_name FROM information_schema.columns "
                   "WHERE table_schema || '.' || table_name = %s", (table,))}
