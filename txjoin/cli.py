@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 
+from txjoin.debezium import BINARY_HANDLING_MODES, DECIMAL_HANDLING_MODES, TIME_PRECISION_MODES
 from txjoin.errors import (
     SPARK_LOG_ENV,
     VERBOSE_ENV,
@@ -117,10 +118,20 @@ def _env(name: str) -> str:
               help="Seconds of later source commits after which an incomplete transaction "
                    "triggers the policy.")
 @click.option("--decimal-handling-mode", envvar=_env("DECIMAL_HANDLING_MODE"), show_envvar=True,
-              type=click.Choice(["precise", "string", "double"]), default=None,
+              type=click.Choice(DECIMAL_HANDLING_MODES), default=None,
               help="The connector's decimal.handling.mode, for records without a schema. "
                    "Default: the job's decimal_handling_mode, else string (as shipped in "
                    "config/debezium-postgres.properties).")
+@click.option("--time-precision-mode", envvar=_env("TIME_PRECISION_MODE"), show_envvar=True,
+              type=click.Choice(TIME_PRECISION_MODES), default=None,
+              help="The connector's time.precision.mode, for records without a schema "
+                   "(with one, the schema says each value's unit). Default: the job's "
+                   "time_precision_mode, else adaptive (Debezium's default).")
+@click.option("--binary-handling-mode", envvar=_env("BINARY_HANDLING_MODE"), show_envvar=True,
+              type=click.Choice(BINARY_HANDLING_MODES), default=None,
+              help="The connector's binary.handling.mode (how bytea values are spelled). "
+                   "Default: the job's binary_handling_mode, else bytes (Debezium's default: "
+                   "base64 text through the JSON converter).")
 @click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
               help="Extra Spark setting (repeatable), e.g. spark.executor.memory=2g.")
 @click.option("--max-transaction-bytes", envvar=_env("MAX_TRANSACTION_BYTES"), show_envvar=True,
@@ -160,6 +171,7 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
         postgres_dsn: str | None, no_postgres: bool, postgres_retry_timeout: float,
         until_idle: bool, rebuild: bool, on_incomplete: str,
         incomplete_timeout: float, decimal_handling_mode: str | None,
+        time_precision_mode: str | None, binary_handling_mode: str | None,
         spark_conf: tuple[str, ...], max_transaction_bytes: int, shards: int | None,
         maintain_every: int | None, vacuum_retention_hours: float | None,
         metrics_port: int | None, directory: Path, source: str) -> None:
@@ -172,8 +184,8 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
     # Spark's own output (shown with --verbose) next to the stack's logs.
     os.environ.setdefault(SPARK_LOG_ENV, str(directory / "logs" / "spark.log"))
     job = load_job(job_file)
-    if decimal_handling_mode is not None:
-        job = job.with_decimal_handling_mode(decimal_handling_mode)
+    job = job.with_modes(decimal=decimal_handling_mode, time_precision=time_precision_mode,
+                         binary=binary_handling_mode)
     plain_prefix, prefixes = parse_topic_prefixes(topic_prefix, job.source_names,
                                                   bool(job.sources))
     archive = parse_source(source)

@@ -16,11 +16,33 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 from txjoin.errors import ConfigError, DecodeError
+
+# The connector settings that decide how a value reads when its record has no schema.
+DECIMAL_HANDLING_MODES: tuple[str, ...] = ("precise", "string", "double")
+DEFAULT_DECIMAL_HANDLING_MODE = "string"
+"""What ``config/debezium-postgres.properties`` sets (a unit test keeps them equal)."""
+TIME_PRECISION_MODES: tuple[str, ...] = ("adaptive", "adaptive_time_microseconds", "connect")
+DEFAULT_TIME_PRECISION_MODE = "adaptive"
+"""Debezium's default, which ``config/debezium-postgres.properties`` keeps."""
+BINARY_HANDLING_MODES: tuple[str, ...] = ("bytes", "base64", "base64-url-safe", "hex")
+DEFAULT_BINARY_HANDLING_MODE = "bytes"
+"""Debezium's default, which ``config/debezium-postgres.properties`` keeps (through the JSON
+converter, bytes are base64 text)."""
+
+
+class Modes(NamedTuple):
+    """The connector settings that decide how a value without a schema reads:
+    ``decimal.handling.mode``, ``time.precision.mode`` and ``binary.handling.mode``."""
+
+    decimal: str = DEFAULT_DECIMAL_HANDLING_MODE
+    time_precision: str = DEFAULT_TIME_PRECISION_MODE
+    binary: str = DEFAULT_BINARY_HANDLING_MODE
+
 
 DATA_OPS = frozenset({"c", "u", "d", "r", "t"})
 SNAPSHOT_CLOSING = frozenset({"last", "last_in_data_collection"})

@@ -37,7 +37,16 @@ from typing import Any, Literal
 
 import networkx as nx
 
-from txjoin.debezium import SchemaRow
+from txjoin.debezium import (
+    BINARY_HANDLING_MODES,
+    DECIMAL_HANDLING_MODES,
+    DEFAULT_BINARY_HANDLING_MODE,
+    DEFAULT_DECIMAL_HANDLING_MODE,
+    DEFAULT_TIME_PRECISION_MODE,
+    TIME_PRECISION_MODES,
+    Modes,
+    SchemaRow,
+)
 from txjoin.errors import JobError
 
 Semantics = Literal["as_of_fact", "current"]
@@ -62,9 +71,6 @@ DEFAULT_SOURCE = "default"
 TRANSACTION_STREAM = "transaction"
 """The transaction topic's stream name in ``caught_up`` for a job that declares no sources."""
 
-DECIMAL_HANDLING_MODES: tuple[str, ...] = ("precise", "string", "double")
-DEFAULT_DECIMAL_HANDLING_MODE = "string"
-"""What ``config/debezium-postgres.properties`` sets (a unit test keeps them equal)."""
 
 
 @functools.lru_cache(maxsize=1024)  # called once per value read: parse each type once
@@ -116,8 +122,8 @@ class Table:
     ``source`` names the job's :class:`Source` (source database) the table is
     captured from; required when the job declares sources, else left unset.
 
-    ``decimal_handling_mode`` is set by the :class:`Job` (its own setting), not
-    by hand.
+    ``decimal_handling_mode``, ``time_precision_mode`` and ``binary_handling_mode`` are
+    set by the :class:`Job` (its own settings), not by hand.
     """
 
     name: str
@@ -126,6 +132,8 @@ class Table:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     source: str | None = None
     decimal_handling_mode: str | None = field(default=None, repr=False)
+    time_precision_mode: str | None = field(default=None, repr=False)
+    binary_handling_mode: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "columns", dict(self.columns))
@@ -133,7 +141,7 @@ class Table:
         object.__setattr__(self, "defaults", dict(self.defaults))
 
     def convert_row(self, raw: Mapping[str, Any], *, where: str = "", complete: bool = False,
-                    decimal_handling_mode: str | None = None) -> dict[str, Any]:
+                    modes: Modes | None = None) -> dict[str, Any]:
         """Turn a Debezium JSON row into typed Python values (Decimal, datetime, list...).
 
         Columns the job does not declare are ignored: the source may add columns
@@ -141,13 +149,16 @@ class Table:
         ``complete`` row (an ``after`` image always carries every column of the
         table) is an error unless it has a default: the source dropped or renamed
         it, and reading on would silently turn its values into nulls. ``where``
-        prefixes every message (the record's position). ``decimal_handling_mode``
-        overrides the table's (e.g. ``string`` for values written by hand).
+        prefixes every message (the record's position). ``modes`` overrides the table's
+        connector settings (``Modes()`` for values written by hand: decimals as text,
+        bytea as base64).
         """
         if len(raw) != len(self.columns) or not self.columns.keys() <= raw.keys():
             self._check_columns(raw, where, complete)
-        mode = (_SCHEMA_MODE if isinstance(raw, SchemaRow)
-                else decimal_handling_mode or self.decimal_handling_mode)
+        mode, times, binary = modes or (self.decimal_handling_mode, self.time_precision_mode,
+                                         self.binary_handling_mode)
+        if isinstance(raw, SchemaRow):
+            mode = _SCHEMA_MODE
         row: dict[str, Any] = {}
         for col, sql_type in self.columns.items():
             if col not in raw:
@@ -161,7 +172,8 @@ class Table:
                 row[col] = value  # already the right Python type: the common case
             else:
                 row[col] = convert_value(value, sql_type, where=f"{where} {self.name}.{col}",
-                                         decimal_handling_mode=mode)
+                                         decimal_handling_mode=mode, time_precision_mode=times,
+                                         binary_handling_mode=binary)
         return row
 
     def _check_columns(self, raw: Mapping[str, Any], where: str, complete: bool) -> None:
@@ -184,7 +196,9 @@ class Table:
         """Only the primary key of a Debezium JSON row (enough for a `before`)."""
         mode = _SCHEMA_MODE if isinstance(raw, SchemaRow) else self.decimal_handling_mode
         return tuple(convert_value(raw.get(k), self.columns[k], where=f"{where} {self.name}.{k}",
-                                   decimal_handling_mode=mode)
+                                   decimal_handling_mode=mode,
+                                   time_precision_mode=self.time_precision_mode,
+                                   binary_handling_mode=self.binary_handling_mode)
                      for k in self.key)
 
     def key_of(self, row: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -205,16 +219,19 @@ def _ignored_column(table: str, column: str, where: str) -> None:
 
 
 def convert_value(value: Any, sql_type: str, *, where: str = "",
-                  decimal_handling_mode: str | None = None) -> Any:
+                  decimal_handling_mode: str | None = None,
+                  time_precision_mode: str | None = None,
+                  binary_handling_mode: str | None = None) -> Any:
     """Convert one JSON value as Debezium writes it into a Python value of ``sql_type``.
 
     ``decimal_handling_mode`` is the connector's setting (default: the one txjoin
     ships, ``string``): ``string`` reads decimal literals, ``precise`` reads
     base64 unscaled bytes at the declared scale, ``double`` reads JSON numbers.
     Debezium's variable-scale ``{"scale", "value"}`` form is read in every mode.
-    Times follow the default ``time.precision.mode=adaptive`` (``timestamp`` =
-    microseconds since the epoch, ``timestamp(0..3)`` milliseconds); ISO strings
-    are accepted too. One reader per type (``_READERS``).
+    ``time_precision_mode`` (default ``adaptive``: ``timestamp`` = microseconds since the
+    epoch, ``timestamp(0..3)`` milliseconds) says a time's or timestamp's unit; ISO strings
+    are accepted too. ``binary_handling_mode`` (default ``bytes``: base64 text through the
+    JSON converter) says how ``bytea`` is spelled. One reader per type (``_READERS``).
     """
     if value is None or value == UNAVAILABLE:
         return value
@@ -225,14 +242,18 @@ def convert_value(value: Any, sql_type: str, *, where: str = "",
             raise ColumnValueError(f"{where}: expected a JSON array for {sql_type}, got "
                                    f"{value!r}", _TYPE_HINT)
         return [convert_value(v, sql_type[:-2], where=where,
-                              decimal_handling_mode=decimal_handling_mode) for v in value]
+                              decimal_handling_mode=decimal_handling_mode,
+                              time_precision_mode=time_precision_mode,
+                              binary_handling_mode=binary_handling_mode) for v in value]
     try:
         kind, param = column_kind(sql_type)
     except ValueError:
         raise JobError(f"{where}: unsupported type {sql_type}") from None
     try:
-        return _READERS[kind](value, param,
-                              decimal_handling_mode or DEFAULT_DECIMAL_HANDLING_MODE)
+        return _READERS[kind](value, param, Modes(
+            decimal_handling_mode or DEFAULT_DECIMAL_HANDLING_MODE,
+            time_precision_mode or DEFAULT_TIME_PRECISION_MODE,
+            binary_handling_mode or DEFAULT_BINARY_HANDLING_MODE))
     except (ValueError, TypeError, ArithmeticError, OverflowError, binascii.Error) as exc:
         decimal = kind in ("decimal", "money", "numeric")
         hint = _decimal_hint(value, decimal_handling_mode) if decimal else _TYPE_HINT
@@ -252,38 +273,39 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _read_int(value: Any, _p: int | None, _m: str) -> int:
+def _read_int(value: Any, _p: int | None, _m: Modes) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ValueError
     return int(value)
 
 
-def _read_text(value: Any, _p: int | None, _m: str) -> str:
+def _read_text(value: Any, _p: int | None, _m: Modes) -> str:
     if isinstance(value, dict | list):
         raise ValueError
     return str(value)
 
 
-def _read_bool(value: Any, _p: int | None, _m: str) -> bool:
+def _read_bool(value: Any, _p: int | None, _m: Modes) -> bool:
     if not isinstance(value, bool):
         raise ValueError
     return value
 
 
-def _read_float(value: Any, _p: int | None, _m: str) -> float:
+def _read_float(value: Any, _p: int | None, _m: Modes) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueError
     return float(value)
 
 
-def _read_timestamp(value: Any, precision: int | None, _m: str) -> dt.datetime:
-    """``timestamp(0..3)``: Debezium's epoch milliseconds; (4..6): epoch microseconds.
+def _read_timestamp(value: Any, precision: int | None, modes: Modes) -> dt.datetime:
+    """``timestamp(0..3)``: Debezium's epoch milliseconds; (4..6): epoch microseconds
+    (``time.precision.mode`` ``connect``: milliseconds at every precision).
 
     ``timestamptz`` arrives as ISO text (``ZonedTimestamp``); either reads as an
     aware UTC datetime.
     """
     if _is_int(value):
-        millis = precision is not None and precision <= 3
+        millis = modes.time_precision == "connect" or (precision is not None and precision <= 3)
         return _EPOCH + dt.timedelta(**{"milliseconds" if millis else "microseconds": value})
     if isinstance(value, dt.datetime):
         parsed = value
@@ -294,7 +316,7 @@ def _read_timestamp(value: Any, precision: int | None, _m: str) -> dt.datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 
-def _read_date(value: Any, _p: int | None, _m: str) -> dt.date:
+def _read_date(value: Any, _p: int | None, _m: Modes) -> dt.date:
     """``date``: Debezium's days since the epoch (``io.debezium.time.Date``)."""
     if _is_int(value):
         return _EPOCH_DAY + dt.timedelta(days=value)
@@ -305,10 +327,14 @@ def _read_date(value: Any, _p: int | None, _m: str) -> dt.date:
     raise ValueError
 
 
-def _read_time(value: Any, precision: int | None, _m: str) -> dt.time:
-    """``time(0..3)``: milliseconds since midnight (``Time``); (4..6): microseconds."""
+def _read_time(value: Any, precision: int | None, modes: Modes) -> dt.time:
+    """``time(0..3)``: milliseconds since midnight (``Time``); (4..6): microseconds
+    (``time.precision.mode`` ``connect``: milliseconds at every precision;
+    ``adaptive_time_microseconds``: microseconds at every precision)."""
     if _is_int(value):
-        micros = value * 1000 if precision is not None and precision <= 3 else value
+        millis = modes.time_precision == "connect" or (
+            modes.time_precision == "adaptive" and precision is not None and precision <= 3)
+        micros = value * 1000 if millis else value
         if not 0 <= micros < 86_400_000_000:
             raise ValueError("24:00:00 or beyond has no Python time")
         return (dt.datetime.min + dt.timedelta(microseconds=micros)).time()
@@ -319,7 +345,7 @@ def _read_time(value: Any, precision: int | None, _m: str) -> dt.time:
     raise ValueError
 
 
-def _read_timetz(value: Any, _p: int | None, _m: str) -> dt.time:
+def _read_timetz(value: Any, _p: int | None, _m: Modes) -> dt.time:
     """``timetz``: ISO text in UTC (``ZonedTime``); reads as the time of day in UTC, without
     a zone, as the sinks hold it (Arrow times have no zone)."""
     if isinstance(value, str):
@@ -337,7 +363,7 @@ _ISO_DURATION = re.compile(
     r"(?:T(?:(-?\d+)H)?(?:(-?\d+)M)?(?:(-?\d+(?:\.\d+)?)S)?)?")
 
 
-def _read_interval(value: Any, _p: int | None, _m: str) -> dt.timedelta:
+def _read_interval(value: Any, _p: int | None, _m: Modes) -> dt.timedelta:
     """``interval``: microseconds (``interval.handling.mode=numeric``, ``MicroDuration``)
     or ISO 8601 text (``string``); a month counts 365.25/12 days, as Debezium counts it."""
     if _is_int(value):
@@ -355,14 +381,14 @@ def _read_interval(value: Any, _p: int | None, _m: str) -> dt.timedelta:
     return -total if m.group(1) else total
 
 
-def _read_uuid(value: Any, _p: int | None, _m: str) -> str:
+def _read_uuid(value: Any, _p: int | None, _m: Modes) -> str:
     """``uuid``: its canonical text (lower case, hyphenated), as the sinks hold it."""
     if not isinstance(value, str | uuid.UUID):
         raise ValueError
     return str(uuid.UUID(str(value)))
 
 
-def _read_json(value: Any, _p: int | None, _m: str) -> str:
+def _read_json(value: Any, _p: int | None, _m: Modes) -> str:
     """``json``/``jsonb``: the document's text, as Debezium sends it (``io.debezium.data.Json``)."""
     if isinstance(value, str):
         return value
@@ -374,32 +400,35 @@ def _read_json(value: Any, _p: int | None, _m: str) -> str:
 _URL_SAFE = str.maketrans("-_", "+/")
 
 
-def _read_bytes(value: Any, _p: int | None, _m: str) -> bytes:
+def _read_bytes(value: Any, _p: int | None, modes: Modes) -> bytes:
     """``bytea``: base64 text (``binary.handling.mode`` ``bytes`` through the JSON converter,
-    or ``base64``), or URL-safe base64 (``base64-url-safe``). ``hex`` is not read: its text
-    is valid base64 too, so it would be read wrong."""
+    or ``base64``) or URL-safe base64 (``base64-url-safe``), either alphabet read in those
+    three modes; hex text in ``hex`` mode (which the job must say: hex text is valid base64
+    too)."""
     if isinstance(value, bytes):
         return value
     if not isinstance(value, str):
         raise ValueError
+    if modes.binary == "hex":
+        return bytes.fromhex(value)
     return base64.b64decode(value.translate(_URL_SAFE), validate=True)
 
 
-def _read_decimal(value: Any, scale: int | None, mode: str) -> Decimal:
-    return _decimal(value, scale or 0, mode)
+def _read_decimal(value: Any, scale: int | None, modes: Modes) -> Decimal:
+    return _decimal(value, scale or 0, modes.decimal)
 
 
-def _read_money(value: Any, _p: int | None, mode: str) -> Decimal:
+def _read_money(value: Any, _p: int | None, modes: Modes) -> Decimal:
     """``money``: a decimal at scale 2 (the connector's ``money.fraction.digits``)."""
-    return _decimal(value, 2, mode)
+    return _decimal(value, 2, modes.decimal)
 
 
-def _read_numeric(value: Any, _p: int | None, mode: str) -> str:
+def _read_numeric(value: Any, _p: int | None, modes: Modes) -> str:
     """``numeric`` without a scale (``VariableScaleDecimal``): each value has its own scale,
     which no fixed Arrow decimal holds, so it reads as its exact decimal text ("12.3450"),
     as the sinks hold it (``verify`` compares it as a number)."""
     if isinstance(value, dict):  # VariableScaleDecimal's {scale, value} (precise mode)
-        return str(_decimal(value, 0, mode))
+        return str(_decimal(value, 0, modes.decimal))
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -409,7 +438,7 @@ def _read_numeric(value: Any, _p: int | None, mode: str) -> str:
     return str(Decimal(value))
 
 
-_Reader = Callable[[Any, "int | None", str], Any]
+_Reader = Callable[[Any, "int | None", Modes], Any]
 _READERS: dict[str, _Reader] = {
     "int": _read_int, "bigint": _read_int, "smallint": _read_int, "text": _read_text,
     "bool": _read_bool, "double": _read_float, "real": _read_float,
@@ -592,24 +621,43 @@ class Job:
     """The connector's ``decimal.handling.mode`` when records carry no schema
     (``precise``, ``string`` or ``double``); ``None``: txjoin's shipped setting,
     ``string``. ``txjoin run --decimal-handling-mode`` overrides it."""
+    time_precision_mode: str | None = None
+    """The connector's ``time.precision.mode`` when records carry no schema (``adaptive``,
+    ``adaptive_time_microseconds`` or ``connect``); ``None``: ``adaptive``, Debezium's
+    default. ``txjoin run --time-precision-mode`` overrides it."""
+    binary_handling_mode: str | None = None
+    """The connector's ``binary.handling.mode`` (``bytes``, ``base64``, ``base64-url-safe``
+    or ``hex``); ``None``: ``bytes``, Debezium's default. ``txjoin run
+    --binary-handling-mode`` overrides it."""
     sources: Sequence[Source] = ()
     _by_name: dict[str, Table] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        mode = self.decimal_handling_mode or DEFAULT_DECIMAL_HANDLING_MODE
-        if mode not in DECIMAL_HANDLING_MODES:
-            _fail(self, f"decimal_handling_mode {mode!r} is not one of {DECIMAL_HANDLING_MODES}")
+        modes = {"decimal_handling_mode": (self.decimal_handling_mode,
+                                           DEFAULT_DECIMAL_HANDLING_MODE, DECIMAL_HANDLING_MODES),
+                 "time_precision_mode": (self.time_precision_mode, DEFAULT_TIME_PRECISION_MODE,
+                                         TIME_PRECISION_MODES),
+                 "binary_handling_mode": (self.binary_handling_mode,
+                                          DEFAULT_BINARY_HANDLING_MODE, BINARY_HANDLING_MODES)}
+        chosen: dict[str, Any] = {}
+        for name, (given, default, allowed) in modes.items():
+            if (given or default) not in allowed:
+                _fail(self, f"{name} {given!r} is not one of {allowed}")
+            chosen[name] = given or default
         object.__setattr__(self, "tables", tuple(
-            t if t.decimal_handling_mode == mode else replace(t, decimal_handling_mode=mode)
+            t if all(getattr(t, k) == v for k, v in chosen.items()) else replace(t, **chosen)
             for t in self.tables))
         object.__setattr__(self, "lookups", tuple(self.lookups))
         object.__setattr__(self, "sources", tuple(self.sources))
         object.__setattr__(self, "_by_name", {t.name: t for t in self.tables})
         validate(self)
 
-    def with_decimal_handling_mode(self, mode: str) -> Job:
-        """This job reading decimals as the connector's ``decimal.handling.mode`` ``mode``."""
-        return replace(self, decimal_handling_mode=mode)
+    def with_modes(self, *, decimal: str | None = None, time_precision: str | None = None,
+                   binary: str | None = None) -> Job:
+        """This job reading values as the connector's settings say (``None``: unchanged)."""
+        return replace(self, decimal_handling_mode=decimal or self.decimal_handling_mode,
+                       time_precision_mode=time_precision or self.time_precision_mode,
+                       binary_handling_mode=binary or self.binary_handling_mode)
 
     def table(self, name: str) -> Table:
         return self._by_name[name]

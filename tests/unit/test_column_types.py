@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from txjoin.core.engine import Engine
 from txjoin.core.join import OutputChange
 from txjoin.core.output import arrow_type, changes_to_table, row_from_json, row_to_json
-from txjoin.errors import TxjoinError
+from txjoin.errors import JobError, TxjoinError
 from txjoin.job import Job, Output, Table, convert_value
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -57,11 +57,26 @@ def _timestamp_case(precision: int) -> tuple[st.SearchStrategy[Any], Callable[[A
             lambda v: _micros(v - EPOCH) // (1000 if millis else 1))
 
 
-def _time_case(precision: int) -> tuple[st.SearchStrategy[Any], Callable[[Any], Any]]:
-    millis = precision <= 3  # io.debezium.time.Time (int32 ms), else MicroTime (int64 us)
-    return (st.times().map(lambda v: _at_precision(v, precision)),
+def _time_case(precision: int, millis: bool | None = None
+               ) -> tuple[st.SearchStrategy[Any], Callable[[Any], Any]]:
+    if millis is None:
+        millis = precision <= 3  # io.debezium.time.Time (int32 ms), else MicroTime (int64 us)
+    return (st.times().map(lambda v: _at_precision(v, min(precision, 3) if millis else precision)),
             lambda v: (v.hour * 3600 + v.minute * 60 + v.second) * 10 ** (3 if millis else 6)
             + v.microsecond // (1000 if millis else 1))
+
+
+# "<type> <setting>": the connector setting's value -> the job's setting that says it
+SETTINGS = {"base64-url-safe": {"binary_handling_mode": "base64-url-safe"},
+            "base64": {"binary_handling_mode": "base64"}, "hex": {"binary_handling_mode": "hex"},
+            "connect": {"time_precision_mode": "connect"},
+            "adaptive_time_microseconds": {"time_precision_mode": "adaptive_time_microseconds"}}
+
+
+def _declared(case: str) -> tuple[str, dict[str, str]]:
+    """The declared type of a case and the job settings of its connector setting."""
+    sql_type, _, setting = case.partition(" ")
+    return sql_type, SETTINGS[setting] if setting else {}
 
 
 # type -> (natural Python values, the JSON value Debezium writes for one)
@@ -87,6 +102,17 @@ CASES: dict[str, tuple[st.SearchStrategy[Any], Callable[[Any], Any]]] = {
     # "<type> <setting>": the same declared type under another connector setting
     "bytea base64-url-safe": (st.binary(max_size=40),
                               lambda v: base64.urlsafe_b64encode(v).decode()),
+    "bytea base64": (st.binary(max_size=40), lambda v: base64.b64encode(v).decode()),
+    "bytea hex": (st.binary(max_size=40), lambda v: v.hex()),
+    # time.precision.mode=connect: Connect's Time and Timestamp, milliseconds at every
+    # precision (values finer than a millisecond are lost: drawn at 3 digits)
+    "timestamp(6) connect": (UTC_TIMES.map(lambda v: _at_precision(v, 3)),
+                             lambda v: _micros(v - EPOCH) // 1000),
+    "timestamp(1) connect": _timestamp_case(1),
+    "time(6) connect": _time_case(6, millis=True),
+    # adaptive_time_microseconds: MicroTime at every precision; timestamps as adaptive
+    "time(2) adaptive_time_microseconds": _time_case(2, millis=False),
+    "timestamp(2) adaptive_time_microseconds": _timestamp_case(2),
     "real": (st.floats(width=32, allow_nan=False, allow_infinity=False).map(_float32_text),
              lambda v: json.loads(repr(v))),
     "varchar(20)": (st.text(max_size=20), lambda v: v),
@@ -105,14 +131,15 @@ CASES: dict[str, tuple[st.SearchStrategy[Any], Callable[[Any], Any]]] = {
 def test_a_value_encoded_as_debezium_encodes_it_decodes_to_the_original(
         sql_type: str, data: st.DataObject) -> None:
     values, encode = CASES[sql_type]
-    sql_type = sql_type.split(" ")[0]  # "<type> <connector setting>"
+    sql_type, modes = _declared(sql_type)  # "<type> <connector setting>"
     value = data.draw(values)
     wire = json.loads(json.dumps(encode(value)))  # through JSON, as the converter writes it
-    assert convert_value(wire, sql_type) == value
-    assert convert_value(wire, sql_type) == convert_value(value, sql_type)  # readable form too
+    assert convert_value(wire, sql_type, **modes) == value
+    # the readable form too
+    assert convert_value(wire, sql_type, **modes) == convert_value(value, sql_type, **modes)
     array = data.draw(st.lists(st.one_of(st.none(), values), max_size=3))
     wire_array = json.loads(json.dumps([None if v is None else encode(v) for v in array]))
-    assert convert_value(wire_array, f"{sql_type}[]") == array
+    assert convert_value(wire_array, f"{sql_type}[]", **modes) == array
 
 
 @pytest.mark.parametrize("sql_type", sorted(CASES))
@@ -120,8 +147,8 @@ def test_a_value_encoded_as_debezium_encodes_it_decodes_to_the_original(
 def test_a_decoded_value_survives_transport_and_fits_its_arrow_column(
         sql_type: str, data: st.DataObject) -> None:
     values, encode = CASES[sql_type]
-    sql_type = sql_type.split(" ")[0]
-    value = convert_value(json.loads(json.dumps(encode(data.draw(values)))), sql_type)
+    sql_type, modes = _declared(sql_type)
+    value = convert_value(json.loads(json.dumps(encode(data.draw(values)))), sql_type, **modes)
     row = {"v": value, "vs": [value, None]}
     assert row_from_json(row_to_json(row)) == row
     job = Job(name="t", tables=[Table("public.t", {"id": "int", "v": sql_type,
@@ -234,13 +261,36 @@ expect:
 '''
 
 
-def test_a_scenario_file_takes_every_new_type(tmp_path: Path) -> None:
+@pytest.mark.parametrize("settings", [
+    "", 'binary_handling_mode="hex", time_precision_mode="connect"',
+    'binary_handling_mode="base64-url-safe", time_precision_mode="adaptive_time_microseconds"'])
+def test_a_scenario_file_takes_every_new_type(tmp_path: Path, settings: str) -> None:
+    """Under each connector setting the job declares: the replay spells the values as that
+    connector does (bytea in hex, say), the job reads them back to the scenario's values."""
     from txjoin.scenarios.core_runner import run_scenario_file_core
 
-    (tmp_path / "types_job.py").write_text(TYPES_JOB)
+    job = TYPES_JOB.replace('    name="types",', f'    name="types", {settings},' if settings
+                            else '    name="types",')
+    (tmp_path / "types_job.py").write_text(job)
     (tmp_path / "every_type.yaml").write_text(TYPES_SCENARIO)
     report = run_scenario_file_core(tmp_path / "every_type.yaml")
     assert report.passed, report.failures
+
+
+def test_a_job_reads_bytea_and_times_as_its_connector_settings_say() -> None:
+    table = Table("public.t", {"id": "int", "b": "bytea", "t": "time(3)", "ts": "timestamp"})
+    job = Job(name="modes", tables=[table], fact="public.t", fact_alias="t", lookups=[],
+              output=Output("out", {"id": "t.id"}, {"b": "t.b"}),
+              binary_handling_mode="hex", time_precision_mode="adaptive_time_microseconds")
+    row = job.table("public.t").convert_row({"id": 1, "b": "00ff10", "t": 36930123000,
+                                             "ts": 1714557600500000})
+    assert row == {"id": 1, "b": b"\x00\xff\x10", "t": dt.time(10, 15, 30, 123000),
+                   "ts": dt.datetime(2024, 5, 1, 10, 0, 0, 500000, tzinfo=dt.UTC)}
+    connect = job.with_modes(time_precision="connect").table("public.t")
+    assert connect.convert_row({"id": 1, "b": "", "t": 36930123, "ts": 1714557600500}) == {
+        **row, "b": b""}
+    with pytest.raises(JobError, match="binary_handling_mode 'octal' is not one of"):
+        job.with_modes(binary="octal")
 
 
 @pytest.mark.parametrize(("declared", "schema_name", "wire", "value"), [

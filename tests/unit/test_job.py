@@ -416,7 +416,7 @@ def test_a_decimal_that_does_not_fit_the_mode_is_an_error_not_a_guess(case: str)
 @pytest.mark.parametrize("schemas_enable", [False, True], ids=["schemaless", "with schemas"])
 @pytest.mark.parametrize("mode", ["string", "precise", "double"])
 def test_the_pipeline_reads_prices_exactly_in_every_mode(mode: str, schemas_enable: bool) -> None:
-    job = ORDERS.with_decimal_handling_mode(mode)
+    job = ORDERS.with_modes(decimal=mode)
     pipe = _shop(job, schemas_enable=schemas_enable, decimal_handling_mode=mode)
     # 0xd76df8: the precise encoding of -26588.24 reads "1234" (also a decimal literal).
     pipe.commit("price", update("pizzas", id=1, price="-26588.24"))
@@ -430,7 +430,7 @@ def test_the_pipeline_reads_prices_exactly_in_every_mode(mode: str, schemas_enab
 
 def test_with_schemas_the_record_decides_whatever_the_job_says() -> None:
     # The connector writes precise decimals with their schema, the job expects strings.
-    job = ORDERS.with_decimal_handling_mode("string")
+    job = ORDERS.with_modes(decimal="string")
     pipe = _shop(job, schemas_enable=True, decimal_handling_mode="precise")
     pipe.commit("price", update("pizzas", id=1, price="-26588.24"))
     pipe.commit("order", insert("orders", id=1, table_assignment_id=1,
@@ -438,7 +438,7 @@ def test_with_schemas_the_record_decides_whatever_the_job_says() -> None:
     pipe.deliver_rest()
     assert pipe.output[(1,)]["pizzas"][0]["price"] == Decimal("-26588.24")
     # ... and the other way round: string decimals with a schema, a job set to precise.
-    job = ORDERS.with_decimal_handling_mode("precise")
+    job = ORDERS.with_modes(decimal="precise")
     pipe = _shop(job, schemas_enable=True, decimal_handling_mode="string")
     pipe.commit("price", update("pizzas", id=1, price="1234"))
     pipe.commit("order", insert("orders", id=1, table_assignment_id=1,
@@ -454,7 +454,7 @@ def test_with_schemas_a_double_decimal_is_rounded_to_the_declared_scale() -> Non
                     "source": {"schema": "public", "table": "pizzas"}, "transaction": None}}
     event = decode(json.dumps(doc), Position("shop.public.pizzas", 0, 7))
     assert isinstance(event, ChangeEvent) and event.after is not None
-    pizzas = ORDERS.with_decimal_handling_mode("string").table("public.pizzas")
+    pizzas = ORDERS.with_modes(decimal="string").table("public.pizzas")
     assert pizzas.convert_row(event.after)["price"] == Decimal("0.30")
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from txjoin.debezium import Modes
 from txjoin.job import Collect, Job, Lookup
 
 Row = dict[str, Any]
@@ -46,7 +47,8 @@ class Oracle:
         self.output: dict[tuple[Any, ...], Row] = {}
 
     def _typed(self, table: str, row: Mapping[str, Any]) -> Row:
-        return self.job.table(table).convert_row(dict(row), where="oracle")
+        # Rows as the database holds them, written by hand (not as a connector spells them).
+        return self.job.table(table).convert_row(dict(row), where="oracle", modes=Modes())
 
     def _same_key(self, table: str, a: Row, b: Mapping[str, Any]) -> bool:
         return all(a.get(k) == b.get(k) for k in self.job.table(table).key)

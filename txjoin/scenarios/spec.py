@@ -29,6 +29,7 @@ from typing import Any, Literal, NoReturn
 import yaml
 
 from txjoin.core.oracle import RowChange, SourceTransaction
+from txjoin.debezium import Modes
 from txjoin.errors import JobError, ScenarioError
 from txjoin.job import (
     Collect,
@@ -430,8 +431,9 @@ class _Model:
                             f"primary-key column of {table.name} cannot be null")
         row = _plain(m)
         try:
-            # Scenario files write decimals as text, whatever the job's connector does.
-            table.convert_row(row, where="", decimal_handling_mode="string")
+            # Scenario files write values as text (decimals, base64 bytea), whatever the
+            # job's connector does.
+            table.convert_row(row, where="", modes=Modes())
         except ColumnValueError as exc:  # the hint is about a source, not a scenario file
             self.r.fail(line, where, exc.reason.lstrip(": "))
         except JobError as exc:

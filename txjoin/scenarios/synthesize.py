@@ -23,6 +23,12 @@ from decimal import Decimal
 from typing import Any
 
 from txjoin.core.oracle import SourceTransaction
+from txjoin.debezium import (
+    DEFAULT_BINARY_HANDLING_MODE,
+    DEFAULT_DECIMAL_HANDLING_MODE,
+    DEFAULT_TIME_PRECISION_MODE,
+    Modes,
+)
 from txjoin.job import _DECIMAL, Job
 
 CONNECTOR_VERSION = "3.6.3.Final"
@@ -57,14 +63,24 @@ def _micros(value: Any) -> Any:
     return value
 
 
-def encode_value(value: Any, sql_type: str, decimal_handling_mode: str = "string") -> Any:
-    """A Python/scenario value as Debezium's JSON converter writes it."""
+def encode_value(value: Any, sql_type: str, modes: Modes = Modes()) -> Any:  # noqa: B008
+    """A Python/scenario value as Debezium's JSON converter writes it under ``modes``
+    (values of other types stay in their readable form, which every mode reads)."""
     if value is None:
         return None
     if sql_type.endswith("[]"):
-        return [encode_value(v, sql_type[:-2], decimal_handling_mode) for v in value]
+        return [encode_value(v, sql_type[:-2], modes) for v in value]
     if sql_type in ("timestamp", "timestamptz"):
-        return _micros(value)
+        # connect: Connect's Timestamp, milliseconds (finer digits are lost, as there)
+        return _micros(value) // (1000 if modes.time_precision == "connect" else 1)
+    if sql_type == "bytea" and isinstance(value, str | bytes):
+        raw = value if isinstance(value, bytes) else base64.b64decode(value)  # scenario text
+        if modes.binary == "hex":
+            return raw.hex()
+        if modes.binary == "base64-url-safe":
+            return base64.urlsafe_b64encode(raw).decode("ascii")
+        return base64.b64encode(raw).decode("ascii")
+    decimal_handling_mode = modes.decimal
     m = _DECIMAL.match(sql_type)
     if m:
         exact = Decimal(str(value)).quantize(Decimal(1).scaleb(-int(m.group(2))))
@@ -82,14 +98,17 @@ _CONNECT_TYPES = {"int": "int32", "bigint": "int64", "smallint": "int16", "text"
                   "bool": "boolean", "double": "double"}
 
 
-def field_schema(sql_type: str, decimal_handling_mode: str = "string") -> dict[str, Any]:
-    """The Kafka Connect schema Debezium gives a column of ``sql_type``."""
+def field_schema(sql_type: str, modes: Modes = Modes()) -> dict[str, Any]:  # noqa: B008
+    """The Kafka Connect schema Debezium gives a column of ``sql_type`` under ``modes``."""
     if sql_type.endswith("[]"):
-        return {"type": "array", "optional": True,
-                "items": field_schema(sql_type[:-2], decimal_handling_mode)}
+        return {"type": "array", "optional": True, "items": field_schema(sql_type[:-2], modes)}
     if sql_type in ("timestamp", "timestamptz"):
-        return {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp",
-                "version": 1}
+        name = ("org.apache.kafka.connect.data.Timestamp" if modes.time_precision == "connect"
+                else "io.debezium.time.MicroTimestamp")
+        return {"type": "int64", "optional": True, "name": name, "version": 1}
+    if sql_type == "bytea":
+        return {"type": "bytes" if modes.binary == "bytes" else "string", "optional": True}
+    decimal_handling_mode = modes.decimal
     m = _DECIMAL.match(sql_type)
     if m and decimal_handling_mode == "precise":
         return {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
@@ -114,8 +133,10 @@ class Synthesizer:
         self.tables = list(job.table_names if tables is None else tables)
         self.schemas_enable = schemas_enable
         # By default what the job's connector writes.
-        self.decimal_handling_mode = (decimal_handling_mode or job.decimal_handling_mode
-                                      or "string")
+        self.modes = Modes(decimal_handling_mode or job.decimal_handling_mode
+                           or DEFAULT_DECIMAL_HANDLING_MODE,
+                           job.time_precision_mode or DEFAULT_TIME_PRECISION_MODE,
+                           job.binary_handling_mode or DEFAULT_BINARY_HANDLING_MODE)
         self.xid = first_xid
         self.lsn = 30_000_000
         self.now_ms = start_ms
@@ -145,7 +166,7 @@ class Synthesizer:
                 # The row schemas; source, transaction and the rest are left out.
                 columns = self.job.table(table).columns
                 row = {"type": "struct", "optional": True, "name": f"{self.prefix}.{table}.Value",
-                       "fields": [{**field_schema(t, self.decimal_handling_mode), "field": c}
+                       "fields": [{**field_schema(t, self.modes), "field": c}
                                   for c, t in columns.items()]}
                 schema["fields"] = [{**row, "field": "before"}, {**row, "field": "after"},
                                     {"type": "string", "optional": False, "field": "op"}]
@@ -154,7 +175,7 @@ class Synthesizer:
 
     def _encode_row(self, table: str, row: Mapping[str, Any]) -> dict[str, Any]:
         cols = self.job.table(table).columns
-        return {c: encode_value(row.get(c), cols[c], self.decimal_handling_mode)
+        return {c: encode_value(row.get(c), cols[c], self.modes)
                 for c in cols if c in row}
 
     def _key(self, table: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
