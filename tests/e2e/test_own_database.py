@@ -40,7 +40,8 @@ CREATE TABLE public.customers (
 CREATE TABLE public.orders (
     id bigserial PRIMARY KEY, customer_id integer NOT NULL REFERENCES public.customers (id),
     qty posint, amount numeric(10,2), exact numeric, rate double precision,
-    placed_at timestamptz, local_at timestamp(3), meta json, lines numeric(8,2)[], note text);
+    placed_at timestamptz, local_at timestamp(3), meta json, lines numeric(8,2)[], note text,
+    logged timestamp, refs uuid[], days date[], blobs bytea[], slots time[], moods mood[]);
 """
 
 
@@ -64,7 +65,12 @@ def order(rng: random.Random, customer_id: int) -> tuple[Any, ...]:
             f"2025-03-0{rng.randint(1, 9)} 1{rng.randint(0, 9)}:30:00+02",
             f"2025-03-0{rng.randint(1, 9)} 08:15:00.{rng.randint(0, 999):03d}",
             rng.choice(['{"gift": true}', '[1, 2.5, "x"]', None]),
-            rng.choice([["1.50", "2.25"], [], None]), rng.choice(["fast", None]))
+            rng.choice([["1.50", "2.25"], [], None]), rng.choice(["fast", None]),
+            f"2025-04-0{rng.randint(1, 9)} 07:00:00.{rng.randint(0, 999999):06d}",
+            rng.choice([[f"{rng.getrandbits(128):032x}", None], None]),
+            rng.choice([["2024-02-29", "1999-12-31"], []]),
+            rng.choice([[b"\x00\x01", b""], None]), rng.choice([["10:00:00.5", "23:59:59"], None]),
+            rng.choice([["happy", "sad"], []]))
 
 
 INSERT_CUSTOMER = ("INSERT INTO public.customers (name, code, mood, signup, vip, score, "
@@ -72,8 +78,9 @@ INSERT_CUSTOMER = ("INSERT INTO public.customers (name, code, mood, signup, vip,
                    "(%s, %s, %s, %s, %s, %s, %s::numeric::money, %s, %s, %s, %s, %s, %s, %s) "
                    "RETURNING id")
 INSERT_ORDER = ("INSERT INTO public.orders (customer_id, qty, amount, exact, rate, placed_at, "
-                "local_at, meta, lines, note) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, "
-                "%s::numeric[], %s)")
+                "local_at, meta, lines, note, logged, refs, days, blobs, slots, moods) VALUES "
+                "(%s, %s, %s, %s, %s, %s, %s, %s, %s::numeric[], %s, %s, %s::uuid[], "
+                "%s::date[], %s::bytea[], %s::time[], %s::mood[])")
 
 
 def user_transaction(rng: random.Random, cur: Any) -> None:

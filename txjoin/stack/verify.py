@@ -176,6 +176,16 @@ def _connect(dsn: str, what: str) -> Iterator[psycopg2.extensions.connection]:
         with conn.cursor() as cur:
             cur.execute("SET TIME ZONE 'UTC'")
             cur.execute("SET intervalstyle = 'iso_8601'")
+            # Arrays of the database's own types (enums, domains) come back as their text
+            # ('{happy,sad}') unless registered: as lists of text, each element then read by
+            # its declared type.
+            cur.execute("SELECT coalesce(array_agg(a.oid), '{}') FROM pg_type a JOIN pg_type e "
+                        "ON a.typelem = e.oid AND e.typarray = a.oid "
+                        "WHERE e.typtype IN ('e', 'd')")
+            own_arrays = tuple(cur.fetchone()[0])
+        if own_arrays:
+            psycopg2.extensions.register_type(psycopg2.extensions.new_array_type(
+                own_arrays, "TXJOIN_OWN_TYPE[]", psycopg2.STRING), conn)
         yield conn
     finally:
         conn.close()
