@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from txjoin.bench import spread
@@ -126,6 +127,10 @@ def test_pipeline_over_files_in_small_batches_resumes_and_matches_the_oracle(
         assert done.exit_code == 0, done.output
         assert done.output.count("live files") == 2, done.output  # changelog and current
         assert delta_rows() == before
+        # The log keeps the window the data files keep, so it stays bounded too.
+        for table in ("changelog", "current"):
+            config = DeltaTable(str(tmp_path / "out" / job.output.table / table)).metadata()
+            assert config.configuration["delta.logRetentionDuration"] == "interval 1 seconds"
 
 
 def test_files_that_appear_while_the_job_runs_are_read(spark: SparkSession,

@@ -67,6 +67,8 @@ _HISTORY = 50  # commits searched for the last txjoin commit (others: OPTIMIZE, 
 _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_LOG_RETENTION = "delta.logRetentionDuration"
+_FILE_RETENTION = "delta.deletedFileRetentionDuration"
 
 
 def _quoted(column: str) -> str:
@@ -367,8 +369,11 @@ class DeltaSink:
         7-day safety floor (a reader running longer could lose files); a retention the
         user sets explicitly lifts it for this sink's session. The log checkpoints and
         expires itself as it is written (``delta.checkpointInterval``,
-        ``delta.logRetentionDuration``). Run between batches, never beside a writer:
-        OPTIMIZE and a concurrent MERGE would conflict.
+        ``delta.logRetentionDuration``, 30 days by default): with ``retention_hours`` the
+        log keeps the same window as the data files (set once, in a table property), so
+        the number of log files stays bounded too and time travel reaches exactly as far
+        back as the retention. Run between batches, never beside a writer: OPTIMIZE and a
+        concurrent MERGE would conflict.
         """
         from delta.tables import DeltaTable as SparkDeltaTable
 
@@ -387,10 +392,20 @@ class DeltaSink:
             table = SparkDeltaTable.forPath(self.spark, path)
             table.optimize().executeCompaction()
             if retention_hours is not None:
+                self._keep_log_for(path, retention_hours)
                 table.vacuum(retention_hours)
             done.append(Upkeep(path, files_before, len(DeltaTable(path).file_uris()),
                                on_disk_before, _data_files(path), time.monotonic() - before))
         return done
+
+    def _keep_log_for(self, path: str, retention_hours: float) -> None:
+        """Set the table's log retention to ``retention_hours`` unless it already is (and
+        its deleted-file retention with it: Delta wants the log to keep at least as long)."""
+        wanted = f"interval {max(1, round(retention_hours * 3600))} seconds"
+        if DeltaTable(path).metadata().configuration.get(_LOG_RETENTION) == wanted:
+            return
+        self.spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{_LOG_RETENTION}' = "
+                       f"'{wanted}', '{_FILE_RETENTION}' = '{wanted}')")
 
     def begin_rebuild(self, checkpoint_id: str) -> None:
         """Write into fresh tables under ``<table>/_rebuild/`` from now on."""
