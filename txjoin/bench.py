@@ -38,6 +38,7 @@ import psutil
 
 from txjoin.core.assembly import TopicPartitions
 from txjoin.core.engine import Engine
+from txjoin.debezium import transaction_topic
 from txjoin.job import load_job
 from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
@@ -186,7 +187,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
         n_shards = shards or spark.sparkContext.defaultParallelism
         result["shards"] = n_shards
         topics = list(synth.topics)
-        tx_topic = f"{synth.prefix}.transaction"
+        tx_topic = transaction_topic(synth.prefix)
         rows = spread(produced, partitions, tx_topic)
         if source_kind == "kafka":
             broker = start_broker(work / "kafka", free_port(), work / "logs" / "broker.log")

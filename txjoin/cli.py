@@ -21,7 +21,12 @@ from typing import Any
 
 import click
 
-from txjoin.debezium import BINARY_HANDLING_MODES, DECIMAL_HANDLING_MODES, TIME_PRECISION_MODES
+from txjoin.debezium import (
+    BINARY_HANDLING_MODES,
+    DECIMAL_HANDLING_MODES,
+    DEFAULT_TOPIC_PREFIX,
+    TIME_PRECISION_MODES,
+)
 from txjoin.errors import (
     SPARK_LOG_ENV,
     VERBOSE_ENV,
@@ -261,7 +266,7 @@ def parse_topic_prefixes(items: Sequence[str], sources: Sequence[str], declared:
     if len(plain) > 1:
         raise ConfigError(f"--topic-prefix is given {len(plain)} times ({', '.join(plain)}); "
                           f"a job without declared sources reads one prefix")
-    return (plain[0] if plain else "shop"), named
+    return (plain[0] if plain else DEFAULT_TOPIC_PREFIX), named
 
 
 def _parse_conf(items: tuple[str, ...]) -> dict[str, str]:

@@ -44,6 +44,21 @@ class Modes(NamedTuple):
     binary: str = DEFAULT_BINARY_HANDLING_MODE
 
 
+DEFAULT_TOPIC_PREFIX = "shop"
+"""The ``topic.prefix`` of the connector txjoin ships (config/debezium-postgres.properties;
+a unit test keeps them equal): a job without declared sources reads it by default."""
+
+
+def transaction_topic(prefix: str) -> str:
+    """The topic of a connector's BEGIN/END markers (``provide.transaction.metadata``)."""
+    return f"{prefix}.transaction"
+
+
+def table_topic(prefix: str, table: str) -> str:
+    """The change topic of ``table`` (``schema.table``) of a connector with ``prefix``."""
+    return f"{prefix}.{table}"
+
+
 DATA_OPS = frozenset({"c", "u", "d", "r", "t"})
 SNAPSHOT_CLOSING = frozenset({"last", "last_in_data_collection"})
 

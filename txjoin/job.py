@@ -46,6 +46,8 @@ from txjoin.debezium import (
     TIME_PRECISION_MODES,
     Modes,
     SchemaRow,
+    table_topic,
+    transaction_topic,
 )
 from txjoin.errors import JobError
 
@@ -755,12 +757,12 @@ class Job:
         ``prefix``: one prefix (a job without declared sources) or source -> prefix.
         """
         prefixes = self._prefix_map(prefix)
-        return [f"{prefixes[self.source_of(t)]}.{t}" for t in self.table_names]
+        return [table_topic(prefixes[self.source_of(t)], t) for t in self.table_names]
 
     def transaction_topics(self, prefix: str | Mapping[str, str]) -> dict[str, str]:
         """Source name -> its transaction topic ``<prefix>.transaction``."""
         prefixes = self._prefix_map(prefix)
-        return {s: f"{prefixes[s]}.transaction" for s in self.source_names}
+        return {s: transaction_topic(prefixes[s]) for s in self.source_names}
 
     def all_topics(self, prefix: str | Mapping[str, str]) -> list[str]:
         """Every topic a run subscribes to: the table topics, then the transaction topics."""
@@ -769,7 +771,7 @@ class Job:
     def streams(self, prefix: str | Mapping[str, str]) -> dict[str, str]:
         """Topic -> stream name as ``caught_up`` takes it (a table, or a transaction stream)."""
         prefixes = self._prefix_map(prefix)
-        out = {f"{prefixes[self.source_of(t)]}.{t}": t for t in self.table_names}
+        out = {table_topic(prefixes[self.source_of(t)], t): t for t in self.table_names}
         for source, topic in self.transaction_topics(prefixes).items():
             out[topic] = self.transaction_stream(source)
         return out

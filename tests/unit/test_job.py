@@ -16,10 +16,17 @@ import pytest
 import txjoin.job as job_module
 from tests.unit.delivery import Pipeline, insert, only, update
 from txjoin.core.oracle import outputs_after_each
-from txjoin.debezium import ChangeEvent, Position, decode
+from txjoin.debezium import (
+    DEFAULT_BINARY_HANDLING_MODE,
+    DEFAULT_DECIMAL_HANDLING_MODE,
+    DEFAULT_TIME_PRECISION_MODE,
+    DEFAULT_TOPIC_PREFIX,
+    ChangeEvent,
+    Position,
+    decode,
+)
 from txjoin.errors import DecodeError, JobError
 from txjoin.job import (
-    DEFAULT_DECIMAL_HANDLING_MODE,
     Collect,
     Job,
     Lookup,
@@ -347,9 +354,15 @@ def _precise(value: Decimal, scale: int) -> str:
 def test_the_default_decimal_mode_is_the_shipped_connector_setting() -> None:
     from txjoin.stack.debezium import CONNECTOR_PROPERTIES, parse_properties
 
-    shipped = parse_properties(CONNECTOR_PROPERTIES.read_text())["decimal.handling.mode"]
+    settings = parse_properties(CONNECTOR_PROPERTIES.read_text())
+    shipped = settings["decimal.handling.mode"]
     assert shipped == DEFAULT_DECIMAL_HANDLING_MODE
     assert ORDERS.table("public.pizzas").decimal_handling_mode == shipped
+    # Debezium's defaults for the others: the shipped file leaves them unset.
+    assert "time.precision.mode" not in settings and "binary.handling.mode" not in settings
+    assert (DEFAULT_TIME_PRECISION_MODE, DEFAULT_BINARY_HANDLING_MODE) == ("adaptive", "bytes")
+    # A job without sources reads the shipped connector's topics by default.
+    assert settings["topic.prefix"] == DEFAULT_TOPIC_PREFIX
 
 
 def test_precise_decimal_without_schema_decodes_with_the_declared_scale() -> None:

@@ -39,7 +39,14 @@ from txjoin.core.assembly import (
 )
 from txjoin.core.frontier import Frontier
 from txjoin.core.join import OutputChange, TemporalJoin
-from txjoin.debezium import ChangeEvent, Position, TxMarker, decode, raise_partitioned
+from txjoin.debezium import (
+    ChangeEvent,
+    Position,
+    TxMarker,
+    decode,
+    raise_partitioned,
+    transaction_topic,
+)
 from txjoin.errors import DecodeError, JobError
 from txjoin.job import TRANSACTION_STREAM, Job
 
@@ -96,7 +103,8 @@ class Engine:
                 raise JobError(f"job {job.name!r} ({job.source_file}): source {missing[0]!r} has "
                                f"no topic prefix, so its transaction topic is unknown; set "
                                f"Source(prefix=...) or pass --topic-prefix {missing[0]}=PREFIX")
-            self._marker_sources = {f"{s.prefix}.transaction": s.name for s in job.sources}
+            self._marker_sources = {transaction_topic(s.prefix or ""): s.name
+                                   for s in job.sources}
 
     def marker_source(self, marker: TxMarker) -> str:
         """The source whose transaction topic carried ``marker``."""

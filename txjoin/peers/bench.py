@@ -33,6 +33,7 @@ from typing import Any
 import click
 import pyarrow as pa
 
+from txjoin.debezium import transaction_topic
 from txjoin.errors import ConfigError
 from txjoin.job import Job, load_job
 from txjoin.peers.consistency import (
@@ -127,7 +128,7 @@ def run_txjoin(job: Job, workload: ArchivedWorkload, hashes: list[int], work: Pa
     try:
         spark = get_session(master, app_name="txjoin-bench-peers")
         # Warm up (JVM, Python workers) so the measurement does not pay the first query.
-        warm = read_stream(spark, str(workload.directory), [], f"{workload.prefix}.transaction",
+        warm = read_stream(spark, str(workload.directory), [], transaction_topic(workload.prefix),
                            1000)
         def count(df: Any, _id: int) -> None:
             df.count()

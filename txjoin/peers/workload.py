@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from txjoin.core.oracle import SourceTransaction
+from txjoin.debezium import DEFAULT_TOPIC_PREFIX
 from txjoin.job import Job
 from txjoin.scenarios.synthesize import Produced, Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
@@ -31,7 +32,7 @@ class ArchivedWorkload:
 
 
 def archive_workload(job: Job, directory: Path, transactions: int, seed: int,
-                     prefix: str = "shop", records_per_file: int = ONE_FILE
+                     prefix: str = DEFAULT_TOPIC_PREFIX, records_per_file: int = ONE_FILE
                      ) -> ArchivedWorkload:
     """Generate ``pizzeria_workload(transactions, seed)``, synthesize its records, archive."""
     snapshot, txs = pizzeria_workload(transactions, seed)

@@ -29,7 +29,7 @@ from typing import Any, Literal, NoReturn
 import yaml
 
 from txjoin.core.oracle import RowChange, SourceTransaction
-from txjoin.debezium import Modes
+from txjoin.debezium import DEFAULT_TOPIC_PREFIX, Modes
 from txjoin.errors import JobError, ScenarioError
 from txjoin.job import (
     Collect,
@@ -44,7 +44,6 @@ from txjoin.job import (
 INVARIANTS: tuple[str, ...] = ("prefix_consistent", "final_equals_oracle", "exactly_once")
 SNAPSHOT = "snapshot"
 RESTART = "restart"
-DEFAULT_TOPIC_PREFIX = "shop"
 
 _TX_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 _PREFIX = re.compile(r"^[A-Za-z0-9_.\-]+$")

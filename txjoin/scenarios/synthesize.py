@@ -27,7 +27,10 @@ from txjoin.debezium import (
     DEFAULT_BINARY_HANDLING_MODE,
     DEFAULT_DECIMAL_HANDLING_MODE,
     DEFAULT_TIME_PRECISION_MODE,
+    DEFAULT_TOPIC_PREFIX,
     Modes,
+    table_topic,
+    transaction_topic,
 )
 from txjoin.job import _DECIMAL, Job
 
@@ -123,7 +126,7 @@ def field_schema(sql_type: str, modes: Modes = Modes()) -> dict[str, Any]:  # no
 class Synthesizer:
     """Keeps a model of the source tables and the topics; appends records as transactions commit."""
 
-    def __init__(self, job: Job, prefix: str = "shop", schemas_enable: bool = False,
+    def __init__(self, job: Job, prefix: str = DEFAULT_TOPIC_PREFIX, schemas_enable: bool = False,
                  first_xid: int = 1000, start_ms: int = 1_695_510_000_000,
                  decimal_handling_mode: str | None = None,
                  tables: Sequence[str] | None = None) -> None:
@@ -149,10 +152,10 @@ class Synthesizer:
 
     @property
     def tx_topic(self) -> str:
-        return f"{self.prefix}.transaction"
+        return transaction_topic(self.prefix)
 
     def topic(self, table: str) -> str:
-        return f"{self.prefix}.{table}"
+        return table_topic(self.prefix, table)
 
     # -- helpers -----------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from pyspark.sql.streaming import StreamingQuery
 from txjoin.core.assembly import IncompletePolicy
 from txjoin.core.output import output_schema
 from txjoin.core.state_log import LAYOUT_VERSION
+from txjoin.debezium import DEFAULT_TOPIC_PREFIX
 from txjoin.errors import ConfigError
 from txjoin.job import Job
 from txjoin.sinks import Sink
@@ -63,7 +64,7 @@ DEFAULT_MAX_TRANSACTION_BYTES = 512 << 20
 class RunConfig:
     """Everything ``txjoin run`` needs besides the job (see ``txjoin run --help``)."""
 
-    topic_prefix: str = "shop"
+    topic_prefix: str = DEFAULT_TOPIC_PREFIX
     topic_prefixes: dict[str, str] = field(default_factory=dict)  # source -> prefix overrides
     bootstrap_servers: str | None = None
     starting_offsets: str = "earliest"

@@ -41,6 +41,7 @@ from typing import Any
 import psycopg2
 
 from txjoin import jvm
+from txjoin.debezium import DEFAULT_TOPIC_PREFIX, table_topic, transaction_topic
 from txjoin.errors import ConfigError, ServiceError
 from txjoin.job import DEFAULT_SOURCE, Job, Table
 from txjoin.sinks.postgres import mask_dsn
@@ -96,7 +97,7 @@ def job_sources(job: Job, source_dsn: str | None = None) -> list[SourceSpec]:
             prefix = f"job_{prefix}"
         specs = [SourceSpec(DEFAULT_SOURCE, prefix, tuple(job.tables), source_dsn)]
     else:
-        prefixes = job.source_prefixes(DEFAULT_PREFIX)
+        prefixes = job.source_prefixes(DEFAULT_TOPIC_PREFIX)
         specs = []
         for source in job.sources:
             tables = tuple(t for t in job.tables if t.source == source.name)
@@ -136,11 +137,11 @@ class SourceInfo:
 
     @property
     def transaction_topic(self) -> str:
-        return f"{self.prefix}.transaction"
+        return transaction_topic(self.prefix)
 
     @property
     def topics(self) -> tuple[str, ...]:
-        return (*(f"{self.prefix}.{t}" for t in self.tables), self.transaction_topic)
+        return (*(table_topic(self.prefix, t) for t in self.tables), self.transaction_topic)
 
 
 @dataclass(frozen=True)
@@ -158,14 +159,15 @@ class StackInfo:
     @property
     def transaction_topic(self) -> str:
         """Debezium's BEGIN/END topic."""
-        return f"{self.topic_prefix}.transaction"
+        return transaction_topic(self.topic_prefix)
 
     @property
     def topics(self) -> tuple[str, ...]:
         """Every topic Debezium writes: one per captured table, then the transaction topic."""
         if self.sources:
             return tuple(t for s in self.sources for t in s.topics)
-        return (*(f"{self.topic_prefix}.{t}" for t in self.tables), self.transaction_topic)
+        return (*(table_topic(self.topic_prefix, t) for t in self.tables),
+                self.transaction_topic)
 
     def source(self, name: str) -> SourceInfo:
         """The source database of the job's source ``name`` (ConfigError if not started)."""
@@ -231,7 +233,6 @@ def _write_state(directory: Path, state: dict[str, Any]) -> None:
 
 
 _COMPONENTS = ("postgres", "broker", "debezium")
-DEFAULT_PREFIX = "shop"
 _RESERVED_DATABASES = ("postgres", "template0", "template1", "shop", "sink")
 
 
