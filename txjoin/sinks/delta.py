@@ -371,8 +371,9 @@ class DeltaSink:
         expires itself as it is written (``delta.checkpointInterval``,
         ``delta.logRetentionDuration``, 30 days by default): with ``retention_hours`` the
         log keeps the same window as the data files (set once, in a table property), so
-        the number of log files stays bounded too and time travel reaches exactly as far
-        back as the retention. Run between batches, never beside a writer: OPTIMIZE and a
+        time travel reaches exactly as far back as the retention. Delta expires log
+        entries at a checkpoint, to the start of a day: the log is bounded by a day's
+        commits plus the retention, not by the retention alone. Run between batches, never beside a writer: OPTIMIZE and a
         concurrent MERGE would conflict.
         """
         from delta.tables import DeltaTable as SparkDeltaTable
