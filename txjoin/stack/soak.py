@@ -116,6 +116,10 @@ class Sample:
     state_store_mb: float
     delta_parquet_files: int
     delta_log_files: int
+    source_rows: int | None = None
+    """Live rows of the job's tables in the source database: what the join's state holds."""
+    state_bytes_per_source_row: float | None = None
+    """The state store per live source row: flat when the state grows only with the data."""
 
 
 METRICS = tuple(f.name for f in fields(Sample) if f.name not in ("t_s", "driver_pid"))
@@ -295,14 +299,27 @@ def sink_batch(dsn: str, job: str) -> int | None:
     return None
 
 
+def source_rows(dsn: str, tables: Sequence[str]) -> int | None:
+    """Live rows of ``tables`` in the source database (None if it cannot be read now)."""
+    query = "SELECT " + " + ".join(f"(SELECT count(*) FROM {t})" for t in tables)
+    try:
+        with contextlib.closing(psycopg2.connect(dsn, connect_timeout=2)) as conn, \
+                conn.cursor() as cur:
+            cur.execute(query)
+            return int(cur.fetchone()[0])
+    except psycopg2.Error:
+        return None
+
+
 class Sampler(threading.Thread):
     """Takes a ``Sample`` every ``every`` seconds until ``halt`` is set."""
 
     def __init__(self, run: JobRun, checkpoint: Path, output: Path, t0: float, every: float,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], source_dsn: str, tables: Sequence[str]) -> None:
         super().__init__(name="txjoin-soak-sampler", daemon=True)
         self.run_, self.checkpoint, self.output, self.t0, self.every = (
             run, checkpoint, output, t0, every)
+        self.source_dsn, self.tables = source_dsn, list(tables)
         self.say = say
         self.samples: list[Sample] = []
         self.halt = threading.Event()
@@ -311,11 +328,13 @@ class Sampler(threading.Thread):
         pid = self.run_.pid
         driver, workers = (None, None) if pid is None else run_rss_mb(pid)
         parquet, log = delta_file_counts(self.output)
+        state_mb = dir_mb(self.checkpoint / "state")
+        rows = source_rows(self.source_dsn, self.tables)
         return Sample(round(time.monotonic() - self.t0, 1), pid,
                       None if driver is None else round(driver, 1),
                       None if workers is None else round(workers, 1),
-                      round(dir_mb(self.checkpoint), 3),
-                      round(dir_mb(self.checkpoint / "state"), 3), parquet, log)
+                      round(dir_mb(self.checkpoint), 3), round(state_mb, 3), parquet, log, rows,
+                      round(state_mb * 1e6 / rows, 1) if rows else None)
 
     def run(self) -> None:
         while True:
@@ -331,7 +350,7 @@ def _sample_line(s: Sample) -> str:
            else f"driver {s.driver_rss_mb:.0f} MB, workers {s.worker_rss_mb:.0f} MB")
     return (f"  t={s.t_s:5.0f}s  {rss}, checkpoint {s.checkpoint_mb:.1f} MB (state "
             f"{s.state_store_mb:.1f} MB), delta {s.delta_parquet_files} parquet + "
-            f"{s.delta_log_files} log files")
+            f"{s.delta_log_files} log files, {s.source_rows} source rows")
 
 
 # -- the soak --------------------------------------------------------------------------------
@@ -388,7 +407,8 @@ class Soak:
                  f"{generator.writers} writers (seed {generator.seed}); faults planned: "
                  + (", ".join(f"{f.kind} at {f.at_s:.0f}s" for f in schedule) or "none"))
         self.sampler = Sampler(self.run, self.checkpoints / self.job.name, self.output,
-                               self.t0, SAMPLE_EVERY_S, self.say)
+                               self.t0, SAMPLE_EVERY_S, self.say, self.info.pg_dsn_source,
+                               self.job.table_names)
         self.sampler.start()
         pending = list(schedule)
         while not generator.done.is_set():
@@ -599,7 +619,9 @@ def soak(directory: Path, rate: float, duration: float, seed: int, fault_every: 
 METRIC_LABELS = {"driver_rss_mb": ("driver RSS", "MB"), "worker_rss_mb": ("worker RSS", "MB"),
                  "checkpoint_mb": ("checkpoint", "MB"), "state_store_mb": ("state store", "MB"),
                  "delta_parquet_files": ("Delta data files", "files"),
-                 "delta_log_files": ("Delta log files", "files")}
+                 "delta_log_files": ("Delta log files", "files"),
+                 "source_rows": ("source rows", "rows"),
+                 "state_bytes_per_source_row": ("state per source row", "bytes")}
 
 
 def _summary(say: Callable[[str], None], results: dict[str, Any], results_file: Path) -> None:
