@@ -229,6 +229,7 @@ def _read_state(directory: Path) -> dict[str, Any] | None:
 def _write_state(directory: Path, state: dict[str, Any]) -> None:
     tmp = directory / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.chmod(0o600)  # it holds DSNs with passwords (a --source-dsn one among them)
     tmp.replace(directory / STATE_FILE)
 
 
