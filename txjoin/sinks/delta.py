@@ -373,8 +373,8 @@ class DeltaSink:
         log keeps the same window as the data files (set once, in a table property), so
         time travel reaches exactly as far back as the retention. Delta expires log
         entries at a checkpoint, to the start of a day: the log is bounded by a day's
-        commits plus the retention, not by the retention alone. Run between batches, never beside a writer: OPTIMIZE and a
-        concurrent MERGE would conflict.
+        commits plus the retention, not by the retention alone. Run between batches, never
+        beside a writer: OPTIMIZE and a concurrent MERGE would conflict.
         """
         from delta.tables import DeltaTable as SparkDeltaTable
 
