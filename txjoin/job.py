@@ -157,10 +157,7 @@ class Table:
         """
         if len(raw) != len(self.columns) or not self.columns.keys() <= raw.keys():
             self._check_columns(raw, where, complete)
-        mode, times, binary = modes or (self.decimal_handling_mode, self.time_precision_mode,
-                                         self.binary_handling_mode)
-        if isinstance(raw, SchemaRow):
-            mode = _SCHEMA_MODE
+        modes = self._modes(raw, modes)
         row: dict[str, Any] = {}
         for col, sql_type in self.columns.items():
             if col not in raw:
@@ -173,10 +170,16 @@ class Table:
             if fast is not None and type(value) is fast:
                 row[col] = value  # already the right Python type: the common case
             else:
-                row[col] = convert_value(value, sql_type, where=f"{where} {self.name}.{col}",
-                                         decimal_handling_mode=mode, time_precision_mode=times,
-                                         binary_handling_mode=binary)
+                row[col] = _convert(value, sql_type, f"{where} {self.name}.{col}", modes)
         return row
+
+    def _modes(self, raw: Mapping[str, Any], override: Modes | None) -> Modes:
+        """How ``raw``'s values read: ``override`` or the job's connector settings; a row
+        with its schema takes its decimals' form from the schema."""
+        modes = override or Modes(self.decimal_handling_mode or DEFAULT_DECIMAL_HANDLING_MODE,
+                                  self.time_precision_mode or DEFAULT_TIME_PRECISION_MODE,
+                                  self.binary_handling_mode or DEFAULT_BINARY_HANDLING_MODE)
+        return modes._replace(decimal=_SCHEMA_MODE) if isinstance(raw, SchemaRow) else modes
 
     def _check_columns(self, raw: Mapping[str, Any], where: str, complete: bool) -> None:
         for col in raw:
@@ -196,11 +199,8 @@ class Table:
 
     def convert_key(self, raw: Mapping[str, Any], *, where: str = "") -> tuple[Any, ...]:
         """Only the primary key of a Debezium JSON row (enough for a `before`)."""
-        mode = _SCHEMA_MODE if isinstance(raw, SchemaRow) else self.decimal_handling_mode
-        return tuple(convert_value(raw.get(k), self.columns[k], where=f"{where} {self.name}.{k}",
-                                   decimal_handling_mode=mode,
-                                   time_precision_mode=self.time_precision_mode,
-                                   binary_handling_mode=self.binary_handling_mode)
+        modes = self._modes(raw, None)
+        return tuple(_convert(raw.get(k), self.columns[k], f"{where} {self.name}.{k}", modes)
                      for k in self.key)
 
     def key_of(self, row: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -235,6 +235,14 @@ def convert_value(value: Any, sql_type: str, *, where: str = "",
     are accepted too. ``binary_handling_mode`` (default ``bytes``: base64 text through the
     JSON converter) says how ``bytea`` is spelled. One reader per type (``_READERS``).
     """
+    return _convert(value, sql_type, where, Modes(
+        decimal_handling_mode or DEFAULT_DECIMAL_HANDLING_MODE,
+        time_precision_mode or DEFAULT_TIME_PRECISION_MODE,
+        binary_handling_mode or DEFAULT_BINARY_HANDLING_MODE))
+
+
+def _convert(value: Any, sql_type: str, where: str, modes: Modes) -> Any:
+    """:func:`convert_value` with the connector settings already gathered (once per row)."""
     if value is None or value == UNAVAILABLE:
         return value
     if sql_type.endswith("[]"):
@@ -243,22 +251,16 @@ def convert_value(value: Any, sql_type: str, *, where: str = "",
         if not isinstance(value, list):
             raise ColumnValueError(f"{where}: expected a JSON array for {sql_type}, got "
                                    f"{value!r}", _TYPE_HINT)
-        return [convert_value(v, sql_type[:-2], where=where,
-                              decimal_handling_mode=decimal_handling_mode,
-                              time_precision_mode=time_precision_mode,
-                              binary_handling_mode=binary_handling_mode) for v in value]
+        return [_convert(v, sql_type[:-2], where, modes) for v in value]
     try:
         kind, param = column_kind(sql_type)
     except ValueError:
         raise JobError(f"{where}: unsupported type {sql_type}") from None
     try:
-        return _READERS[kind](value, param, Modes(
-            decimal_handling_mode or DEFAULT_DECIMAL_HANDLING_MODE,
-            time_precision_mode or DEFAULT_TIME_PRECISION_MODE,
-            binary_handling_mode or DEFAULT_BINARY_HANDLING_MODE))
+        return _READERS[kind](value, param, modes)
     except (ValueError, TypeError, ArithmeticError, OverflowError, binascii.Error) as exc:
         decimal = kind in ("decimal", "money", "numeric")
-        hint = _decimal_hint(value, decimal_handling_mode) if decimal else _TYPE_HINT
+        hint = _decimal_hint(value, modes.decimal) if decimal else _TYPE_HINT
         raise ColumnValueError(f"{where}: cannot read {value!r} as {sql_type}", hint) from exc
 
 
