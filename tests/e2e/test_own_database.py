@@ -86,8 +86,13 @@ INSERT_ORDER = ("INSERT INTO public.orders (customer_id, qty, amount, exact, rat
 def user_transaction(rng: random.Random, cur: Any) -> None:
     """One transaction of the user's application: new customers with orders in the same
     transaction, changed customers (the lookup race), changed and deleted orders."""
+    # A committed customer: with concurrent writers, an id below max(id) may belong to a
+    # transaction still open (bigserial hands out ids before commit), so take the nearest
+    # id at or below a random one that exists now.
     cur.execute("SELECT max(id) FROM public.customers")
-    top = cur.fetchone()[0]
+    cur.execute("SELECT max(id) FROM public.customers WHERE id <= %s",
+                (rng.randint(1, cur.fetchone()[0]),))
+    existing = cur.fetchone()[0]
     kind = rng.random()
     if kind < 0.35:
         cur.execute(INSERT_CUSTOMER, customer(rng))
@@ -98,9 +103,9 @@ def user_transaction(rng: random.Random, cur: Any) -> None:
         cur.execute("UPDATE public.customers SET name = name || '+', mood = %s, "
                     "balance = balance + 1::money, tags = array_append(tags, 'u'), "
                     "opens = opens + interval '1 minute', grace = grace * 2 WHERE id = %s",
-                    (rng.choice(["happy", "sad"]), rng.randint(1, top)))
+                    (rng.choice(["happy", "sad"]), existing))
     elif kind < 0.85:
-        cur.execute(INSERT_ORDER, order(rng, rng.randint(1, top)))
+        cur.execute(INSERT_ORDER, order(rng, existing))
         cur.execute("UPDATE public.orders SET qty = qty + 1, note = 'changed' WHERE id = "
                     "(SELECT max(id) FROM public.orders)")
     else:
