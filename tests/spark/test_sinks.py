@@ -26,7 +26,7 @@ from tests.fixtures import restartable_postgres
 from tests.fixtures.postgres import free_port, running_postgres
 from txjoin.errors import ConfigError, LineageError, ServiceError, SinkSchemaError
 from txjoin.sinks import Sink
-from txjoin.sinks.delta import DeltaSink
+from txjoin.sinks.delta import CHECKPOINT_INTERVAL, DeltaSink
 from txjoin.sinks.lineage import Checkpoint, Lineage, check_lineage
 from txjoin.sinks.postgres import PostgresSink, mask_dsn
 
@@ -247,6 +247,23 @@ def test_delta_maintenance_compacts_without_changing_a_state_or_the_progress(
         assert upkeep.on_disk_after == upkeep.files_after, upkeep.line()
     assert [r["order_id"] for r in sink.read_current()] == \
         [r["order_id"] for r in current if r["order_id"] != 2]
+
+
+def test_delta_tables_checkpoint_their_log_every_hundred_commits(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """Delta's default checkpoints the log inside every tenth commit, doubling that batch's
+    commit; the sink's tables (a rebuild's shadow ones too) do it every 100th, and the
+    setting stays on the sink's own session."""
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
+    sink.write(0, batch(change("c", 1, 1)))
+    sink.begin_rebuild("rebuilt")
+    sink.write(0, batch(change("c", 2, 2)))
+    for path in (sink.changelog_path, sink.current_path,
+                 str(sink.rebuild_root / "changelog"), str(sink.rebuild_root / "current")):
+        config = DeltaTable(path).metadata().configuration
+        assert config.get("delta.checkpointInterval") == str(CHECKPOINT_INTERVAL) == "100"
+    assert spark.conf.get("spark.databricks.delta.properties.defaults.checkpointInterval",
+                          None) is None
 
 
 def test_delta_writes_over_an_empty_log_a_killed_first_write_left(
