@@ -266,6 +266,29 @@ def test_delta_tables_checkpoint_their_log_every_hundred_commits(
                           None) is None
 
 
+def test_delta_upkeep_moves_an_older_table_to_the_checkpoint_interval(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """A table created before the setting (Delta's default interval, 10) gets it from
+    ``maintain``, in a commit that changes no row; a second upkeep adds no such commit."""
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
+    sink.write(0, batch(change("c", 1, 1)), Lineage("ck-old", 0))
+    for path in (sink.changelog_path, sink.current_path):
+        spark.sql(f"ALTER TABLE delta.`{path}` UNSET TBLPROPERTIES ('delta.checkpointInterval')")
+        assert "delta.checkpointInterval" not in DeltaTable(path).metadata().configuration
+    current, held = sink.read_current(), sink.held()
+    sink.maintain()
+    versions = []
+    for path in (sink.changelog_path, sink.current_path):
+        table = DeltaTable(path)
+        assert table.metadata().configuration["delta.checkpointInterval"] == "100"
+        versions.append(table.version())
+    assert sink.read_current() == current and sink.held() == held
+    sink.maintain()
+    assert [DeltaTable(p).version() for p in (sink.changelog_path, sink.current_path)] == \
+        versions  # one file per table: nothing to compact, the property is there already
+    assert sink.write(1, batch(change("u", 1, 2)), Lineage("ck-old", 1)) is True
+
+
 def test_delta_writes_over_an_empty_log_a_killed_first_write_left(
         spark: SparkSession, tmp_path: Path) -> None:
     """A job killed while creating its tables leaves ``_delta_log`` without a commit;

@@ -69,6 +69,7 @@ _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 CHECKPOINT_INTERVAL = 100
 """Commits between two Delta log checkpoints of the tables the sink creates."""
+_CHECKPOINT_INTERVAL = "delta.checkpointInterval"
 _LOG_RETENTION = "delta.logRetentionDuration"
 _FILE_RETENTION = "delta.deletedFileRetentionDuration"
 
@@ -196,7 +197,7 @@ class DeltaSink:
             # cheaper (mean 1.52 s -> 1.27 s over 90 commits of 20 changes; the log a commit
             # reads since the last checkpoint stays small).
             self._spark.conf.set("spark.databricks.delta.properties.defaults.checkpointInterval",
-                                 str(CHECKPOINT_INTERVAL))
+                                 str(CHECKPOINT_INTERVAL))  # and maintain() moves older ones
             for key, value in (("spark.databricks.delta.merge.materializeSource", "none"),
                                ("spark.databricks.delta.writeChecksumFile.enabled", "false"),
                                ("spark.sql.adaptive.enabled", "false")):
@@ -379,7 +380,7 @@ class DeltaSink:
         7-day safety floor (a reader running longer could lose files); a retention the
         user sets explicitly lifts it for this sink's session. The log checkpoints and
         expires itself as it is written (``delta.checkpointInterval``, every
-        ``CHECKPOINT_INTERVAL`` commits for the tables the sink creates;
+        ``CHECKPOINT_INTERVAL`` commits, set on older tables here;
         ``delta.logRetentionDuration``, 30 days by default): with ``retention_hours`` the
         log keeps the same window as the data files (set once, in a table property), so
         time travel reaches exactly as far back as the retention. Delta expires log
@@ -401,6 +402,7 @@ class DeltaSink:
             before = time.monotonic()
             files_before = len(DeltaTable(path).file_uris())
             on_disk_before = _data_files(path)
+            self._set_properties(path, {_CHECKPOINT_INTERVAL: str(CHECKPOINT_INTERVAL)})
             table = SparkDeltaTable.forPath(self.spark, path)
             table.optimize().executeCompaction()
             if retention_hours is not None:
@@ -411,13 +413,20 @@ class DeltaSink:
         return done
 
     def _keep_log_for(self, path: str, retention_hours: float) -> None:
-        """Set the table's log retention to ``retention_hours`` unless it already is (and
-        its deleted-file retention with it: Delta wants the log to keep at least as long)."""
+        """Set the table's log retention to ``retention_hours`` (and its deleted-file
+        retention with it: Delta wants the log to keep at least as long)."""
         wanted = f"interval {max(1, round(retention_hours * 3600))} seconds"
-        if DeltaTable(path).metadata().configuration.get(_LOG_RETENTION) == wanted:
+        self._set_properties(path, {_LOG_RETENTION: wanted, _FILE_RETENTION: wanted})
+
+    def _set_properties(self, path: str, wanted: dict[str, str]) -> None:
+        """Table properties ``wanted`` on the table at ``path``, in one metadata commit (no
+        row changes) unless it has them already; tables created before a setting came
+        (``CHECKPOINT_INTERVAL``) get it at their next upkeep."""
+        config = DeltaTable(path).metadata().configuration
+        if all(config.get(key) == value for key, value in wanted.items()):
             return
-        self.spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{_LOG_RETENTION}' = "
-                       f"'{wanted}', '{_FILE_RETENTION}' = '{wanted}')")
+        assignments = ", ".join(f"'{key}' = '{value}'" for key, value in wanted.items())
+        self.spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({assignments})")
 
     def begin_rebuild(self, checkpoint_id: str) -> None:
         """Write into fresh tables under ``<table>/_rebuild/`` from now on."""
