@@ -395,34 +395,35 @@ class DeltaSink:
         if retention_hours is not None:
             self.spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled",
                                 "false")
+        wanted = {_CHECKPOINT_INTERVAL: str(CHECKPOINT_INTERVAL)}
+        if retention_hours is not None:
+            # The log keeps the data files' window, and so does the deleted-file retention
+            # (Delta wants the log to keep at least as long).
+            keep = f"interval {max(1, round(retention_hours * 3600))} seconds"
+            wanted |= {_LOG_RETENTION: keep, _FILE_RETENTION: keep}
         done = []
         for path in (self.changelog_path, self.current_path):
             if not DeltaTable.is_deltatable(path):
                 continue
             before = time.monotonic()
-            files_before = len(DeltaTable(path).file_uris())
+            existing = DeltaTable(path)
+            files_before = len(existing.file_uris())
             on_disk_before = _data_files(path)
-            self._set_properties(path, {_CHECKPOINT_INTERVAL: str(CHECKPOINT_INTERVAL)})
+            self._set_properties(path, existing.metadata().configuration, wanted)
             table = SparkDeltaTable.forPath(self.spark, path)
             table.optimize().executeCompaction()
             if retention_hours is not None:
-                self._keep_log_for(path, retention_hours)
                 table.vacuum(retention_hours)
             done.append(Upkeep(path, files_before, len(DeltaTable(path).file_uris()),
                                on_disk_before, _data_files(path), time.monotonic() - before))
         return done
 
-    def _keep_log_for(self, path: str, retention_hours: float) -> None:
-        """Set the table's log retention to ``retention_hours`` (and its deleted-file
-        retention with it: Delta wants the log to keep at least as long)."""
-        wanted = f"interval {max(1, round(retention_hours * 3600))} seconds"
-        self._set_properties(path, {_LOG_RETENTION: wanted, _FILE_RETENTION: wanted})
-
-    def _set_properties(self, path: str, wanted: dict[str, str]) -> None:
-        """Table properties ``wanted`` on the table at ``path``, in one metadata commit (no
-        row changes) unless it has them already; tables created before a setting came
-        (``CHECKPOINT_INTERVAL``) get it at their next upkeep."""
-        config = DeltaTable(path).metadata().configuration
+    def _set_properties(self, path: str, config: dict[str, str],
+                        wanted: dict[str, str]) -> None:
+        """Table properties ``wanted`` on the table at ``path`` (whose properties are
+        ``config``), in one metadata commit with no row change, unless it has them already;
+        tables created before a setting came (``CHECKPOINT_INTERVAL``) get it at their next
+        upkeep."""
         if all(config.get(key) == value for key, value in wanted.items()):
             return
         assignments = ", ".join(f"'{key}' = '{value}'" for key, value in wanted.items())
