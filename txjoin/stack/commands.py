@@ -168,6 +168,10 @@ def _print_jobs(console: Console, rows: list[dict[str, Any]]) -> None:
                    "`txjoin up --job`): jobs/users_colors_two_dbs.py gets users inserted and "
                    "renamed in one database, colours added, changed and deleted in the other; "
                    "--rate is then per database.")
+@click.option("--level", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Keep live rows level: once more than N clients (or users) are live, "
+                   "the next transaction deletes the oldest one with its orders and table "
+                   "assignments (its colours). Default: rows grow with time.")
 @click.option("--only", type=click.Choice(["users", "colors"]), default=None,
               help="With --job: write this database only; the other source stays idle.")
 @click.option("--bulk", "bulk_rows", type=click.IntRange(min=1), default=None, metavar="N",
@@ -179,13 +183,16 @@ def _print_jobs(console: Console, rows: list[dict[str, Any]]) -> None:
               help="With --bulk: print the report as one JSON object.")
 @cli_errors
 def generate(directory: Path, dsn: str | None, rate: float, duration: float, seed: int,
-             writers: int, job_file: Path | None, only: str | None, bulk_rows: int | None,
-             as_json: bool) -> None:
+             writers: int, job_file: Path | None, level: int | None, only: str | None,
+             bulk_rows: int | None, as_json: bool) -> None:
     """Drive the pizzeria workload (and users/colours) against the source database.
 
     With --bulk N: write N row changes flat out, then report how fast the stack captured
     them (events from the first commit until the last one is in Kafka).
     """
+    if level is not None and (bulk_rows is not None or job_file is not None):
+        raise ConfigError("--level applies to the racing pizzeria workload, not to --bulk "
+                          "or --job")
     if bulk_rows is not None or as_json:
         _generate_bulk(directory, dsn, job_file, bulk_rows, seed, as_json)
         return
@@ -204,7 +211,7 @@ def generate(directory: Path, dsn: str | None, rate: float, duration: float, see
                               f"{mask_dsn(info.pg_dsn_source)} with your own SQL or "
                               f"application")
         dsn = info.pg_dsn_source
-    result = generate_workload(dsn, rate, duration, seed=seed, writers=writers)
+    result = generate_workload(dsn, rate, duration, seed=seed, writers=writers, level=level)
     _console.print(f"{result.transactions} transactions in {result.seconds:.1f}s "
                    f"({result.transactions / max(result.seconds, 1e-9):.0f} tx/s), "
                    f"{result.events} row changes, {result.orders_recorded} orders_expected writes")

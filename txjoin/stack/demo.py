@@ -244,10 +244,11 @@ class GeneratorThread(threading.Thread):
     start-up), runs ``txjoin generate``, commits the barrier and sets ``done``."""
 
     def __init__(self, info: StackInfo, rate: float, duration: float, seed: int,
-                 writers: int, ready: threading.Event) -> None:
+                 writers: int, ready: threading.Event, level: int | None = None) -> None:
         super().__init__(name="txjoin-demo-generator", daemon=True)
         self.info, self.rate, self.duration, self.seed, self.writers = (
             info, rate, duration, seed, writers)
+        self.level = level
         self.ready = ready
         self.done = threading.Event()
         self.started_at: float | None = None
@@ -262,7 +263,7 @@ class GeneratorThread(threading.Thread):
             self.ready.wait(READY_TIMEOUT_S)
             self.started_at = time.time()
             self.result = generate(self.info.pg_dsn_source, self.rate, self.duration,
-                                   seed=self.seed, writers=self.writers)
+                                   seed=self.seed, writers=self.writers, level=self.level)
             self.generated_at = time.time()
             wait_until_captured(self.info)
         except BaseException as exc:  # reported by the main thread

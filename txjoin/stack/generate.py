@@ -23,10 +23,17 @@ Patterns, after seed 001 and seed 000:
   or nothing that matches (no enriched row: ``present = false``);
 - ``public.tables`` stays idle for long stretches (renamed very rarely);
 - users: new users, several favourite colours added at once, colours deleted, renames.
+
+With ``level`` set (``txjoin generate --level N``, the soak's default), live rows stay level
+instead of growing with time: once more than ``level`` clients (or users) are live, the next
+transaction forgets the oldest one, that is the client's orders, its table assignments and
+the client (a user with its colours), in one transaction. A long run then has a bounded
+join state, so what grows in it is a leak, not data.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -43,6 +50,7 @@ from txjoin.stack.postgres import ADVISORY_LOCK_KEY
 
 PIZZA_IDS = (1, 2, 3, 4)
 UNKNOWN_PIZZA_ID = 99  # never on the menu: the inner join drops it
+LEVEL_DELETED_ORDERS = 500  # level mode: deleted order ids kept for re-inserting
 COLOURS = ("red", "blue", "green", "yellow", "purple", "orange", "teal", "black")
 NAMES = ("Leo", "Mikey", "Donnie", "Raph", "Shredder", "Bebop", "Rocksteady", "Karai",
          "Krang", "Baxter", "Irma", "Vernon", "Hun", "Mondo", "Slash", "Leatherhead")
@@ -128,6 +136,13 @@ class _Tx:
             return int(row[0]) if row else 0
         return int(self.cur.rowcount)
 
+    def run_returning(self, table: str, sql: str, args: tuple[object, ...] = ()) -> list[int]:
+        """Execute a change of ``public.<table>`` that RETURNs ids; return all of them."""
+        self.cur.execute(sql, args)
+        self.result.events_by_table[f"public.{table}"] += self.cur.rowcount
+        self.changes += self.cur.rowcount
+        return [int(row[0]) for row in self.cur.fetchall()]
+
     def order_changed(self, order_id: int) -> None:
         if order_id not in self.touched:
             self.touched.append(order_id)
@@ -151,9 +166,10 @@ def connect_source(dsn: str) -> psycopg2.extensions.connection:
 class _Writer:
     """One connection generating transactions at its share of the rate."""
 
-    def __init__(self, dsn: str, world: _World, rng: random.Random) -> None:
+    def __init__(self, dsn: str, world: _World, rng: random.Random,
+                 level: int | None = None) -> None:
         self.conn = connect_source(dsn)
-        self.world, self.rng = world, rng
+        self.world, self.rng, self.level = world, rng, level
         self.result = GenerateResult()
         self.kinds: list[tuple[Callable[[_Tx], None], float]] = [
             (self.seat_and_order, 14), (self.seat, 4), (self.order, 18), (self.price_change, 8),
@@ -193,6 +209,12 @@ class _Writer:
                     self.update_order(tx, self.burst[0])
                     left = self.burst[1] - 1
                     self.burst = (self.burst[0], left) if left > 0 else None
+                elif self.level is not None and len(self.world.clients) > self.level:
+                    kind_name = "forget_visit"
+                    self.forget_visit(tx)
+                elif self.level is not None and len(self.world.users) > self.level:
+                    kind_name = "forget_user"
+                    self.forget_user(tx)
                 else:
                     funcs, weights = zip(*self.kinds, strict=True)
                     kind = self.rng.choices(funcs, weights)[0]
@@ -338,6 +360,31 @@ class _Writer:
         tx.run("tables", "UPDATE public.tables SET name = name || '+' WHERE id = %s",
                (self.rng.choice(self.world.tables),))
 
+    def forget_visit(self, tx: _Tx) -> None:
+        """Level mode: the oldest client's orders, table assignments and the client go."""
+        client = self.world.clients.pop(0)
+        for order_id in tx.run_returning(
+                "orders", "DELETE FROM public.orders WHERE table_assignment_id IN (SELECT id "
+                "FROM public.table_assignment WHERE client_id = %s) RETURNING id", (client,)):
+            _forget(self.world.orders, order_id)
+            tx.order_changed(order_id)
+        for assignment in tx.run_returning(
+                "table_assignment", "DELETE FROM public.table_assignment WHERE client_id = %s "
+                "RETURNING id", (client,)):
+            _forget(self.world.open_assignments, assignment)
+        tx.run("clients", "DELETE FROM public.clients WHERE id = %s", (client,))
+        # Deleted orders wait to be re-inserted; in level mode only the newest few hundred.
+        del self.world.deleted_orders[:-LEVEL_DELETED_ORDERS]
+
+    def forget_user(self, tx: _Tx) -> None:
+        """Level mode: the oldest user and their favourite colours go."""
+        user = self.world.users.pop(0)
+        for colour in tx.run_returning(
+                "users_favorite_color", "DELETE FROM public.users_favorite_color "
+                "WHERE user_id = %s RETURNING id", (user,)):
+            _forget(self.world.colours, colour)
+        tx.run("users", "DELETE FROM public.users WHERE id = %s", (user,))
+
     def new_user(self, tx: _Tx) -> None:
         name = f"{self.rng.choice(NAMES).lower()} smith"
         user = tx.run("users", "INSERT INTO public.users (full_name) VALUES (%s) RETURNING id",
@@ -371,6 +418,13 @@ class _Writer:
         return None
 
 
+def _forget(live: list[int], row_id: int) -> None:
+    """Drop a deleted row's id from the generator's picture (if it is there: a closed
+    assignment, say, is not)."""
+    with contextlib.suppress(ValueError):
+        live.remove(row_id)
+
+
 def paced(step: Callable[[], None], deadline: float, interval: float,
           stop: threading.Event | None = None) -> None:
     """Call ``step`` every ``interval`` seconds until ``deadline`` (monotonic) or until
@@ -386,17 +440,21 @@ def paced(step: Callable[[], None], deadline: float, interval: float,
 
 
 def generate(dsn: str, rate_tx_per_s: float, duration_s: float, seed: int = 0,
-             writers: int = 1, stop: threading.Event | None = None) -> GenerateResult:
+             writers: int = 1, stop: threading.Event | None = None,
+             level: int | None = None) -> GenerateResult:
     """Drive the pizzeria workload against ``dsn`` for ``duration_s`` seconds.
 
     ``rate_tx_per_s`` is the target over all ``writers`` (each its own connection and
     thread); when the database cannot keep up the writers simply run flat out. Returns
     the committed transactions and the row changes per captured table (= the data events
     Debezium should emit), and how many orders_expected rows were written. Setting
-    ``stop`` ends it early, after each writer's transaction in flight.
+    ``stop`` ends it early, after each writer's transaction in flight. ``level`` keeps
+    at most that many clients (and users) live (module docstring); None lets them grow.
     """
     if rate_tx_per_s <= 0 or duration_s < 0 or writers < 1:
         raise ConfigError("generate needs rate > 0, duration >= 0 and writers >= 1")
+    if level is not None and level < 1:
+        raise ConfigError(f"--level must be at least 1 (live clients), got {level}")
     try:
         with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
             world = _World(cur)
@@ -413,7 +471,7 @@ def generate(dsn: str, rate_tx_per_s: float, duration_s: float, seed: int = 0,
     def work(index: int) -> None:
         writer: _Writer | None = None
         try:
-            writer = _Writer(dsn, world, random.Random(seed * 1_000 + index))
+            writer = _Writer(dsn, world, random.Random(seed * 1_000 + index), level)
             paced(writer.step, deadline, interval, stop)
         except BaseException as exc:
             errors.append(exc)

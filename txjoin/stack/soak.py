@@ -1,6 +1,7 @@
 """``txjoin soak``: the real stack for a long run, with faults, and whether anything grows.
 
-The racing pizzeria workload writes at a set rate while ``txjoin run jobs/orders.py`` streams
+The racing pizzeria workload writes at a set rate (its live rows held level by default:
+``--level``) while ``txjoin run jobs/orders.py`` streams
 as a subprocess, as a user runs it. At seeded random moments the soak injects one fault at a
 time:
 
@@ -58,6 +59,9 @@ if TYPE_CHECKING:
     from txjoin.job import Job
 
 ORDERS = DEMO_JOBS[0]
+DEFAULT_LEVEL = 10_000
+"""Live clients the soak's workload keeps (about 2.5 orders each at steady state): reached
+within minutes at 500 tx/s, then the source rows, hence the join's state, stay level."""
 FAULT_KINDS = ("driver", "broker", "connect", "sink")
 STACK_COMPONENT = {"broker": "broker", "connect": "debezium"}  # fault kind -> stack process
 SAMPLE_EVERY_S = 10.0
@@ -497,7 +501,7 @@ class Soak:
 def run_soak(directory: Path, rate: float, duration: float, results_file: Path,
              seed: int = 0, fault_every: float | None = None, writers: int = 2,
              master: str = "local[2]", maintain_every: int = 20,
-             vacuum_retention_hours: float | None = None,
+             vacuum_retention_hours: float | None = None, level: int | None = DEFAULT_LEVEL,
              say: Callable[[str], None] = print) -> dict[str, Any]:
     """The soak (module docstring); its results as plain data, ``ok`` when both sinks matched.
 
@@ -521,12 +525,14 @@ def run_soak(directory: Path, rate: float, duration: float, results_file: Path,
     soak = Soak(directory, up.info, job, options, say)
     results: dict[str, Any] = {
         "rate_tx_per_s": rate, "duration_s": duration, "seed": seed, "writers": writers,
+        "level": level,
         "fault_every_s": every, "maintain_every": maintain_every or None,
         "vacuum_retention_hours": vacuum_retention_hours if maintain_every else None,
         "faults": soak.faults, "job_exits": soak.job_exits}
     try:
         soak.start_job()
-        generator = GeneratorThread(up.info, rate, duration, seed, writers, threading.Event())
+        generator = GeneratorThread(up.info, rate, duration, seed, writers, threading.Event(),
+                                    level)
         skipped = soak.stream(generator, fault_schedule(duration, every, seed))
         gen = generator.result
         results.update(skipped_faults=[asdict(f) for f in skipped], workload={
@@ -570,6 +576,10 @@ def run_soak(directory: Path, rate: float, duration: float, results_file: Path,
                    "the first; 0: none). Default: a fifth of --duration, so each kind once.")
 @click.option("--writers", type=int, default=2, show_default=True,
               help="Concurrent workload connections.")
+@click.option("--level", type=click.IntRange(min=0), default=DEFAULT_LEVEL, show_default=True,
+              help="Live clients (and users) the workload keeps: beyond them it deletes the "
+                   "oldest with its orders, so the join's state stays level and growth means "
+                   "a leak (`txjoin generate --level`). 0: rows grow with time.")
 @click.option("--master", default="local[2]", show_default=True, help="Spark master URL.")
 @click.option("--maintain-every", type=click.IntRange(min=0), default=20, show_default=True,
               help="The job's --maintain-every (0: no Delta upkeep).")
@@ -582,7 +592,7 @@ def run_soak(directory: Path, rate: float, duration: float, results_file: Path,
 @click.option("--json", "as_json", is_flag=True,
               help="Print the results as one JSON object on stdout; progress goes to stderr.")
 def soak(directory: Path, rate: float, duration: float, seed: int, fault_every: float | None,
-         writers: int, master: str, maintain_every: int,
+         writers: int, level: int, master: str, maintain_every: int,
          vacuum_retention_hours: float | None, results_file: Path | None, as_json: bool) -> None:
     """Stream jobs/orders.py for a long run under a racing workload and faults, then verify.
 
@@ -601,7 +611,8 @@ def soak(directory: Path, rate: float, duration: float, seed: int, fault_every: 
     results_file = results_file or directory / "soak-results.json"
     try:
         results = run_soak(directory, rate, duration, results_file, seed, fault_every, writers,
-                           master, maintain_every, vacuum_retention_hours, say)
+                           master, maintain_every, vacuum_retention_hours, level or None,
+                           say)
     except TxjoinError as exc:
         click.secho(f"error: {exc} (what was measured: {results_file})", fg="red", err=True)
         sys.exit(exc.exit_code)
