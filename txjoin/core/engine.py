@@ -24,6 +24,7 @@ the job on (S1 after some T1_k, S2 after some T2_m), k and m never decreasing.
 from __future__ import annotations
 
 import pickle
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -53,8 +54,8 @@ from txjoin.job import TRANSACTION_STREAM, Job
 __all__ = ["TRANSACTION_STREAM", "Engine", "EngineStats"]
 
 STATE_VERSION = 1
-# Derived from the job at construction, never restored from a state.
-_DERIVED = ("job", "_marker_sources", "_table_sources")
+# Derived from the job at construction, or about the last batch only: never saved.
+_DERIVED = ("job", "_marker_sources", "_table_sources", "batch_join_s")
 
 
 @dataclass
@@ -90,6 +91,7 @@ class Engine:
         # Table -> partition count of its topic, for topics with several partitions, as
         # the sources declared them (kept: see assembly.py for what changes for them).
         self.partition_counts: dict[str, int] = {}
+        self.batch_join_s = 0.0  # seconds the last batch spent in the join (the rest: sequencing)
         self._derive()
 
     def _derive(self) -> None:
@@ -171,6 +173,7 @@ class Engine:
                         caught_up: Iterable[str] = (), partitions: TopicPartitions | None = None
                         ) -> list[OutputChange]:
         """Like :meth:`process`, for records already decoded."""
+        self.batch_join_s = 0.0
         # (setdefault: a state written before partitioned topics has no partition_counts)
         counts: dict[str, int] = self.__dict__.setdefault("partition_counts", {})
         if partitions is not None:
@@ -278,7 +281,9 @@ class Engine:
         if tx.xid == 0:
             self.snapshot_released = True
         self.stats.transactions_released += 1
+        started = time.perf_counter()
         out = self.join.apply(tx)
+        self.batch_join_s += time.perf_counter() - started
         self.stats.changes_emitted += len(out)
         return out
 

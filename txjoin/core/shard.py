@@ -20,6 +20,7 @@ transactions in the same batch.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,7 @@ class ShardEngine(Engine):
         self.open_bytes: dict[tuple[str, int], int] = {}  # (source, xid) -> bytes
         self.max_transaction_bytes: int | None = None
         self.batch_snapshot_rows = 0  # snapshot rows in the last batch processed
+        self.batch_wire_s = 0.0  # seconds the last batch spent reading its routed records
         # Which logged state this engine is (state_log.py): micro-batches applied, and the
         # token naming that exact state.
         self.log_version = 0
@@ -66,11 +68,13 @@ class ShardEngine(Engine):
         Also records the batch's *effects* (:attr:`last_effects`): what a copy of
         this shard's state at the previous batch needs to become this state.
         """
+        started = time.perf_counter()
         records = list(records)
         items = [from_wire(r) for r in records]
         if self.max_transaction_bytes is not None:
             self._count_open_bytes(records, items)
         items.sort(key=_position_key)
+        self.batch_wire_s = time.perf_counter() - started
         snapshot_events = [it for it in items if isinstance(it, ChangeEvent) and it.is_snapshot]
         self.batch_snapshot_rows = len(snapshot_events)
         remembered = {s: f.remembered for s, f in self.frontiers.items()}
@@ -186,4 +190,4 @@ class Effects:
 
 _NOT_SEQUENCER = frozenset({"job", "join", "assemblers", "frontiers", "log_version", "log_token",
                             "last_effects", "max_transaction_bytes", "_marker_sources",
-                            "_table_sources"})
+                            "_table_sources", "batch_join_s", "batch_wire_s"})

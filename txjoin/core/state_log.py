@@ -303,9 +303,13 @@ class ShardLog:
             written += self._compact(engine, meta, version, token)
         self.store.put_meta(meta)
         engine.log_version, engine.log_token = version, token
+        # The engine's time: reading the routed records, sequencing (assembly, commit
+        # order, frontier), the join; the first two are what every shard repeats.
+        wire, join = engine.batch_wire_s, engine.batch_join_s
         return BatchResult(changes, engine, written, how, released,
-                           {"state_load": loaded - started, "engine": processed - loaded,
-                            "state_save": time.perf_counter() - processed})
+                           {"state_load": loaded - started, "read_records": wire,
+                            "sequence": max(0.0, processed - loaded - wire - join),
+                            "join": join, "state_save": time.perf_counter() - processed})
 
     def _compact(self, engine: ShardEngine, meta: dict[str, Any], version: int,
                  token: str) -> int:

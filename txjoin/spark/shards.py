@@ -30,6 +30,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+from pyspark import Accumulator
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
@@ -82,36 +83,47 @@ def shard_labels(spark: SparkSession, n_shards: int, partitions: int) -> list[in
     return ordered
 
 
-def make_decoder(job: Job, labels: Sequence[int]) -> Any:
-    """The ``mapInArrow`` function: source rows -> routed rows (``ROUTED_SCHEMA``)."""
+def make_decoder(job: Job, labels: Sequence[int], timer: Accumulator[float] | None = None
+                 ) -> Any:
+    """The ``mapInArrow`` function: source rows -> routed rows (``ROUTED_SCHEMA``).
+
+    ``timer``: a Spark accumulator the decoding adds its seconds to (summed over tasks).
+    """
     router = Router(job, len(labels))
     all_labels = list(labels)
 
     def decode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            out = _Routed()
-            cols = batch.to_pydict()
-            for topic, partition, offset, value in zip(cols["topic"], cols["partition"],
-                                                       cols["offset"], cols["value"],
-                                                       strict=True):
-                if offset < 0:  # caught-up or partitions marker: every shard
-                    for label in all_labels:
-                        out.emit(label, topic, partition, offset, None, False)
-                    continue
-                item = decode(value, Position(topic, partition, offset))
-                owners, wire, meta = (set(), b"", None) if item is None else router.route(item)
-                if not owners:  # a tombstone, or a table the job does not read: every
-                    # shard sees it (so each counts the batch's records), one counts it
-                    for i, label in enumerate(all_labels):
-                        out.emit(label, topic, partition, offset, None, i == 0)
-                    continue
-                first = min(owners)
+            started = time.perf_counter()
+            routed = _route(batch)
+            if timer is not None:
+                timer.add(time.perf_counter() - started)
+            yield routed
+
+    def _route(batch: pa.RecordBatch) -> pa.RecordBatch:
+        out = _Routed()
+        cols = batch.to_pydict()
+        for topic, partition, offset, value in zip(cols["topic"], cols["partition"],
+                                                   cols["offset"], cols["value"],
+                                                   strict=True):
+            if offset < 0:  # caught-up or partitions marker: every shard
+                for label in all_labels:
+                    out.emit(label, topic, partition, offset, None, False)
+                continue
+            item = decode(value, Position(topic, partition, offset))
+            owners, wire, meta = (set(), b"", None) if item is None else router.route(item)
+            if not owners:  # a tombstone, or a table the job does not read: every
+                # shard sees it (so each counts the batch's records), one counts it
                 for i, label in enumerate(all_labels):
-                    if i in owners:
-                        out.emit(label, topic, partition, offset, wire, i == first)
-                    else:
-                        out.emit(label, topic, partition, offset, meta, False)
-            yield out.batch()
+                    out.emit(label, topic, partition, offset, None, i == 0)
+                continue
+            first = min(owners)
+            for i, label in enumerate(all_labels):
+                if i in owners:
+                    out.emit(label, topic, partition, offset, wire, i == first)
+                else:
+                    out.emit(label, topic, partition, offset, meta, False)
+        return out.batch()
 
     return decode_batches
 
@@ -244,7 +256,7 @@ class ShardProcessor(StatefulProcessor):
                 "skipped": engine.skipped, "state": result.restored,
                 "state_bytes_written": self.store.written,
                 "snapshot_rows": engine.batch_snapshot_rows,
-                "seconds": {**result.seconds, "shard_total": time.perf_counter() - started}}
+                "seconds": {**result.seconds, "total": time.perf_counter() - started}}
         yield changes_frame(self.job, shard, result.changes, info)
 
     def _markers(self, markers: pd.DataFrame) -> tuple[set[str], TopicPartitions | None]:
