@@ -180,6 +180,11 @@ class CheckpointError(TxjoinError):
     exit_code = 2
 
 
+RECOVER = ("start a new checkpoint and re-derive the sinks from the topics with "
+           "`txjoin run --rebuild` (it keeps the old checkpoint aside)")
+"""The way out of a checkpoint txjoin cannot continue, for the end of its one-line error."""
+
+
 class SinkSchemaError(TxjoinError):
     """A sink table altered underneath the job (a column dropped or its type changed)."""
 

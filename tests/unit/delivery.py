@@ -174,3 +174,17 @@ class Pipeline:
     def matches_oracle_prefix(self) -> bool:
         """The output equals the oracle's after the last released transaction."""
         return self.output == self.expected()[self.engine.commit_seq]
+
+
+def pizzeria_rows(job: Job, transactions: int, seed: int
+                  ) -> list[tuple[str, int, int, str | None]]:
+    """The generated pizzeria workload (snapshot, then ``transactions``) as the records a
+    one-partition source reads: (topic, partition, offset, value)."""
+    from txjoin.scenarios.workload import pizzeria_workload
+
+    snapshot, txs = pizzeria_workload(transactions, seed=seed)
+    synth = Synthesizer(job)
+    records = list(synth.snapshot(snapshot))
+    for tx in txs:
+        records.extend(synth.transaction(tx))
+    return [(r.topic, 0, r.offset, r.value) for r in records]

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit.delivery import pizzeria_rows
 from tests.unit.test_properties import JOB_VARIANTS
 from txjoin.bench import batch_stages, stage_names
 from txjoin.core.sharded import ShardedEngine
-from txjoin.scenarios.synthesize import Synthesizer
-from txjoin.scenarios.workload import pizzeria_workload
 from txjoin.spark.pipeline import stage_seconds
 
 SHARD_STAGES = {"state_load", "read_records", "sequence", "join", "state_save"}
@@ -16,14 +15,8 @@ SHARD_STAGES = {"state_load", "read_records", "sequence", "join", "state_save"}
 
 def test_a_shard_reports_each_of_its_stages() -> None:
     job, _rows = JOB_VARIANTS["orders/as_of_fact"]
-    snapshot, txs = pizzeria_workload(300, seed=5)
-    synth = Synthesizer(job)
-    records = list(synth.snapshot(snapshot))
-    for tx in txs:
-        records.extend(synth.transaction(tx))
     engine = ShardedEngine(job, 2)
-    changes = engine.process([(r.topic, 0, r.offset, r.value) for r in records],
-                             [*job.table_names, "transaction"])
+    changes = engine.process(pizzeria_rows(job, 300, seed=5), [*job.table_names, "transaction"])
     assert changes
     for result in engine.last:
         assert set(result.seconds) == SHARD_STAGES

@@ -70,8 +70,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from txjoin.core.state import restore_fields, save_fields
 from txjoin.debezium import SNAPSHOT_CLOSING, ChangeEvent, TxMarker
 from txjoin.errors import IncompleteTransactionError, OrderingError
 
@@ -204,14 +205,27 @@ class IncompletePolicy:
 class SnapshotBuffer:
     """Transaction 0: the ``op=r`` rows, with the settledness of every job table."""
 
+    # Saved (core/state.py); ROW_FIELDS grow with the snapshot: a shard's log carries
+    # them as the batch's snapshot rows instead.
+    FIELDS = ("tables_with_rows", "settled", "parts", "finished_evidence", "done")
+    ROW_FIELDS = ("rows", "identities")
+
     def __init__(self, tables: frozenset[str]) -> None:
         self.tables = tables
         self.rows: list[ChangeEvent] = []
         self.identities: set[tuple[object, ...]] = set()
         self.tables_with_rows: set[str] = set()
         self.settled: set[str] = set()
+        # partitions whose snapshot rows are all read, per table of a partitioned topic
+        self.parts: dict[str, set[int]] = {}
         self.finished_evidence = False  # `last` row or a transaction marker read
         self.done = False  # released (or nothing to release)
+
+    def state(self, rows: bool = True) -> dict[str, Any]:
+        return save_fields(self, self.FIELDS + (self.ROW_FIELDS if rows else ()))
+
+    def restore(self, state: Mapping[str, Any], rows: bool = True) -> None:
+        restore_fields(self, state, self.FIELDS + (self.ROW_FIELDS if rows else ()))
 
     def add(self, event: ChangeEvent, partitions: int = 1) -> None:
         """Buffer a snapshot row; ``partitions``: of its topic (several: a closing row
@@ -243,8 +257,7 @@ class SnapshotBuffer:
         if partitions == 1:
             self.settled.add(table)
             return
-        # (setdefault: a state written before partitioned topics has no `parts`)
-        parts = self.__dict__.setdefault("parts", {}).setdefault(table, set())
+        parts = self.parts.setdefault(table, set())
         parts.add(partition)
         if len(parts) >= partitions:
             self.settled.add(table)
@@ -267,11 +280,21 @@ class SnapshotBuffer:
 class Assembler:
     """Buffers events per xid; hands out complete transactions on request."""
 
+    FIELDS = ("pending", "duplicates")  # saved (core/state.py), with the snapshot's
+
     def __init__(self, tables: frozenset[str]) -> None:
         self.tables = tables
         self.pending: dict[int, PendingTransaction] = {}
         self.snapshot = SnapshotBuffer(tables)
         self.duplicates = 0
+
+    def state(self, rows: bool = True) -> dict[str, Any]:
+        """Its state by name (``rows``: with the snapshot's buffered rows)."""
+        return {**save_fields(self, self.FIELDS), "snapshot": self.snapshot.state(rows)}
+
+    def restore(self, state: Mapping[str, Any], rows: bool = True) -> None:
+        restore_fields(self, state, self.FIELDS)
+        self.snapshot.restore(state["snapshot"], rows)
 
     def add_event(self, event: ChangeEvent, released: set[int], partitions: int = 1) -> None:
         """Buffer an event; ``partitions``: of its table's topic."""
@@ -311,13 +334,13 @@ class Assembler:
                   counts: Mapping[str, int] | None = None) -> None:
         """The source read these tables' topics (or, ``parts``, these partitions of a
         topic with ``counts[table]`` partitions) to their end in the batch just added."""
-        parts = {t: set(ps) for t, ps in (parts or {}).items() if t in self.tables}
-        self.snapshot.caught_up(tables, parts, counts)
+        read = {t: set(ps) for t, ps in (parts or {}).items() if t in self.tables}
+        self.snapshot.caught_up(tables, read, counts)
         for tx in self.pending.values():
             if tx.end is not None and tx.restarted:
                 tx.confirmed |= tables
-                for table, numbers in parts.items():
-                    got = tx.__dict__.setdefault("confirmed_parts", {}).setdefault(table, set())
+                for table, numbers in read.items():
+                    got = tx.confirmed_parts.setdefault(table, set())
                     got |= numbers
                     if len(got) >= (counts or {}).get(table, 1):
                         tx.confirmed.add(table)

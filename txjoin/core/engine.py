@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import pickle
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ from txjoin.core.assembly import (
 )
 from txjoin.core.frontier import Frontier
 from txjoin.core.join import OutputChange, TemporalJoin
+from txjoin.core.state import ENGINE_STATE_VERSION, check_version, restore_fields, save_fields
 from txjoin.debezium import (
     ChangeEvent,
     Position,
@@ -53,9 +54,6 @@ from txjoin.job import TRANSACTION_STREAM, Job
 
 __all__ = ["TRANSACTION_STREAM", "Engine", "EngineStats"]
 
-STATE_VERSION = 1
-# Derived from the job at construction, or about the last batch only: never saved.
-_DERIVED = ("job", "_marker_sources", "_table_sources", "batch_join_s")
 
 
 @dataclass
@@ -73,6 +71,10 @@ class EngineStats:
 
 class Engine:
     """Decode -> assemble -> order -> join, on micro-batches."""
+
+    # Saved (core/state.py), with each source's assembler and frontier and the join.
+    FIELDS = ("applied_seq", "stats", "max_ts_ms", "stream_ts_ms", "snapshot_released",
+              "partition_counts")
 
     def __init__(self, job: Job, policy: IncompletePolicy | None = None,
                  released_memory: int = 100_000) -> None:
@@ -174,8 +176,7 @@ class Engine:
                         ) -> list[OutputChange]:
         """Like :meth:`process`, for records already decoded."""
         self.batch_join_s = 0.0
-        # (setdefault: a state written before partitioned topics has no partition_counts)
-        counts: dict[str, int] = self.__dict__.setdefault("partition_counts", {})
+        counts = self.partition_counts
         if partitions is not None:
             for table, count in partitions.counts.items():
                 if table in self._table_sources and count > counts.get(table, 1):
@@ -315,30 +316,35 @@ class Engine:
 
     # -- checkpointing -----------------------------------------------------------------
 
+    def state(self, rows: bool = True) -> dict[str, Any]:
+        """The whole state by name (``rows``: with what grows with history or the database,
+        the snapshot's buffered rows and the released xids; without them: what a shard's
+        log saves per batch, see ``shard.py``). The job itself is not included."""
+        return {"engine": save_fields(self, self.FIELDS),
+                "sources": {source: {"assembler": self.assemblers[source].state(rows),
+                                     "frontier": self.frontiers[source].state(rows)}
+                            for source in self.job.source_names}}
+
+    def restore(self, state: Mapping[str, Any], rows: bool = True) -> None:
+        """Set the state saved by :meth:`state` (the same ``rows``), except the join's."""
+        restore_fields(self, state["engine"], self.FIELDS)
+        for source, parts in state["sources"].items():
+            self.assemblers[source].restore(parts["assembler"], rows)
+            self.frontiers[source].restore(parts["frontier"], rows)
+
     def state_bytes(self) -> bytes:
-        """Serialise the whole state (the job itself is not included)."""
-        state = {k: v for k, v in self.__dict__.items() if k not in _DERIVED}
-        state["join"] = {k: v for k, v in self.join.__dict__.items() if k != "job"}
-        return pickle.dumps((STATE_VERSION, state), protocol=pickle.HIGHEST_PROTOCOL)
+        """Serialise the whole state, the join's included (the job itself is not)."""
+        return pickle.dumps((ENGINE_STATE_VERSION, {**self.state(), "join": self.join.state()}),
+                            protocol=pickle.HIGHEST_PROTOCOL)
 
     @classmethod
-    def from_state(cls, job: Job, blob: bytes) -> Engine:
+    def from_state(cls, job: Job, blob: bytes, policy: IncompletePolicy | None = None,
+                   **init: Any) -> Engine:
+        """An engine of ``job`` with the state of :meth:`state_bytes` (``init``: the rest of
+        the constructor's arguments, e.g. a shard's number)."""
         version, state = pickle.loads(blob)
-        if version != STATE_VERSION:
-            raise ValueError(f"engine state version {version} is not {STATE_VERSION}")
-        # Start from a fresh engine so that attributes added since the state was
-        # written keep their defaults (an older checkpoint still restores).
-        engine = cls(job)
-        join_state = state.pop("join")
-        for name in _DERIVED:
-            state.pop(name, None)
-        if "assembler" in state:  # written before sources: the one source's sequencing
-            first = job.source_names[0]
-            state["assemblers"] = {first: state.pop("assembler")}
-            state["frontiers"] = {first: state.pop("frontier")}
-            state["applied_seq"] = state["frontiers"][first].commit_seq
-        engine.__dict__.update(state)
-        engine.job = job
-        engine.join.__dict__.update(join_state)
-        engine.join.job = job
+        check_version(version, f"job {job.name!r}")
+        engine = cls(job, policy=policy, **init)
+        engine.restore(state)
+        engine.join.restore(state["join"])
         return engine

@@ -14,13 +14,21 @@ recognised and dropped instead of opening a new buffer.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
+from typing import Any
 
 from txjoin.core.assembly import Assembler, IncompletePolicy, Transaction
+from txjoin.core.state import restore_fields, save_fields
 from txjoin.debezium import TxMarker
 
 
 class Frontier:
     """The commit-order queue and the memory of what was released."""
+
+    # Saved (core/state.py); RELEASED_FIELDS grow with history up to ``memory``: a
+    # shard's log carries them as the batch's released xids instead.
+    FIELDS = ("queue", "memory", "commit_seq", "last_xid", "skipped", "remembered")
+    RELEASED_FIELDS = ("released", "_released_order")
 
     def __init__(self, memory: int = 100_000) -> None:
         self.queue: deque[int] = deque()  # xids in END order, not yet released
@@ -31,6 +39,12 @@ class Frontier:
         self.last_xid: int | None = None
         self.skipped: list[int] = []
         self.remembered = 0  # xids ever remembered (released or skipped)
+
+    def state(self, released: bool = True) -> dict[str, Any]:
+        return save_fields(self, self.FIELDS + (self.RELEASED_FIELDS if released else ()))
+
+    def restore(self, state: Mapping[str, Any], released: bool = True) -> None:
+        restore_fields(self, state, self.FIELDS + (self.RELEASED_FIELDS if released else ()))
 
     def on_end(self, marker: TxMarker) -> None:
         self.queue.append(marker.xid)

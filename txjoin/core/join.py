@@ -17,12 +17,13 @@ one, so the changelog holds one entry per real version of an output row.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from txjoin.core.assembly import Transaction
 from txjoin.core.routing import is_metadata_only
+from txjoin.core.state import restore_fields, save_fields
 from txjoin.debezium import ChangeEvent
 from txjoin.errors import DecodeError, JobError
 from txjoin.job import UNAVAILABLE, Collect, Job, Lookup
@@ -113,6 +114,16 @@ class TemporalJoin:
                 px = ColumnIndex(tuple(lk.on.values()), array=lk.array)
                 self.parent_index[lk.alias] = px
                 self._indexes_by_table[job.alias_table(lk.parent).name].append(px)
+
+    # Saved (core/state.py): the rows, the outputs and the indexes over them (one pickle
+    # keeps an index shared between match_index or parent_index and _indexes_by_table).
+    FIELDS = ("rows", "outputs", "match_index", "parent_index", "_indexes_by_table")
+
+    def state(self) -> dict[str, Any]:
+        return save_fields(self, self.FIELDS)
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        restore_fields(self, state, self.FIELDS)
 
     def _on_primary_key(self, lk: Lookup) -> bool:
         return list(lk.on.keys()) == list(self.job.table(lk.table).key)

@@ -135,43 +135,23 @@ class ShardEngine(Engine):
         """The assembly and frontier state of every source, without what grows with history
         or the database (released xids, snapshot rows and identities: carried as deltas)
         and the join."""
-        sources = {}
-        for source, assembler in self.assemblers.items():
-            snap = assembler.snapshot
-            sources[source] = {
-                "assembler": {k: v for k, v in assembler.__dict__.items() if k != "snapshot"},
-                "snapshot": {k: v for k, v in snap.__dict__.items()
-                             if k not in ("rows", "identities")},
-                "frontier": {k: v for k, v in self.frontiers[source].__dict__.items()
-                             if k not in ("released", "_released_order")},
-            }
-        return {"engine": {k: v for k, v in self.__dict__.items() if k not in _NOT_SEQUENCER},
-                "sources": sources}
+        state = self.state(rows=False)
+        state["engine"]["open_bytes"] = self.open_bytes
+        return state
 
     def apply_effects(self, effects: Effects, changes: Iterable[OutputChange]) -> None:
         """Bring this shard forward over a batch it processed before (no join evaluation)."""
         first = self.job.source_names[0]
         state = effects.sequencer  # freshly unpickled from the segment: ours to keep
-        if "sources" not in state:  # a segment written before sources: the one source
-            state = {"engine": state["engine"], "sources": {first: {
-                k: state[k] for k in ("assembler", "snapshot", "frontier")}}}
-            state["engine"].setdefault("applied_seq", state["sources"][first]["frontier"].get(
-                "commit_seq", 0))
         released = effects.released
-        if isinstance(released, list):
-            released = {first: released}
         for event in effects.snapshot_events:
             source = self._table_sources.get(event.table, first)
             self.assemblers[source].snapshot.add(event)
-        self.__dict__.update(state["engine"])
-        for source, parts in state["sources"].items():
-            assembler = self.assemblers[source]
-            snap = assembler.snapshot
-            assembler.__dict__.update(parts["assembler"])
-            snap.__dict__.update(parts["snapshot"])
-            if snap.done:
-                snap.rows = []  # released within (or before) this batch
-            self.frontiers[source].__dict__.update(parts["frontier"])
+        self.restore(state, rows=False)
+        self.open_bytes = state["engine"]["open_bytes"]
+        for assembler in self.assemblers.values():
+            if assembler.snapshot.done:
+                assembler.snapshot.rows = []  # released within (or before) this batch
         for source, xids in released.items():
             for xid in xids:
                 self.frontiers[source]._remember(xid)
@@ -182,12 +162,7 @@ class ShardEngine(Engine):
 class Effects:
     """What one batch did to a shard's state, enough to redo it without evaluating."""
 
-    sequencer: dict[str, Any]
+    sequencer: dict[str, Any]  # Engine.state(rows=False) and the open transactions' bytes
     snapshot_events: list[ChangeEvent]
-    released: dict[str, list[int]]  # per source (a list: written before sources)
+    released: dict[str, list[int]]  # per source
     journal: list[tuple[str, Any, Any]]
-
-
-_NOT_SEQUENCER = frozenset({"job", "join", "assemblers", "frontiers", "log_version", "log_token",
-                            "last_effects", "max_transaction_bytes", "_marker_sources",
-                            "_table_sources", "batch_join_s", "batch_wire_s"})

@@ -47,11 +47,12 @@ import pyarrow as pa
 from txjoin.core.assembly import IncompletePolicy, TopicPartitions
 from txjoin.core.join import OutputChange
 from txjoin.core.shard import Effects, ShardEngine
-from txjoin.errors import ConfigError
+from txjoin.errors import RECOVER, ConfigError
 from txjoin.job import Job
 
-LAYOUT_VERSION = 2
-"""1: the whole engine as one pickled value (txjoin 0.1); 2: per-shard log + snapshots."""
+LAYOUT_VERSION = 3
+"""1: the whole engine as one pickled value (txjoin 0.1); 2: per-shard log + snapshots;
+3: the same, with the engine's state in named fields (``core/state.py``)."""
 
 CHUNK_BYTES = 8 << 20
 SNAPSHOT_MIN_ROWS = 200_000  # below this, segments are cheap to re-apply: no compaction
@@ -180,8 +181,7 @@ class ShardLog:
         if meta.get("layout") != LAYOUT_VERSION:
             raise ConfigError(
                 f"{self.where}: the checkpoint's state has layout {meta.get('layout')}, this "
-                f"txjoin needs layout {LAYOUT_VERSION}; start from a new checkpoint "
-                f"(another --checkpoint-dir, or delete the old one) and rebuild the sinks")
+                f"txjoin needs layout {LAYOUT_VERSION}; {RECOVER}")
         if meta.get("shards") != self.n_shards:
             raise ConfigError(
                 f"{self.where}: the checkpoint was written with --shards {meta.get('shards')}, "
@@ -251,9 +251,9 @@ class ShardLog:
 
     def _restore_snapshot(self, version: int) -> ShardEngine:
         state = self._read(SNAPSHOT, version)
-        engine = ShardEngine.from_state(self.job, state["engine"])
+        engine = ShardEngine.from_state(self.job, state["engine"], self.policy,
+                                        shard=self.shard, n_shards=self.n_shards)
         assert isinstance(engine, ShardEngine)
-        engine.policy = self.policy
         engine.log_version = version
         engine.log_token = state["token"]
         return engine

@@ -57,7 +57,7 @@ def observe_core(scenario: Scenario, schedule: Schedule) -> RunObservation:
     assert seen.released is not None
     for step in schedule.steps:
         if isinstance(step, Restart):
-            engine = Engine.from_state(job, engine.state_bytes())
+            engine = Engine.from_state(job, engine.state_bytes(), engine.policy)
             continue
         assert isinstance(step, ReplayBatch)
         records = [(r.topic, 0, r.offset, r.value) for r in step.records]

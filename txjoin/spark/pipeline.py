@@ -42,7 +42,7 @@ from txjoin.core.assembly import IncompletePolicy
 from txjoin.core.output import output_schema
 from txjoin.core.state_log import LAYOUT_VERSION
 from txjoin.debezium import DEFAULT_TOPIC_PREFIX
-from txjoin.errors import ConfigError
+from txjoin.errors import RECOVER, ConfigError
 from txjoin.job import Job
 from txjoin.sinks import Sink
 from txjoin.sinks.delta import DeltaSink
@@ -208,8 +208,7 @@ def check_layout(checkpoint: Path, n_shards: int) -> int:
         if recorded.get("layout") != LAYOUT_VERSION:
             raise ConfigError(
                 f"checkpoint {checkpoint} has state layout {recorded.get('layout')}, this txjoin "
-                f"needs {LAYOUT_VERSION}: start from a new checkpoint (another --checkpoint-dir "
-                f"or delete it) and rebuild the sinks")
+                f"needs {LAYOUT_VERSION}: {RECOVER}")
         if recorded.get("shards") != n_shards:
             raise ConfigError(
                 f"checkpoint {checkpoint} was written with --shards {recorded.get('shards')}, "
@@ -219,8 +218,7 @@ def check_layout(checkpoint: Path, n_shards: int) -> int:
     if (checkpoint / "offsets").exists() or (checkpoint / "state").exists():
         raise ConfigError(
             f"checkpoint {checkpoint} was written by an older txjoin (state layout 1: one "
-            f"engine value); this txjoin needs layout {LAYOUT_VERSION}: start from a new "
-            f"checkpoint (another --checkpoint-dir or delete it) and rebuild the sinks")
+            f"engine value); this txjoin needs layout {LAYOUT_VERSION}: {RECOVER}")
     checkpoint.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps({"layout": LAYOUT_VERSION, "shards": n_shards,
                                   "partitions": n_shards}) + "\n")

@@ -45,8 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from txjoin.errors import CheckpointError, ConfigError, ServiceError
-from txjoin.spark.sources.markers import RECOVER
+from txjoin.errors import RECOVER, CheckpointError, ConfigError, ServiceError
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient

@@ -48,8 +48,6 @@ PARTITIONS_OFFSET = -2  # marker row: the topic has `partition` partitions
 PARTITION_CAUGHT_UP_OFFSET = -3  # marker row: partition `partition` was read to its end
 TOPIC_IDS = "__topic_ids__"
 RESERVED = (CAUGHT_UP, CAUGHT_UP_PARTS, TOPIC_IDS)
-RECOVER = ("start a new checkpoint and re-derive the sinks from the topics with "
-           "`txjoin run --rebuild`")
 
 
 def topic_tuple(topics: str | Sequence[str] | None) -> tuple[str, ...]:

@@ -31,8 +31,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
-from txjoin.errors import CheckpointError
-from txjoin.spark.sources.markers import ARROW_SCHEMA, RECOVER, SCHEMA_DDL, caught_up_batch
+from txjoin.errors import RECOVER, CheckpointError
+from txjoin.spark.sources.markers import ARROW_SCHEMA, SCHEMA_DDL, caught_up_batch
 
 SOURCE_NAME = "txjoin_replay"
 

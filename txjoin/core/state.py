@@ -1,0 +1,44 @@
+"""The core's saved state: each object names the fields it saves, under one version.
+
+A shard's snapshot (``Engine.state_bytes``) and each micro-batch's effects
+(``ShardEngine`` in ``shard.py``) are built from these named fields only, never
+from an object's attribute dictionary: an attribute added later is not saved by accident,
+and a state that lacks a field is refused with what to do instead of restoring
+half an engine. ``ENGINE_STATE_VERSION`` changes with the fields; ``state_log.py``'s
+layout version changes with it, so an older checkpoint is refused before any of
+its state is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from txjoin.errors import RECOVER, ConfigError
+
+ENGINE_STATE_VERSION = 2
+"""1: every object's attribute dictionary, pickled (up to layout 2); 2: named fields."""
+
+
+def save_fields(obj: object, names: Iterable[str]) -> dict[str, Any]:
+    """``obj``'s fields ``names`` by name (the values themselves, not copies)."""
+    return {name: getattr(obj, name) for name in names}
+
+
+def restore_fields(obj: object, state: Mapping[str, Any], names: Iterable[str]) -> None:
+    """Set ``obj``'s fields ``names`` from ``state``; a missing one is a ConfigError."""
+    names = tuple(names)
+    missing = [name for name in names if name not in state]
+    if missing:
+        raise ConfigError(f"the checkpoint's saved {type(obj).__name__} state lacks "
+                          f"{', '.join(missing)}: it was written by another txjoin version; "
+                          f"{RECOVER}")
+    for name in names:
+        setattr(obj, name, state[name])
+
+
+def check_version(version: object, where: str) -> None:
+    """Refuse a state of another version, naming it and what to do."""
+    if version != ENGINE_STATE_VERSION:
+        raise ConfigError(f"{where}: the checkpoint's engine state has version {version}, this "
+                          f"txjoin reads version {ENGINE_STATE_VERSION}; {RECOVER}")
