@@ -374,7 +374,6 @@ def maintain(job_file: Path, output_dir: str | None, retention_hours: float | No
     `txjoin run --maintain-every N`): Delta would let one of two concurrent writers fail.
     """
     from txjoin.job import load_job
-    from txjoin.sinks.delta import DeltaSink
     from txjoin.spark.pipeline import RunConfig, build_sinks
     from txjoin.spark.session import get_session
 
@@ -387,9 +386,8 @@ def maintain(job_file: Path, output_dir: str | None, retention_hours: float | No
     spark = get_session(master, app_name="txjoin-maintain")
     sinks = build_sinks(job, RunConfig(output_dir=str(root), master=master), spark)
     for sink in sinks:
-        if isinstance(sink, DeltaSink):
-            for upkeep in sink.maintain(retention_hours):
-                click.echo(upkeep.line())
+        for upkeep in sink.maintain(retention_hours):
+            click.echo(upkeep.line())
 
 
 @main.group("job")

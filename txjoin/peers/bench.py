@@ -43,7 +43,7 @@ from txjoin.peers.consistency import (
     row_hash,
 )
 from txjoin.peers.workload import ArchivedWorkload, archive_workload
-from txjoin.sinks import OP, OP_DELETE, without_metadata
+from txjoin.sinks import OP, OP_DELETE, Upkeep, without_metadata
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "orders.py"
 PEERS = ("flink",)
@@ -67,6 +67,10 @@ class ObservingSink:
 
     def finish_rebuild(self) -> None:
         """Nothing to swap."""
+
+    def maintain(self, retention_hours: float | None = None) -> list[Upkeep]:
+        """Nothing to maintain: it lives for one run."""
+        return []
 
     def last_applied_batch(self) -> int | None:
         """The last batch kept."""

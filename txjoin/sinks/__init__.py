@@ -16,6 +16,7 @@ replace its contents in one atomic step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import pyarrow as pa
@@ -30,6 +31,23 @@ OP, COMMIT_SEQ, XID, COMMIT_TS = "_op", "_commit_seq", "_xid", "_commit_ts"
 META_COLUMNS = (OP, COMMIT_SEQ, XID, COMMIT_TS)
 """Metadata columns of a changes table; the current table keeps all but ``_op``."""
 OP_DELETE = "d"
+
+
+@dataclass
+class Upkeep:
+    """One table's maintenance: live data files before/after compaction, parquet files on
+    disk before/after (VACUUM removes the unreferenced ones), and its seconds."""
+
+    path: str
+    files_before: int
+    files_after: int
+    on_disk_before: int
+    on_disk_after: int
+    seconds: float
+
+    def line(self) -> str:
+        return (f"{self.path}: {self.files_before} -> {self.files_after} live files, "
+                f"{self.on_disk_before} -> {self.on_disk_after} on disk, {self.seconds:.1f}s")
 
 
 @runtime_checkable
@@ -61,6 +79,12 @@ class Sink(Protocol):
 
     def finish_rebuild(self) -> None:
         """Replace the sink's contents with the shadow's in one atomic step."""
+        ...
+
+    def maintain(self, retention_hours: float | None = None) -> list[Upkeep]:
+        """Compact what the sink's writes left small and, with ``retention_hours``, delete
+        what no version inside that window needs; never a partial state for readers. Run
+        between batches. One :class:`Upkeep` per table it maintained (none: nothing to do)."""
         ...
 
     def read_current(self) -> list[dict]:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +50,7 @@ from txjoin.sinks import (
     OP,
     OP_DELETE,
     XID,
+    Upkeep,
     check_changes_schema,
     conform,
     current_schema,
@@ -129,23 +129,6 @@ def _txjoin_commit(table: DeltaTable) -> dict[str, Any] | None:
 def _data_files(path: str) -> int:
     """Parquet files under a table's folder: the live ones and those only old versions use."""
     return sum(1 for f in Path(path).rglob("*.parquet") if "_delta_log" not in f.parts)
-
-
-@dataclass
-class Upkeep:
-    """One table's maintenance: live data files before/after compaction, parquet files on
-    disk before/after (VACUUM removes the unreferenced ones), and its seconds."""
-
-    path: str
-    files_before: int
-    files_after: int
-    on_disk_before: int
-    on_disk_after: int
-    seconds: float
-
-    def line(self) -> str:
-        return (f"{self.path}: {self.files_before} -> {self.files_after} live files, "
-                f"{self.on_disk_before} -> {self.on_disk_after} on disk, {self.seconds:.1f}s")
 
 
 def _number(info: dict[str, Any], key: str) -> int | None:

@@ -55,6 +55,7 @@ from txjoin.sinks import (
     OP,
     OP_DELETE,
     XID,
+    Upkeep,
     check_changes_schema,
     conform,
     current_schema,
@@ -687,6 +688,10 @@ class PostgresSink:
     def read_changelog(self) -> list[dict]:
         """Every change ordered by ``_commit_seq`` (then key)."""
         return self._read(self.changelog_table, self.schema, [COMMIT_SEQ, *self.key_columns])
+
+    def maintain(self, retention_hours: float | None = None) -> list[Upkeep]:
+        """Nothing to do: PostgreSQL's autovacuum reclaims what the upserts leave behind."""
+        return []
 
     def close(self) -> None:
         """Close the connection."""

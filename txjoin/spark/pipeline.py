@@ -330,8 +330,7 @@ class Pipeline:
             # Between two batches: no writer of ours runs beside the compaction.
             before = time.monotonic()
             for sink in self.sinks:
-                if isinstance(sink, DeltaSink):
-                    sink.maintain(self.config.vacuum_retention_hours)
+                sink.maintain(self.config.vacuum_retention_hours)
             breakdown["delta_maintain"] = time.monotonic() - before
         report = BatchReport(
             batch_id=batch_id, records=int(info.get("records", 0)), changes=table.num_rows,
