@@ -234,7 +234,8 @@ def _write_state(directory: Path, state: dict[str, Any]) -> None:
 
 
 _COMPONENTS = ("postgres", "broker", "debezium")
-_RESERVED_DATABASES = ("postgres", "template0", "template1", "shop", "sink")
+_RESERVED_DATABASES = ("postgres", "template0", "template1", postgres_mod.SOURCE_DB,
+                       postgres_mod.SINK_DB)
 
 
 def _components(state: dict[str, Any]) -> tuple[str, ...]:
@@ -337,7 +338,8 @@ def _check_same_stack(directory: Path, state: dict[str, Any], sources: Sequence[
     wanted = [s.prefix for s in sources]
     if recorded != wanted:
         raise ServiceError(f"the stack in {directory} has source databases "
-                           f"{recorded or ['shop']}, not {wanted or ['shop']}: {again}")
+                           f"{recorded or [postgres_mod.SOURCE_DB]}, not "
+                           f"{wanted or [postgres_mod.SOURCE_DB]}: {again}")
     if state.get("partitions", 1) != partitions:
         raise ServiceError(f"the stack in {directory} has table topics with "
                            f"{state.get('partitions', 1)} partition(s), not {partitions}: "
