@@ -10,6 +10,7 @@ import pytest
 from txjoin.stack.soak import (
     FAULT_KINDS,
     METRICS,
+    RESTART_WARMUP_S,
     Sample,
     delta_file_counts,
     fault_schedule,
@@ -58,11 +59,19 @@ def test_trends_ignore_the_warm_up_third_and_samples_without_a_driver() -> None:
 
 
 def test_a_restarted_driver_counts_only_after_its_warm_up() -> None:
-    # Flat at 1000 MB; killed at 150 s; the new driver (pid 2) warms up to 1000 MB again.
-    samples = [sample(t, 1, 1000.0) for t in range(0, 150, 10)]
-    samples += [sample(t, 2, min(400 + 20 * (t - 150), 1000)) for t in range(150, 301, 10)]
-    rss = trends(samples, duration_s=300)["driver_rss_mb"]
-    assert rss["slope_per_min"] == 0 and rss["window_samples"] == 5 + 10
+    # Flat at 1000 MB; killed at 1/2 of the run; the new driver (pid 2) warms up to
+    # 1000 MB again within RESTART_WARMUP_S, then stays there for 100 s.
+    kill = int(3 * RESTART_WARMUP_S)
+    end = kill + int(RESTART_WARMUP_S) + 100
+    warm_rate = 600 / RESTART_WARMUP_S
+    samples = [sample(t, 1, 1000.0) for t in range(0, kill, 10)]
+    samples += [sample(t, 2, min(400 + warm_rate * (t - kill), 1000))
+                for t in range(kill, end + 1, 10)]
+    rss = trends(samples, duration_s=end)["driver_rss_mb"]
+    window_from = end / 3
+    before_kill = len(range(int(-(-window_from // 10)) * 10, kill, 10))
+    assert rss["slope_per_min"] == 0 and rss["window_samples"] == before_kill + 11
+    assert rss["lifetime_peaks"] == [1000.0, 1000.0]
 
 
 def test_the_same_seed_plans_the_same_faults_and_another_seed_other_ones() -> None:
