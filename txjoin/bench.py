@@ -343,7 +343,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
             "snapshot_records": snapshot_rows,
             "snapshot_records_per_s": round(snapshot_rows / max(1e-9, max(loaded) -
                                                                 started_wall))
-            if loaded else None,
+            if loaded and snapshot_orders else None,  # without: a few dozen rows
             "batches": [{"batch_id": r.batch_id, "records": r.records, "changes": r.changes,
                          "snapshot_rows": r.snapshot_rows,
                          "seconds": {k: round(v, 4) for k, v in b.items()}}

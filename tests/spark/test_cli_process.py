@@ -34,9 +34,12 @@ USERS_COLORS = ROOT / "jobs" / "users_colors.py"
 
 def txjoin(*args: str, env: dict[str, str] | None = None,
            timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    # A Spark session made in this process (another test's) exports its log file in
+    # TXJOIN_SPARK_LOG for its children: a user's shell has none.
+    inherited = {k: v for k, v in os.environ.items() if k != "TXJOIN_SPARK_LOG"}
     return subprocess.run([sys.executable, "-m", "txjoin", *args], capture_output=True,
                           text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+                          env={**inherited, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
 @pytest.fixture(scope="module")
