@@ -26,8 +26,7 @@ NOT_SAVED = {
              "_marker_sources", "_table_sources", "batch_join_s"},  # derived; last batch
     ShardEngine: {"shard", "n_shards", "max_transaction_bytes",  # constructor, run config
                   "last_effects", "batch_snapshot_rows", "batch_wire_s",  # the last batch
-                  "log_version", "log_token",  # set by the state log
-                  "open_bytes"},  # saved with the batch's effects
+                  "log_version", "log_token"},  # set by the state log
     Assembler: {"tables", "snapshot"},
     SnapshotBuffer: {"tables"},
     Frontier: set(),
@@ -86,6 +85,19 @@ def test_a_state_of_another_version_or_lacking_a_field_is_refused_with_what_to_d
     del state["sources"]["default"]["frontier"]["commit_seq"]
     with pytest.raises(ConfigError, match=r"saved Frontier state lacks commit_seq: .*--rebuild"):
         Engine.from_state(job, pickle.dumps((version, state)))
+
+
+def test_a_restored_shard_keeps_counting_an_open_transaction_against_its_budget() -> None:
+    job, _rows = JOB_VARIANTS["orders/as_of_fact"]
+    rows = pizzeria_rows(job, 40, seed=4)
+    ends = [i for i, r in enumerate(rows) if r[0].endswith(".transaction")]
+    cut = ends[-2] - 1  # before the last transactions' END: their events stay open
+    engine = ShardedEngine(job, 1, max_transaction_bytes=10**9)
+    engine.process(rows[:cut], [])
+    shard = engine.engines()[0]
+    assert shard.open_bytes, "nothing open to count"
+    restored = ShardEngine.from_state(job, shard.state_bytes(), shard=0, n_shards=1)
+    assert restored.open_bytes == shard.open_bytes
 
 
 def test_a_shard_log_segment_lacking_a_field_is_refused() -> None:

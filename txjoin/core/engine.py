@@ -55,7 +55,6 @@ from txjoin.job import TRANSACTION_STREAM, Job
 __all__ = ["TRANSACTION_STREAM", "Engine", "EngineStats"]
 
 
-
 @dataclass
 class EngineStats:
     """Counters for progress displays and benchmarks."""
@@ -73,8 +72,8 @@ class Engine:
     """Decode -> assemble -> order -> join, on micro-batches."""
 
     # Saved (core/state.py), with each source's assembler and frontier and the join.
-    FIELDS = ("applied_seq", "stats", "max_ts_ms", "stream_ts_ms", "snapshot_released",
-              "partition_counts")
+    FIELDS: tuple[str, ...] = ("applied_seq", "stats", "max_ts_ms", "stream_ts_ms",
+                               "snapshot_released", "partition_counts")
 
     def __init__(self, job: Job, policy: IncompletePolicy | None = None,
                  released_memory: int = 100_000) -> None:

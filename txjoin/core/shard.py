@@ -42,6 +42,9 @@ def _position_key(item: ChangeEvent | TxMarker) -> tuple[str, int, int]:
 class ShardEngine(Engine):
     """Sequencing of every transaction; the join for the facts of shard ``shard`` of ``n``."""
 
+    # Saved (core/state.py): the engine's, and the open transactions' buffered bytes.
+    FIELDS = (*Engine.FIELDS, "open_bytes")
+
     def __init__(self, job: Job, shard: int = 0, n_shards: int = 1,
                  policy: IncompletePolicy | None = None) -> None:
         super().__init__(job, policy)
@@ -135,9 +138,7 @@ class ShardEngine(Engine):
         """The assembly and frontier state of every source, without what grows with history
         or the database (released xids, snapshot rows and identities: carried as deltas)
         and the join."""
-        state = self.state(rows=False)
-        state["engine"]["open_bytes"] = self.open_bytes
-        return state
+        return self.state(rows=False)
 
     def apply_effects(self, effects: Effects, changes: Iterable[OutputChange]) -> None:
         """Bring this shard forward over a batch it processed before (no join evaluation)."""
@@ -148,7 +149,6 @@ class ShardEngine(Engine):
             source = self._table_sources.get(event.table, first)
             self.assemblers[source].snapshot.add(event)
         self.restore(state, rows=False)
-        self.open_bytes = state["engine"]["open_bytes"]
         for assembler in self.assemblers.values():
             if assembler.snapshot.done:
                 assembler.snapshot.rows = []  # released within (or before) this batch
@@ -162,7 +162,7 @@ class ShardEngine(Engine):
 class Effects:
     """What one batch did to a shard's state, enough to redo it without evaluating."""
 
-    sequencer: dict[str, Any]  # Engine.state(rows=False) and the open transactions' bytes
+    sequencer: dict[str, Any]  # ShardEngine.state(rows=False)
     snapshot_events: list[ChangeEvent]
     released: dict[str, list[int]]  # per source
     journal: list[tuple[str, Any, Any]]
