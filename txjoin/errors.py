@@ -181,7 +181,7 @@ class CheckpointError(TxjoinError):
 
 
 RECOVER = ("start a new checkpoint and re-derive the sinks from the topics with "
-           "`txjoin run --rebuild` (it keeps the old checkpoint aside)")
+           "`txjoin run --rebuild`")
 """The way out of a checkpoint txjoin cannot continue, for the end of its one-line error."""
 
 
