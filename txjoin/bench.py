@@ -308,6 +308,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
         updated = [sum(op.get("numRowsUpdated", 0) for op in progress[r.batch_id]
                        .get("stateOperators", [])) for r in steady]
         stages = [batch_stages(r.breakdown, progress.get(r.batch_id)) for r in reports]
+        names = stage_names(stages)
         snapshot_rows = sum(r.snapshot_rows for r in reports)
         loaded = [r.finished_at for r in reports if r.snapshot_rows]
         records = produced
@@ -323,9 +324,9 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
             # the sinks; stage_seconds_p50 says which part took what
             "foreach_batch_p50_s": round(quantile([r.seconds for r in reports], 0.5), 3),
             "stage_seconds_p50": {k: round(quantile([b[k] for b in stages], 0.5), 3)
-                                  for k in stage_names(stages)},
+                                  for k in names},
             "stage_seconds_mean": {k: round(statistics.mean(b[k] for b in stages), 3)
-                                   for k in stage_names(stages)},
+                                   for k in names},
             "peak_rss_driver_mb": round(rss.driver / 2**20),
             "peak_rss_python_workers_mb": round(rss.workers / 2**20),
             "steady_batches": len(steady),

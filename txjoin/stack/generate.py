@@ -126,11 +126,15 @@ class _Tx:
         self.touched: list[int] = []
         self.changes = 0  # captured rows changed: 0 means Debezium never sees this transaction
 
-    def run(self, table: str, sql: str, args: tuple[object, ...] = ()) -> int:
-        """Execute a change of ``public.<table>``; return the new id if RETURNING, else rowcount."""
+    def _execute(self, table: str, sql: str, args: tuple[object, ...]) -> None:
+        """Execute a change of ``public.<table>`` and count the rows it changed."""
         self.cur.execute(sql, args)
         self.result.events_by_table[f"public.{table}"] += self.cur.rowcount
         self.changes += self.cur.rowcount
+
+    def run(self, table: str, sql: str, args: tuple[object, ...] = ()) -> int:
+        """Execute a change of ``public.<table>``; return the new id if RETURNING, else rowcount."""
+        self._execute(table, sql, args)
         if self.cur.description is not None:
             row = self.cur.fetchone()
             return int(row[0]) if row else 0
@@ -138,9 +142,7 @@ class _Tx:
 
     def run_returning(self, table: str, sql: str, args: tuple[object, ...] = ()) -> list[int]:
         """Execute a change of ``public.<table>`` that RETURNs ids; return all of them."""
-        self.cur.execute(sql, args)
-        self.result.events_by_table[f"public.{table}"] += self.cur.rowcount
-        self.changes += self.cur.rowcount
+        self._execute(table, sql, args)
         return [int(row[0]) for row in self.cur.fetchall()]
 
     def order_changed(self, order_id: int) -> None:
