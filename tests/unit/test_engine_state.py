@@ -27,7 +27,8 @@ NOT_SAVED = {
     ShardEngine: {"shard", "n_shards", "max_transaction_bytes",  # constructor, run config
                   "last_effects", "batch_snapshot_rows", "batch_wire_s",  # the last batch
                   "log_version", "log_token"},  # set by the state log
-    Assembler: {"tables", "snapshot"},
+    Assembler: {"tables", "snapshot",
+                "touched", "gone"},  # the last batch's changes to the open transactions
     SnapshotBuffer: {"tables"},
     Frontier: set(),
     TemporalJoin: {"job", "owns", "journal"},
@@ -115,3 +116,19 @@ def test_the_core_has_no_dict_copies_left() -> None:
     core = Path(__file__).resolve().parents[2] / "txjoin" / "core"
     for module in core.glob("*.py"):
         assert "__dict__" not in module.read_text(), module.name
+
+
+def test_a_batch_logs_the_open_transactions_it_changed_not_the_backlog() -> None:
+    """With nothing released (no END read yet) the open transactions pile up; each
+    batch's segment still carries only what that batch added."""
+    job, _rows = JOB_VARIANTS["orders/as_of_fact"]
+    rows = pizzeria_rows(job, 400, seed=6)
+    data = [r for r in rows if not r[0].endswith(".transaction")]
+    engine = ShardedEngine(job, 1)
+    written = []
+    for start in range(0, 1000, 100):
+        before = engine.stores[0].written
+        engine.process(data[start:start + 100], [])
+        written.append(engine.stores[0].written - before)
+    assert engine.engines()[0].waiting > 150  # a backlog of open transactions
+    assert max(written[5:]) < 2 * min(written[1:5]), written

@@ -287,14 +287,41 @@ class Assembler:
         self.pending: dict[int, PendingTransaction] = {}
         self.snapshot = SnapshotBuffer(tables)
         self.duplicates = 0
+        # Since begin_batch: the open transactions changed, and those that left (taken or
+        # skipped). Not saved: what a batch's state without rows carries instead of all.
+        self.touched: set[int] = set()
+        self.gone: set[int] = set()
+
+    def begin_batch(self) -> None:
+        self.touched, self.gone = set(), set()
 
     def state(self, rows: bool = True) -> dict[str, Any]:
-        """Its state by name (``rows``: with the snapshot's buffered rows)."""
-        return {**save_fields(self, self.FIELDS), "snapshot": self.snapshot.state(rows)}
+        """Its state by name. ``rows``: the whole of it, the snapshot's buffered rows
+        included; without: the open transactions changed since :meth:`begin_batch` and
+        those that left, so a batch's record follows the batch, not the backlog."""
+        if rows:
+            return {**save_fields(self, self.FIELDS), "snapshot": self.snapshot.state()}
+        pending = self.pending
+        return {"changed": {x: pending[x] for x in sorted(self.touched) if x in pending},
+                "gone": sorted(self.gone), "duplicates": self.duplicates,
+                "snapshot": self.snapshot.state(rows=False)}
 
     def restore(self, state: Mapping[str, Any], rows: bool = True) -> None:
-        restore_fields(self, state, self.FIELDS)
+        """Set a state of :meth:`state`; without ``rows``, apply the batch's changes to
+        the open transactions this assembler holds."""
+        if rows:
+            restore_fields(self, state, self.FIELDS)
+        else:
+            restore_fields(self, state, ("duplicates",))
+            for xid in state["gone"]:
+                self.pending.pop(xid, None)
+            self.pending.update(state["changed"])
         self.snapshot.restore(state["snapshot"], rows)
+
+    def drop(self, xid: int) -> PendingTransaction | None:
+        """Remove an open transaction (taken, or skipped by the policy)."""
+        self.gone.add(xid)
+        return self.pending.pop(xid, None)
 
     def add_event(self, event: ChangeEvent, released: set[int], partitions: int = 1) -> None:
         """Buffer an event; ``partitions``: of its table's topic."""
@@ -308,6 +335,7 @@ class Assembler:
         if event.xid in released:
             self.duplicates += 1
             return
+        self.touched.add(event.xid)
         tx = self.pending.setdefault(event.xid, PendingTransaction(event.xid))
         if not tx.add(event, partitions):
             self.duplicates += 1
@@ -318,6 +346,7 @@ class Assembler:
         if marker.xid in released:
             self.duplicates += 1
             return False
+        self.touched.add(marker.xid)
         tx = self.pending.setdefault(marker.xid, PendingTransaction(marker.xid))
         tx.touch(marker.ts_ms)
         if marker.status == "BEGIN":
@@ -338,6 +367,7 @@ class Assembler:
         self.snapshot.caught_up(tables, read, counts)
         for tx in self.pending.values():
             if tx.end is not None and tx.restarted:
+                self.touched.add(tx.xid)
                 tx.confirmed |= tables
                 for table, numbers in read.items():
                     got = tx.confirmed_parts.setdefault(table, set())
@@ -350,8 +380,8 @@ class Assembler:
         return tx is not None and tx.is_complete(self.tables)
 
     def take(self, xid: int, commit_seq: int) -> Transaction:
-        tx = self.pending.pop(xid)
-        assert tx.end is not None
+        tx = self.drop(xid)
+        assert tx is not None and tx.end is not None
         order = {t: i for i, t in enumerate(sorted(self.tables))}
         # Same-table events keep their topic order; tables are independent within a tx.
         events = sorted(tx.events, key=lambda e: order[e.table])

@@ -175,6 +175,8 @@ class Engine:
                         ) -> list[OutputChange]:
         """Like :meth:`process`, for records already decoded."""
         self.batch_join_s = 0.0
+        for assembler in self.assemblers.values():
+            assembler.begin_batch()
         counts = self.partition_counts
         if partitions is not None:
             for table, count in partitions.counts.items():

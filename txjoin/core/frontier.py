@@ -93,7 +93,7 @@ class Frontier:
         if policy.action == "fail":
             assembler.fail_overdue(overdue, policy)
         for tx in overdue:  # skip
-            assembler.pending.pop(tx.xid, None)
+            assembler.drop(tx.xid)
             if tx.xid in self.queue:
                 self.queue.remove(tx.xid)
             self.skipped.append(tx.xid)

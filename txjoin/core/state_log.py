@@ -50,9 +50,10 @@ from txjoin.core.shard import Effects, ShardEngine
 from txjoin.errors import RECOVER, ConfigError
 from txjoin.job import Job
 
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 """1: the whole engine as one pickled value (txjoin 0.1); 2: per-shard log + snapshots;
-3: the same, with the engine's state in named fields (``core/state.py``)."""
+3: the same, with the engine's state in named fields (``core/state.py``); 4: a segment
+carries only the open transactions its batch changed."""
 
 CHUNK_BYTES = 8 << 20
 SNAPSHOT_MIN_ROWS = 200_000  # below this, segments are cheap to re-apply: no compaction
