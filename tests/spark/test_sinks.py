@@ -168,6 +168,24 @@ def test_an_empty_batch_still_moves_the_progress(make_sink: Callable[[], Sink]) 
     assert len(sink.read_current()) == 1
 
 
+def test_an_empty_batch_makes_no_delta_changelog_commit_and_replays_cleanly(
+        spark: SparkSession, tmp_path: Path) -> None:
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
+    assert sink.write(0, batch(), Lineage("ckpt", None)) is True  # nothing to append yet
+    assert not DeltaTable.is_deltatable(sink.changelog_path)
+    sink.write(1, batch(change("c", 1, 1)), Lineage("ckpt", 1))
+    changelog_version = DeltaTable(sink.changelog_path).version()
+
+    assert sink.write(2, batch(), Lineage("ckpt", 2)) is True
+    assert sink.write(2, batch(), Lineage("ckpt", 2)) is False  # a replay: nothing again
+
+    assert DeltaTable(sink.changelog_path).version() == changelog_version
+    assert sink.last_applied_batch() == 2
+    assert [r["order_id"] for r in sink.read_changelog()] == [1]
+    assert sink.write(3, batch(change("u", 1, 3)), Lineage("ckpt", 3)) is True
+    assert [r["_commit_seq"] for r in sink.read_changelog()] == [1, 3]
+
+
 def test_nested_lists_of_structs_with_decimals_round_trip(
         make_sink: Callable[[], Sink]) -> None:
     sink = make_sink()
