@@ -3,7 +3,7 @@
 # into the git-ignored .jars/ (reused while each POM is unchanged). Sourced by setup.sh.
 #   .jars/spark/           spark.jars of the job: Spark's kafka source, delta-spark
 #   .jars/kafka/           the Apache Kafka broker (KRaft) of the local stack
-#   .jars/connect/         Kafka Connect's worker (ConnectStandalone)
+#   .jars/connect/         Kafka Connect's worker (ConnectDistributed)
 #   .jars/connect-plugins/ the Debezium PostgreSQL connector plugin (plugin.path)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

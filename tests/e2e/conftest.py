@@ -72,8 +72,8 @@ def e2e_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2EStack]:
 
 def restart_debezium(directory: Path, *, timeout: float = 120.0) -> float:
     """Stop the stack's Kafka Connect worker (SIGTERM: it flushes its offsets) and start it
-    again on the same offsets file and replication slot; wait until it streams again.
-    Returns the seconds it took."""
+    again on the same offsets (in its Kafka topic) and replication slot; wait until it
+    streams again. Returns the seconds it took."""
     seconds = stack_mod.restart(directory, "debezium", timeout=timeout)
     assert load_stack(directory) is not None
     return seconds

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from txjoin.cli import main
-from txjoin.errors import ConfigError, JobError
+from txjoin.errors import ConfigError, JobError, ServiceError
 from txjoin.job import Source, load_job
 from txjoin.stack import debezium, external
 from txjoin.stack import stack as stack_mod
@@ -85,6 +85,28 @@ def test_each_connector_has_its_own_slot_publication_prefix_and_tables() -> None
         "txjoin-colors_db", "colors_db", "colors_db", "txjoin_colors_db", "dbz_colors_db",
         "public.users_favorite_color")
     assert mine["provide.transaction.metadata"] == "true"
+
+
+
+def test_each_connect_worker_is_its_own_cluster_with_its_offsets_in_kafka() -> None:
+    shop = debezium.worker_properties("127.0.0.1:9", 8083)
+    colors = debezium.worker_properties("127.0.0.1:9", 8084,
+                                        debezium.cluster_name("colors_db"))
+    assert (shop["group.id"], shop["offset.storage.topic"], shop["config.storage.topic"],
+            shop["status.storage.topic"]) == (
+        "txjoin-connect", "txjoin-connect.offsets", "txjoin-connect.configs",
+        "txjoin-connect.status")
+    assert (colors["group.id"], colors["offset.storage.topic"]) == (
+        "txjoin-connect-colors_db", "txjoin-connect-colors_db.offsets")
+    assert not any(key.startswith("offset.storage.file") for key in shop)
+
+
+def test_a_worker_directory_of_the_standalone_worker_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "offsets.dat").write_bytes(b"")
+    with pytest.raises(ServiceError, match=r"standalone worker's offsets file from an older "
+                                           r"txjoin .*`txjoin down --wipe`"):
+        debezium.start_debezium(tmp_path, "127.0.0.1:9", 5432, "u", "p", tmp_path / "log")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["offsets.dat"]
 
 
 V1_STATE = {"version": 1, "stopped": True, "pg_dsn_source": "postgresql://x/shop",

@@ -1,9 +1,15 @@
-"""Debezium 3.7 on a stock Kafka Connect 4.3 standalone worker (``ConnectStandalone``).
+"""Debezium 3.7 on a stock Kafka Connect 4.3 worker (``ConnectDistributed``, a one-worker
+cluster).
 
 The worker's jars come from ``.jars/connect/``, the Debezium PostgreSQL plugin from
 ``.jars/connect-plugins/`` (``plugin.path``), both fetched by ``scripts/jars.sh``. Each
-worker runs one connector, keeps its offsets in a file of its work directory and serves
-the Connect REST API on 127.0.0.1 (``txjoin status`` asks it for the task's state).
+worker runs one connector, registered through the Connect REST API on 127.0.0.1 (which
+``txjoin status`` also asks for the task's state), and keeps the connector's config,
+offsets and status in three compacted Kafka topics of its own (:func:`cluster_name`).
+Offsets in Kafka, not the standalone worker's file: ``FileOffsetBackingStore`` rewrites
+its file in place, so a worker killed mid-write restarts with no offsets, and Debezium
+then takes a new snapshot of tables it already published; a record in a log is there
+whole or not at all.
 
 The connector's settings live in ONE file, ``config/debezium-postgres.properties``; its
 ``${PG_*}`` placeholders are filled at ``up`` time. ``python -m txjoin.stack.render_connector``
@@ -101,17 +107,51 @@ def rest_url(port: int) -> str:
 OFFSET_FLUSH_INTERVAL_MS = 1000
 
 
-def worker_properties(work_dir: Path, bootstrap_servers: str, rest_port: int) -> dict[str, str]:
-    """The standalone worker's settings: its offsets file in ``work_dir`` (kept across
-    restarts: a restarted worker resumes where its last flush left it)."""
+# The Connect cluster (group id and internal topics) of the single `shop` connector;
+# docker-compose's worker uses the same names.
+CONNECT_CLUSTER = "txjoin-connect"
+# The internal topics of a cluster: f"{cluster}.{suffix}" (compacted, one replica).
+INTERNAL_TOPIC_SUFFIXES = ("configs", "offsets", "status")
+# What a standalone worker of an older txjoin left in its work directory.
+STANDALONE_OFFSETS_FILE = "offsets.dat"
+
+
+def cluster_name(prefix: str | None = None) -> str:
+    """The Connect cluster of the worker for topic prefix ``prefix`` (None: the single
+    ``shop`` connector's): its group id and the prefix of its internal topics."""
+    return CONNECT_CLUSTER if prefix is None else f"{CONNECT_CLUSTER}-{prefix}"
+
+
+def worker_properties(bootstrap_servers: str, rest_port: int,
+                      cluster: str = CONNECT_CLUSTER) -> dict[str, str]:
+    """The worker's settings: a one-worker cluster ``cluster`` whose config, offsets and
+    status live in Kafka (kept across restarts: a restarted worker resumes where its last
+    offset flush left it)."""
+    configs, offsets, status = (f"{cluster}.{suffix}" for suffix in INTERNAL_TOPIC_SUFFIXES)
     return {
         "bootstrap.servers": bootstrap_servers,
         "listeners": f"http://127.0.0.1:{rest_port}",
+        "rest.advertised.host.name": "127.0.0.1",
+        "rest.advertised.port": str(rest_port),
+        "group.id": cluster,
+        "config.storage.topic": configs,
+        "config.storage.replication.factor": "1",
+        "offset.storage.topic": offsets,
+        "offset.storage.replication.factor": "1",
+        "offset.storage.partitions": "1",
+        "status.storage.topic": status,
+        "status.storage.replication.factor": "1",
+        "status.storage.partitions": "1",
+        # One worker: a task of a worker that died is not held back for it (the default
+        # waits 5 minutes for the lost worker to return), and the restarted worker's join
+        # waits out the dead member's session for no longer than the broker allows.
+        "scheduled.rebalance.max.delay.ms": "0",
+        "session.timeout.ms": "6000",
+        "heartbeat.interval.ms": "2000",
         "key.converter": "org.apache.kafka.connect.json.JsonConverter",
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
         "key.converter.schemas.enable": "false",
         "value.converter.schemas.enable": "false",
-        "offset.storage.file.filename": str(work_dir / "offsets.dat"),
         "offset.flush.interval.ms": str(OFFSET_FLUSH_INTERVAL_MS),
         "plugin.path": str(plugin_path()),
         # The plugin's jars carry ServiceLoader manifests: no reflective scan of every class.
@@ -125,28 +165,36 @@ def start_debezium(work_dir: Path, bootstrap_servers: str, pg_port: int, pg_user
                    pg_password: str, log_path: Path,
                    config_path: Path = CONNECTOR_PROPERTIES,
                    overrides: dict[str, str] | None = None,
-                   rest_port: int | None = None) -> Debezium:
-    """Start a Kafka Connect standalone worker running the connector, in the background.
+                   rest_port: int | None = None,
+                   cluster: str = CONNECT_CLUSTER) -> Debezium:
+    """Start a Kafka Connect worker (one-worker cluster ``cluster``) in the background.
 
-    ``work_dir`` holds the worker's and the connector's properties and the offsets file;
-    starting again on the same directory resumes from its offsets (and the connector's
-    replication slot). ``overrides`` replace settings of ``config_path`` (a second
-    source database's connector: its name, database, topic prefix, slot, publication
-    and tables). ``rest_port`` None: a free one. The caller waits for health
-    (``task_state`` and the replication slot); this returns as soon as the JVM runs.
+    ``work_dir`` holds the worker's properties and the connector's settings
+    (``connector.json``), which :func:`register` hands to the worker once its REST API
+    answers; the worker keeps them, and the connector's offsets, in its Kafka topics, so
+    starting again resumes from its offsets (and the connector's replication slot).
+    ``overrides`` replace settings of ``config_path`` (a second source database's
+    connector: its name, database, topic prefix, slot, publication and tables).
+    ``rest_port`` None: a free one. The caller registers the connector and waits for
+    health (``task_state`` and the replication slot); this returns as soon as the JVM runs.
     """
     java = java_binary()
     classpath = jvm.classpath("connect")
     connector = connector_config({"PG_HOST": "127.0.0.1", "PG_PORT": str(pg_port),
                                   "PG_USER": pg_user, "PG_PASSWORD": pg_password}, config_path)
     connector.update(overrides or {})
+    if (work_dir / STANDALONE_OFFSETS_FILE).exists():
+        raise ServiceError(
+            f"{work_dir} holds a Kafka Connect standalone worker's offsets file from an older "
+            f"txjoin (offsets now live in Kafka): `txjoin down --wipe` on the stack, then "
+            f"`txjoin up`")
     work_dir.mkdir(parents=True, exist_ok=True)
     rest_port = rest_port or free_port()
     worker_file = work_dir / "worker.properties"
-    worker_file.write_text(_properties_text(worker_properties(work_dir, bootstrap_servers,
-                                                              rest_port)))
-    connector_file = work_dir / "connector.properties"
-    connector_file.write_text(_properties_text(connector))
+    worker_file.write_text(_properties_text(worker_properties(bootstrap_servers, rest_port,
+                                                              cluster)))
+    connector_file = work_dir / CONNECTOR_FILE
+    connector_file.write_text(json.dumps(connector, indent=2) + "\n")
     connector_file.chmod(0o600)  # it holds the database password
     (work_dir / LOG4J2_PROPERTIES).write_text(LOG4J2)
 
@@ -155,13 +203,37 @@ def start_debezium(work_dir: Path, bootstrap_servers: str, pg_port: int, pg_user
         popen = subprocess.Popen(
             [java, "-Xms256m", "-Xmx1g", "-XX:+UseG1GC",
              f"-Dlog4j2.configurationFile={work_dir / LOG4J2_PROPERTIES}",
-             "-cp", classpath, "org.apache.kafka.connect.cli.ConnectStandalone",
-             str(worker_file), str(connector_file)],
+             "-cp", classpath, "org.apache.kafka.connect.cli.ConnectDistributed",
+             str(worker_file)],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=work_dir,
             start_new_session=True,
         )
     return Debezium(ProcessId.of(popen.pid), rest_port, connector["name"],
                     connector["slot.name"])
+
+
+# The connector's settings in a worker's work directory (JSON, as the REST API takes them).
+CONNECTOR_FILE = "connector.json"
+
+
+def register(rest: str, connector: str, work_dir: Path) -> bool:
+    """Hand the connector's settings (``work_dir/connector.json``) to the worker at ``rest``
+    unless it runs the connector already (a restarted worker reads them from its config
+    topic). True once the worker has them; False while it cannot take them yet (starting,
+    joining its group, rebalancing): call again."""
+    try:
+        with urllib.request.urlopen(f"{rest}/connectors", timeout=5) as response:
+            known = json.loads(response.read())
+        if connector in known:
+            return True
+        request = urllib.request.Request(
+            f"{rest}/connectors/{connector}/config", method="PUT",
+            data=(work_dir / CONNECTOR_FILE).read_bytes(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30):
+            return True
+    except (OSError, ValueError, TypeError):  # refused, 409 while rebalancing, half a body
+        return False
 
 
 def source_overrides(name: str, prefix: str, database: str,

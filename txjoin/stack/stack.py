@@ -6,22 +6,24 @@ Everything lives in one stack directory (default ``.txjoin``)::
     logs/*.log      postgres.log, broker.log, debezium.log
     postgres/       the data directory (elsewhere if the server's user cannot reach it)
     kafka-data/     the broker's server.properties, cluster id and topic data (log.dirs)
-    connect/        the Connect worker's and connector's properties, its offsets file
+    connect/        the Connect worker's properties and the connector's settings (its
+                    config, offsets and status live in Kafka topics ``txjoin-connect.*``)
 
 With ``up(sources=...)`` (``txjoin up --job FILE`` for a job with several sources) the
 cluster also gets one logical database per source (named after its topic prefix) holding
 that source's tables, and one Connect worker per source (``debezium:<prefix>``, work
-directory ``connect-<prefix>/``, its own REST port) with its own slot, publication, topic
-prefix and one-partition ``<prefix>.transaction`` topic; the single ``shop`` connector is
-not started then. stack.json records them under ``sources``.
+directory ``connect-<prefix>/``, its own REST port and Connect cluster
+``txjoin-connect-<prefix>``) with its own slot, publication, topic prefix and
+one-partition ``<prefix>.transaction`` topic; the single ``shop`` connector is not
+started then. stack.json records them under ``sources``.
 
 Every port, directory and the Connect REST ports are recorded (stack.json version 3), so
 a stack can be started again on the same data: ``up`` after ``down`` (without
 ``--wipe``), or after a process died (``kill -9``), starts what is not running on the
-same ports and resumes from Kafka's topics, Connect's offsets file and the replication
-slot. ``down --wipe`` removes the data. A stack recorded by an older txjoin (tansu kept
-topics in memory) cannot resume: ``up`` starts a stopped one over and asks for ``down
---wipe`` if its processes died.
+same ports and resumes from Kafka's topics (Connect's offsets among them) and the
+replication slot. ``down --wipe`` removes the data. A stack recorded by an older txjoin
+(tansu kept topics in memory) cannot resume: ``up`` starts a stopped one over and asks
+for ``down --wipe`` if its processes died.
 """
 
 from __future__ import annotations
@@ -519,7 +521,8 @@ def _start_debezium(directory: Path, state: dict[str, Any], name: str,
     dbz = debezium_mod.start_debezium(
         Path(entry["work_dir"]), state["bootstrap_servers"], state["postgres"]["port"],
         postgres_mod.DB_USER, postgres_mod.DB_PASSWORD, Path(entry["log"]),
-        overrides=overrides, rest_port=entry["rest_port"])
+        overrides=overrides, rest_port=entry["rest_port"],
+        cluster=debezium_mod.cluster_name(None if source is None else source["prefix"]))
     entry.update(pid=dbz.process.pid, start_ticks=dbz.process.start_ticks,
                  connector=dbz.connector, slot=dbz.slot_name)
     _write_state(directory, state)
@@ -569,6 +572,9 @@ def _wait_debezium(state: dict[str, Any], timeout: float, name: str = "debezium"
 
     def healthy() -> bool:
         task = debezium_mod.task_state(rest, entry["connector"])
+        if task == "STARTING":  # a new worker learns the connector through its REST API
+            debezium_mod.register(rest, entry["connector"], Path(entry["work_dir"]))
+            return False
         if task == "FAILED":
             trace = (debezium_mod.task_trace(rest, entry["connector"]) or "").strip()
             raise ServiceError(

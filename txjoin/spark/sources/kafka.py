@@ -20,9 +20,10 @@ What the core learned from txjoin's former Python source, re-derived here:
   (:meth:`KafkaFacts.caught_up`; ``tests/unit/test_kafka_facts.py`` checks the rule
   against Spark's own rate limit). The count is the batch's own, hence the
   same when the batch is re-run. It counts records, not offsets, so it relies on
-  offsets without gaps, as Debezium's topics have (Kafka Connect's standalone worker
-  writes no transaction markers; the topics are not compacted): a batch cut short by
-  the limit that also skipped gaps could pass for caught up.
+  offsets without gaps, as Debezium's topics have (Kafka Connect's worker, without
+  exactly-once source support, writes no transaction markers; the topics are not
+  compacted): a batch cut short by the limit that also skipped gaps could pass for
+  caught up.
 - **Partition counts.** Read from the brokers when the query starts (and recorded in
   the checkpoint, see below). Table topics with several partitions are declared to the
   shards from these counts; a record from a partition beyond them (a topic that gained
