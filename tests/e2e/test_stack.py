@@ -21,7 +21,7 @@ import yaml
 from confluent_kafka import Consumer, TopicPartition
 
 from tests.fixtures import broker as broker_fixture
-from txjoin.errors import ServiceError
+from txjoin.errors import ConfigError, ServiceError
 from txjoin.stack import broker, debezium, down, load_stack, status, up
 from txjoin.stack.generate import generate
 from txjoin.stack.stack import STATE_FILE, StackInfo
@@ -240,6 +240,34 @@ def test_debezium_throughput_is_reported(stack: Any) -> None:
           f"{result.events} events, delivered {flow_s:.1f}s after the bulk "
           f"= {result.events / flow_s:.0f} ev/s")
 
+
+
+def test_connector_settings_the_worker_refuses_are_a_clear_error(stack: Any,
+                                                                tmp_path: Path) -> None:
+    """A second worker, on the stack's broker and database, handed an invalid setting: the
+    worker's HTTP 400 becomes one line naming the setting (not a timeout of `up`)."""
+    directory, info = stack
+    state = json.loads((directory / STATE_FILE).read_text())
+    work = tmp_path / "connect-refused"
+    worker = debezium.start_debezium(
+        work, info.bootstrap_servers, state["postgres"]["port"], "postgres", "postgres",
+        tmp_path / "refused.log", overrides={"name": "txjoin-refused", "snapshot.mode": "bogus",
+                                             "slot.name": "txjoin_refused"},
+        cluster=debezium.cluster_name("refused"))
+    try:
+        deadline = time.monotonic() + 120
+        with pytest.raises(ConfigError) as refused:
+            while not debezium.register(worker.rest_url, worker.connector, work):
+                assert time.monotonic() < deadline, "the worker never answered the settings"
+                time.sleep(0.25)
+    finally:
+        debezium.stop_debezium(worker.process)
+    message = str(refused.value)
+    assert message.startswith("Kafka Connect refused the connector settings "
+                              "(debezium-postgres.properties, rendered to ")
+    assert "The 'snapshot.mode' value is invalid: Value must be one of" in message
+    assert "\n" not in message and "You can also find" not in message
+    assert message.endswith("; fix them and run `txjoin up` again")
 
 def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
     with socket.socket() as sock:

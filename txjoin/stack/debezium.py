@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,22 +219,50 @@ CONNECTOR_FILE = "connector.json"
 
 def register(rest: str, connector: str, work_dir: Path) -> bool:
     """Hand the connector's settings (``work_dir/connector.json``) to the worker at ``rest``
-    unless it runs the connector already (a restarted worker reads them from its config
-    topic). True once the worker has them; False while it cannot take them yet (starting,
-    joining its group, rebalancing): call again."""
+    unless it runs the connector with them already (a restarted worker reads them from its
+    config topic; settings changed since are handed over, and the worker restarts the
+    connector with them). True once the worker has them; False while it cannot take them
+    yet (starting, joining its group, rebalancing): call again. Settings the worker refuses
+    (HTTP 400: an invalid value, an unknown connector class) raise :class:`ConfigError`."""
+    settings = work_dir / CONNECTOR_FILE
     try:
         with urllib.request.urlopen(f"{rest}/connectors", timeout=5) as response:
             known = json.loads(response.read())
         if connector in known:
-            return True
+            with urllib.request.urlopen(f"{rest}/connectors/{connector}/config",
+                                        timeout=5) as response:
+                if json.loads(response.read()) == json.loads(settings.read_text()):
+                    return True
         request = urllib.request.Request(
-            f"{rest}/connectors/{connector}/config", method="PUT",
-            data=(work_dir / CONNECTOR_FILE).read_bytes(),
+            f"{rest}/connectors/{connector}/config", method="PUT", data=settings.read_bytes(),
             headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30):
             return True
-    except (OSError, ValueError, TypeError):  # refused, 409 while rebalancing, half a body
+    except urllib.error.HTTPError as exc:
+        if exc.code != 400:  # 404/409/503 while the worker starts, joins or rebalances
+            return False
+        raise ConfigError(
+            f"Kafka Connect refused the connector settings ({CONNECTOR_PROPERTIES.name}, "
+            f"rendered to {settings}): {refusal(exc.read())}; fix them and run `txjoin up` "
+            f"again") from None
+    except (OSError, ValueError, TypeError):  # refused, a timeout, half a body
         return False
+
+
+def refusal(body: bytes) -> str:
+    """The reason in a Connect REST error body, on one line: its validation errors (without
+    the pointer to the validate endpoint), or its message without the exception class and
+    the list of installed plugins."""
+    try:
+        message = str(json.loads(body).get("message") or "")
+    except (ValueError, AttributeError):
+        message = body.decode(errors="replace")
+    message = message.removeprefix("org.apache.kafka.connect.errors.ConnectException: ")
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("Connector configuration is invalid"):
+        lines = [line for line in lines[1:] if not line.startswith("You can also find")]
+    reason = "; ".join(lines).split(", available connectors are")[0]
+    return reason or "no reason given"
 
 
 def source_overrides(name: str, prefix: str, database: str,

@@ -570,11 +570,16 @@ def _wait_debezium(state: dict[str, Any], timeout: float, name: str = "debezium"
     dsn = entry.get("dsn", state["pg_dsn_source"])
     rest = debezium_mod.rest_url(entry["rest_port"])
 
+    registered = False
+
     def healthy() -> bool:
+        nonlocal registered
+        if not registered:  # the connector's settings, through the worker's REST API
+            registered = debezium_mod.register(rest, entry["connector"],
+                                               Path(entry["work_dir"]))
+            if not registered:
+                return False
         task = debezium_mod.task_state(rest, entry["connector"])
-        if task == "STARTING":  # a new worker learns the connector through its REST API
-            debezium_mod.register(rest, entry["connector"], Path(entry["work_dir"]))
-            return False
         if task == "FAILED":
             trace = (debezium_mod.task_trace(rest, entry["connector"]) or "").strip()
             raise ServiceError(
