@@ -241,7 +241,6 @@ def test_debezium_throughput_is_reported(stack: Any) -> None:
           f"= {result.events / flow_s:.0f} ev/s")
 
 
-
 def test_connector_settings_the_worker_refuses_are_a_clear_error(stack: Any,
                                                                 tmp_path: Path) -> None:
     """A second worker, on the stack's broker and database, handed an invalid setting: the
@@ -268,6 +267,7 @@ def test_connector_settings_the_worker_refuses_are_a_clear_error(stack: Any,
     assert "The 'snapshot.mode' value is invalid: Value must be one of" in message
     assert "\n" not in message and "You can also find" not in message
     assert message.endswith("; fix them and run `txjoin up` again")
+
 
 def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
     with socket.socket() as sock:

@@ -87,7 +87,6 @@ def test_each_connector_has_its_own_slot_publication_prefix_and_tables() -> None
     assert mine["provide.transaction.metadata"] == "true"
 
 
-
 def test_each_connect_worker_is_its_own_cluster_with_its_offsets_in_kafka() -> None:
     shop = debezium.worker_properties("127.0.0.1:9", 8083)
     colors = debezium.worker_properties("127.0.0.1:9", 8084,

@@ -225,16 +225,17 @@ def register(rest: str, connector: str, work_dir: Path) -> bool:
     yet (starting, joining its group, rebalancing): call again. Settings the worker refuses
     (HTTP 400: an invalid value, an unknown connector class) raise :class:`ConfigError`."""
     settings = work_dir / CONNECTOR_FILE
+    body = settings.read_bytes()
     try:
         with urllib.request.urlopen(f"{rest}/connectors", timeout=5) as response:
             known = json.loads(response.read())
         if connector in known:
             with urllib.request.urlopen(f"{rest}/connectors/{connector}/config",
                                         timeout=5) as response:
-                if json.loads(response.read()) == json.loads(settings.read_text()):
+                if json.loads(response.read()) == json.loads(body):
                     return True
         request = urllib.request.Request(
-            f"{rest}/connectors/{connector}/config", method="PUT", data=settings.read_bytes(),
+            f"{rest}/connectors/{connector}/config", method="PUT", data=body,
             headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30):
             return True
