@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -114,3 +115,36 @@ def test_postgres_sink_down_for_20s_mid_stream_loses_and_repeats_nothing(
     assert_verified(verify_job(load_job(ORDERS), (e2e_stack.info.pg_dsn_source,
                                                   restartable.dsn), tmp_path / "output"))
     assert_orders_changelogs(e2e_stack, tmp_path, restartable.dsn)
+
+
+def test_a_failed_soak_keeps_its_sink_database_and_a_passed_one_removes_it(
+        tmp_path: Path) -> None:
+    """``txjoin soak`` writes to a PostgreSQL sink server of its own: after a mismatch its
+    data is what there is to look into, so a failed soak stops it and keeps it."""
+    from txjoin.stack import postgres as postgres_mod
+    from txjoin.stack.soak import SinkServer
+
+    failed = SinkServer(tmp_path)
+    failed.start()
+    with contextlib.closing(psycopg2.connect(failed.dsn)) as conn, conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE written (x int); INSERT INTO written VALUES (7)")
+    kept = failed.keep()
+    assert kept == failed.root and failed.server is None
+    with pytest.raises(psycopg2.OperationalError):
+        psycopg2.connect(failed.dsn, connect_timeout=2).close()
+    # The kept data directory is a database to start and read.
+    port = free_port()
+    again = postgres_mod.start_postgres(kept, port, tmp_path / "again.log")
+    try:
+        with contextlib.closing(psycopg2.connect(postgres_mod.dsn(port, postgres_mod.SINK_DB))
+                                ) as conn, conn.cursor() as cur:
+            cur.execute("SELECT x FROM written")
+            assert cur.fetchall() == [(7,)]
+    finally:
+        postgres_mod.stop_postgres(again.process)
+        shutil.rmtree(kept, ignore_errors=True)  # under /var/tmp when tmp_path is private
+
+    passed = SinkServer(tmp_path)
+    passed.start()
+    passed.remove()
+    assert not passed.home.exists() and not passed.root.exists() and passed.keep() is None

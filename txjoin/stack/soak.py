@@ -293,6 +293,12 @@ class SinkServer:
         shutil.rmtree(self.root, ignore_errors=True)
         shutil.rmtree(self.home, ignore_errors=True)
 
+    def keep(self) -> Path | None:
+        """Stop the server and keep its data (what a failed soak's job wrote, to look into);
+        the data directory, or None if the server never created one."""
+        self.stop()
+        return self.root if self.root.exists() else None
+
 
 def kill_component(directory: Path, component: str) -> None:
     """SIGKILL one process of the stack (``broker``, ``debezium``) and wait until it is gone."""
@@ -501,12 +507,16 @@ class Soak:
                                f"{self.run.tail()}")
         return round(time.monotonic() - began, 1)
 
-    def close(self) -> None:
-        """Stop the sampler and the job, remove the sink server (never the stack)."""
+    def close(self, keep_sink: bool = False) -> Path | None:
+        """Stop the sampler and the job (never the stack); remove the sink server, or with
+        ``keep_sink`` stop it and return its kept data directory."""
         if self.sampler is not None:
             self.sampler.halt.set()
         self.run.signal_group(signal.SIGKILL, 30)
+        if keep_sink:
+            return self.sink.keep()
         self.sink.remove()
+        return None
 
 
 def run_soak(directory: Path, rate: float, duration: float, results_file: Path,
@@ -519,7 +529,8 @@ def run_soak(directory: Path, rate: float, duration: float, results_file: Path,
     ``fault_every`` defaults to a fifth of the run (each kind of fault once), the VACUUM
     retention to a tenth of it. The results go to ``results_file`` as JSON, also when the
     soak fails half-way (with an ``error``). Leaves the stack running (as ``txjoin demo``
-    does); removes the soak's own sink server.
+    does); removes the soak's own sink server, unless the soak failed: then its data stays
+    (stopped) for a look at what the job wrote, and ``sink_kept`` says where.
     """
     from txjoin.job import load_job
     from txjoin.stack.verify import verify_job
@@ -561,7 +572,11 @@ def run_soak(directory: Path, rate: float, duration: float, results_file: Path,
         results.update(ok=False, error=str(exc) or type(exc).__name__)
         raise
     finally:
-        soak.close()
+        kept = soak.close(keep_sink=not results.get("ok", False))
+        if kept is not None:
+            results["sink_kept"] = str(kept)
+            say(f"the soak's PostgreSQL sink is kept (stopped) in {escape(str(kept))}, to look "
+                "at what the job wrote; remove it when done")
         samples = soak.sampler.samples if soak.sampler is not None else []
         results.update(trends=trends(samples, duration), samples=[asdict(s) for s in samples])
         results_file.parent.mkdir(parents=True, exist_ok=True)
