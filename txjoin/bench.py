@@ -247,6 +247,10 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
         # Warm up (JVM, Python workers) so neither measurement pays the first-query cost.
         (spark.range(1000).selectExpr("id % 7 AS k").groupBy("k").count().collect())
 
+        # Every batch's progress (Spark keeps the last 100): the ceiling's routed rows and
+        # the pipeline's stage breakdown.
+        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1000000")
+
         # -- ceilings: how fast records go through the first stages alone -------------
         # Each pass is a fresh streaming query over the whole workload into Spark's noop
         # sink, which takes every row and keeps none: a pass costs its stages and nothing
@@ -288,8 +292,6 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                            checkpoint_dir=str(work / "ckpt"), output_dir=str(work / "out"),
                            postgres_dsn=dsn(pg.port, "sink"), master=master, shards=n_shards)
         sinks = build_sinks(job, config, spark)
-        # every batch's progress (Spark keeps the last 100), for the stage breakdown
-        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1000000")
         pipeline = Pipeline(spark, job, config, sinks)
         with RssSampler() as rss:
             started, started_wall = time.monotonic(), time.time()
