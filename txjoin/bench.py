@@ -12,7 +12,8 @@
 3. Ceilings, measured before the pipeline, after a warm-up pass: the source
    alone; the source with one more Python stage that does nothing (what handing
    every record to a Python worker and back costs); the source and the same
-   decode stage (the ceiling), each counted and nothing else.
+   decode stage (the ceiling), each drained into Spark's ``noop`` sink and nothing
+   else.
 
 Prints and writes to a JSON file: source events/s, transactions/s,
 micro-batch latency p50/p99 (and p50 of batches without snapshot rows), where
