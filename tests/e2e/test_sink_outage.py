@@ -144,6 +144,9 @@ def test_a_failed_soak_keeps_its_sink_database_and_a_passed_one_removes_it(
         postgres_mod.stop_postgres(again.process)
         shutil.rmtree(kept, ignore_errors=True)  # under /var/tmp when tmp_path is private
 
+    never_started = SinkServer(tmp_path)  # the soak failed before its job began
+    assert never_started.keep() is None and not never_started.root.exists()
+
     passed = SinkServer(tmp_path)
     passed.start()
     passed.remove()

@@ -128,6 +128,16 @@ def data_root(stack_dir: Path) -> Path:
     return fallback
 
 
+def data_dir(root: Path) -> Path:
+    """The server's data directory under a ``data_root``."""
+    return root / "data"
+
+
+def initialised(root: Path) -> bool:
+    """Whether initdb has made a cluster under ``root`` (a server started there once)."""
+    return (data_dir(root) / "PG_VERSION").exists()
+
+
 def start_postgres(root: Path, port: int, log_path: Path, timeout: float = 60.0) -> PostgresServer:
     """initdb (if needed) under ``root``, start the server on ``port``, create the databases.
 
@@ -135,10 +145,10 @@ def start_postgres(root: Path, port: int, log_path: Path, timeout: float = 60.0)
     txjoin's PostgreSQL sink.
     """
     bin_dir = pg_bin()
-    data = root / "data"
+    data = data_dir(root)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        if not (data / "PG_VERSION").exists():
+        if not initialised(root):
             _initdb(bin_dir, root, data, log)
         options = " ".join(f"-c {name}={value}" for name, value in
                            {**SETTINGS, "port": str(port)}.items())

@@ -295,9 +295,12 @@ class SinkServer:
 
     def keep(self) -> Path | None:
         """Stop the server and keep its data (what a failed soak's job wrote, to look into);
-        the data directory, or None if the server never created one."""
+        the data directory, or None (and nothing left) if the server never made one."""
         self.stop()
-        return self.root if self.root.exists() else None
+        if postgres_mod.initialised(self.root):
+            return self.root
+        self.remove()
+        return None
 
 
 def kill_component(directory: Path, component: str) -> None:
