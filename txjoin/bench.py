@@ -7,19 +7,20 @@
    being its ``maxOffsetsPerTrigger``; ``--source replay`` writes them as a replay
    schedule of ``--max-events-per-trigger`` records per micro-batch (no broker: the
    engine measured apart from it).
-2. Full pipeline: source -> decode on the executors -> ``--shards`` shards
-   (transformWithStateInPandas) -> Delta + PostgreSQL sinks, ``availableNow``.
+2. Full pipeline: source -> routing in the JVM -> ``--shards`` shards
+   (transformWithStateInPandas: decode, sequence, join) -> Delta + PostgreSQL
+   sinks, ``availableNow``.
 3. Ceilings, measured before the pipeline, after a warm-up pass: the source
-   alone; the source with one more Python stage that does nothing (what handing
-   every record to a Python worker and back costs); the source and the same
-   decode stage (the ceiling), each drained into Spark's ``noop`` sink and nothing
-   else.
+   alone; the source with one Python stage that does nothing (what handing
+   every record to a Python worker and back costs, once: the shards pay it); the
+   source and the same routing stage (the ceiling of what reaches the shards),
+   each drained into Spark's ``noop`` sink and nothing else.
 
 Prints and writes to a JSON file: source events/s, transactions/s,
 micro-batch latency p50/p99 (and p50 of batches without snapshot rows), where
 a batch's time goes per stage (``stage_seconds_p50``/``_mean``, and every batch
 under ``batches``: Spark's planning, offset log and state-store commit, the
-computation of the batch with the decoding's and each shard stage's share, each
+computation of the batch with each shard stage's share, each
 sink; see :func:`batch_stages`), the initial snapshot's load rate, state bytes
 written per batch, peak RSS of the driver (Python + JVM) and of the Python
 workers, and the ratio to the ceiling. Not a test: numbers, not verdicts.
@@ -187,8 +188,9 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
     from pyspark.sql import DataFrame
 
     from txjoin.spark.pipeline import Pipeline, RunConfig, build_sinks
+    from txjoin.spark.routing import route
     from txjoin.spark.session import get_session
-    from txjoin.spark.shards import ROUTED_SCHEMA, make_decoder, shard_labels
+    from txjoin.spark.shards import shard_labels
     from txjoin.spark.sources.kafka import read_stream
     from txjoin.spark.sources.replay import SOURCE_NAME, ReplaySource, write_schedule_dir
     from txjoin.stack.broker import create_topics, start_broker, stop_broker
@@ -260,7 +262,6 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
         # way, 83k into noop, one run each). The first pass warms the source up (its
         # Python workers, Spark's first streaming query) and is not reported.
         labels = shard_labels(spark, n_shards, n_shards)
-        decoder = make_decoder(job, labels)
         passes = {
             "warm_up": lambda df: df,
             # the Python source alone
@@ -269,8 +270,9 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
             # the cost of handing every record to a Python worker and back
             "source_and_python_hop_events_per_s": lambda df: df.mapInArrow(
                 _identity, df.schema),
-            # the source and the pipeline's decode stage: the ceiling
-            "ceiling_events_per_s": lambda df: df.mapInArrow(decoder, ROUTED_SCHEMA),
+            # the source and the pipeline's routing (JVM, before the shards): the ceiling
+            # of what reaches the shards
+            "ceiling_events_per_s": lambda df: route(df, job, synth.prefix, labels),
         }
         for name, stage in passes.items():
             started = time.monotonic()
@@ -284,7 +286,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                                             for p in query.recentProgress)
         click.echo(f"source alone: {result['source_only_events_per_s']} records/s; with one "
                    f"more Python stage: {result['source_and_python_hop_events_per_s']}; "
-                   f"ceiling (source + decode): {result['ceiling_events_per_s']} records/s")
+                   f"ceiling (source + routing): {result['ceiling_events_per_s']} records/s")
 
         # -- the full pipeline -----------------------------------------------------
         config = RunConfig(topic_prefix=synth.prefix,
@@ -324,7 +326,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
             "micro_batches": len(reports),
             "batch_latency_p50_s": round(quantile(durations, 0.5), 3),
             "batch_latency_p99_s": round(quantile(durations, 0.99), 3),
-            # the whole foreachBatch call: computing the batch (source, decode, shards) and
+            # the whole foreachBatch call: computing the batch (source, routing, shards) and
             # the sinks; stage_seconds_p50 says which part took what
             "foreach_batch_p50_s": round(quantile([r.seconds for r in reports], 0.5), 3),
             "stage_seconds_p50": {k: round(quantile([b[k] for b in stages], 0.5), 3)

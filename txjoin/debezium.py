@@ -92,6 +92,10 @@ class ChangeEvent:
     # Digest of the row image, set when the event travels without its rows (a shard that
     # does not own the row still counts the event and must recognise it again).
     digest: bytes | None = None
+    # Set by routing on a fact event whose ``after`` row belongs to another shard (a
+    # primary-key change that moves the fact): this shard removes ``before``, that one
+    # inserts ``after`` (``txjoin/core/routing.py``).
+    after_elsewhere: bool = False
 
     @property
     def is_snapshot(self) -> bool:

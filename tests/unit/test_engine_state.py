@@ -31,7 +31,7 @@ NOT_SAVED = {
                 "touched", "gone"},  # the last batch's changes to the open transactions
     SnapshotBuffer: {"tables"},
     Frontier: set(),
-    TemporalJoin: {"job", "owns", "journal"},
+    TemporalJoin: {"job", "journal"},
 }
 
 

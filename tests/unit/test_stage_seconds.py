@@ -30,8 +30,8 @@ def test_a_shard_reports_each_of_its_stages() -> None:
 
 def test_the_pipeline_names_the_stages_it_measured() -> None:
     info = {"seconds": {"state_load": 0.1, "sequence": 0.2, "join": 0.3, "total": 0.7}}
-    assert stage_seconds(2.0, info, 0.5) == {
-        "compute": 2.0, "decode_tasks": 0.5, "shard_state_load": 0.1, "shard_sequence": 0.2,
+    assert stage_seconds(2.0, info) == {
+        "compute": 2.0, "shard_state_load": 0.1, "shard_sequence": 0.2,
         "shard_join": 0.3, "shard_total": 0.7}
 
 

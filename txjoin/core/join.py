@@ -17,7 +17,7 @@ one, so the changelog holds one entry per real version of an output row.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,10 +92,8 @@ def _merge_unavailable(new: Row, old: Row | None, event: ChangeEvent) -> Row:
 class TemporalJoin:
     """Current rows + indexes + last outputs; turns transactions into output changes."""
 
-    def __init__(self, job: Job, owns: Callable[[Key], bool] | None = None) -> None:
+    def __init__(self, job: Job) -> None:
         self.job = job
-        # A shard holds only the facts it owns (see core/routing.py); None: every fact.
-        self.owns = owns
         # When a list: every row put or removed, in order (table, pk, row or None).
         self.journal: list[tuple[str, Key, Row | None]] | None = None
         self.rows: dict[str, dict[Key, Row]] = {t: {} for t in job.table_names}
@@ -198,7 +196,7 @@ class TemporalJoin:
             prev = rows[before_key]
             self._remove(event.table, before_key, prev)
             yield event.table, prev
-        if self.owns is not None and event.table == self.job.fact and not self.owns(pk):
+        if event.after_elsewhere:
             return  # a key change that moves the fact to another shard: that shard inserts it
         old = rows.get(pk)
         new = _merge_unavailable(after, old, event)

@@ -2,9 +2,10 @@
 
 The join's state and work are split into ``n`` shards by the fact table's key:
 
-- a **fact row** (an order) lives in exactly one shard, ``shard_of(key, n)``; a
-  primary-key change inside one event goes to the shards of both keys (each
-  keeps only the side it owns);
+- a **fact row** (an order) lives in exactly one shard; a primary-key change
+  inside one event goes to the shards of both keys: the one that owns ``before``
+  removes it, the one that owns ``after`` inserts it (the first one's copy says
+  ``after_elsewhere``);
 - rows of **looked-up tables** (clients, pizzas, ...) go to every shard: each
   shard keeps a full copy, so every lookup is local. The cost is memory and
   apply work for those tables times ``n``; fact tables are usually the big ones;
@@ -12,28 +13,32 @@ The join's state and work are split into ``n`` shards by the fact table's key:
   every shard;
 - every shard also receives the **metadata** of each fact event it does not own
   (table, op, xid, LSN, numbering, a digest of the row image, position): the
-  events without their rows. So every shard assembles every transaction and
+  event without its rows. So every shard assembles every transaction and
   computes the same frontier, deterministically, from the same input: all shards
   release exactly the same transactions in the same micro-batch, and commit
   order stays global without a separate sequencing stage.
 
-Records travel between the decode stage and the shards as small pickled tuples
-(:func:`to_wire` / :func:`from_wire`), produced once per record on the executors.
+A shard receives each record as a :class:`Routed` item. Two routers honour this
+contract: :class:`Router` here (pure Python, what ``core/sharded.py`` and the
+property tests run; a fact key's shard is :func:`shard_of`), and the Spark
+pipeline's, which decides the same in the JVM from the raw JSON before any record
+reaches Python (``txjoin/spark/routing.py``; its own hash of the key's JSON text).
+Each is consistent with itself, which is all a run needs: a checkpoint is only
+ever continued by the same router.
 """
 
 from __future__ import annotations
 
 import hashlib
-import pickle
 import zlib
-from typing import Any
+from dataclasses import replace
+from typing import Any, NamedTuple
 
-from txjoin.debezium import ChangeEvent, Position, TxMarker
+from txjoin.debezium import ChangeEvent, TxMarker
 from txjoin.errors import DecodeError, JobError
 from txjoin.job import Job
 
 Key = tuple[Any, ...]
-_PICKLE = pickle.HIGHEST_PROTOCOL
 
 
 def shard_of(key: Key, n_shards: int) -> int:
@@ -48,43 +53,28 @@ def shard_of(key: Key, n_shards: int) -> int:
     return zlib.crc32(repr(key).encode()) % n_shards
 
 
-class ShardOwnership:
-    """``owns(key)``: whether a fact key belongs to this shard (picklable, unlike a lambda)."""
-
-    def __init__(self, shard: int, n_shards: int) -> None:
-        self.shard = shard
-        self.n_shards = n_shards
-
-    def __call__(self, key: Key) -> bool:
-        return shard_of(key, self.n_shards) == self.shard
-
-
 def row_digest(event: ChangeEvent) -> bytes:
     """Digest of the row image that identifies an event (see ``ChangeEvent.identity``)."""
     image = event.after if event.after is not None else event.before
     return hashlib.blake2b(repr(image).encode(), digest_size=12).digest()
 
 
-def to_wire(item: ChangeEvent | TxMarker, *, with_rows: bool = True) -> bytes:
-    """A decoded record as bytes for the shuffle (``with_rows=False``: metadata only)."""
-    pos = item.position
-    if isinstance(item, TxMarker):
-        return pickle.dumps(("m", item.status, item.xid, item.id, item.commit_lsn,
-                             item.event_count, item.counts, item.ts_ms, pos.topic,
-                             pos.partition, pos.offset), _PICKLE)
-    return pickle.dumps(("e", item.table, item.op,
-                         item.before if with_rows else None, item.after if with_rows else None,
-                         item.xid, item.lsn, item.commit_ts_ms, item.snapshot,
-                         item.data_collection_order, pos.topic, pos.partition, pos.offset,
-                         item.digest), _PICKLE)
+class Routed(NamedTuple):
+    """A record as one shard receives it: the decoded item (a fact event of another shard
+    without its rows), and the bytes it counts against ``--max-transaction-bytes``."""
+
+    item: ChangeEvent | TxMarker
+    size: int
 
 
-def from_wire(blob: bytes) -> ChangeEvent | TxMarker:
-    t = pickle.loads(blob)
-    if t[0] == "m":
-        return TxMarker(t[1], t[2], t[3], t[4], t[5], t[6], t[7], Position(t[8], t[9], t[10]))
-    return ChangeEvent(t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9],
-                       Position(t[10], t[11], t[12]), t[13])
+METADATA_SIZE = 64
+"""What a metadata-only event counts against ``--max-transaction-bytes`` (about its size
+in memory, without rows)."""
+
+
+def metadata_only(event: ChangeEvent) -> ChangeEvent:
+    """``event`` without its rows, for the shards that count it but do not hold it."""
+    return replace(event, before=None, after=None, after_elsewhere=False)
 
 
 def is_metadata_only(event: ChangeEvent) -> bool:
@@ -101,42 +91,35 @@ class Router:
         self.job = job
         self.n_shards = n_shards
         self.fact = job.table(job.fact)
-        self.everyone = list(range(n_shards))
 
-    def owners(self, event: ChangeEvent) -> set[int]:
-        """Shards that hold this event's rows."""
-        if self.n_shards == 1 or event.table != self.fact.name or event.op == "t":
-            return set(self.everyone)
-        owners = set()
+    def route(self, item: ChangeEvent | TxMarker, size: int) -> list[Routed | None]:
+        """What each shard receives of a decoded record (``size``: its bytes), by shard;
+        ``None``: nothing (a table the job does not read)."""
+        if isinstance(item, TxMarker):
+            return [Routed(item, size)] * self.n_shards
+        if item.table not in self.job.table_names:
+            return [None] * self.n_shards
+        item = _with_digest(item)
+        if self.n_shards == 1 or item.table != self.fact.name or item.op == "t":
+            return [Routed(item, size)] * self.n_shards
+        before = None if item.before is None else self._shard(item, item.before)
+        after = None if item.after is None else self._shard(item, item.after)
+        meta = Routed(metadata_only(item), METADATA_SIZE)
+        whole = Routed(item, size)
+        moved = whole if after is None else Routed(replace(item, after_elsewhere=True), size)
+        return [whole if shard == after else moved if shard == before else meta
+                for shard in range(self.n_shards)]
+
+    def _shard(self, event: ChangeEvent, row: dict[str, Any]) -> int:
         where = f"{event.position}:"
         try:
-            for row in (event.before, event.after):
-                if row is not None:
-                    owners.add(shard_of(self.fact.convert_key(row, where=where), self.n_shards))
+            key = self.fact.convert_key(row, where=where)
         except JobError as exc:
             raise DecodeError(str(exc).removeprefix(where).strip(),
                               topic=event.position.topic, partition=event.position.partition,
                               offset=event.position.offset) from None
-        return owners
-
-    def route(self, item: ChangeEvent | TxMarker) -> tuple[set[int], bytes, bytes | None]:
-        """(owner shards, record with rows, metadata-only record for the other shards or None).
-
-        The counted shard (lowest owner) is the one that counts the record in
-        the statistics, so that a record replicated to several shards is counted once.
-        """
-        if isinstance(item, TxMarker):
-            return set(self.everyone), to_wire(item), None
-        if item.table not in self.job.table_names:
-            return set(), b"", None
-        if self.n_shards > 1 or item.digest is None:
-            item = _with_digest(item)
-        owners = self.owners(item)
-        meta = None if len(owners) == self.n_shards else to_wire(item, with_rows=False)
-        return owners, to_wire(item), meta
+        return shard_of(key, self.n_shards)
 
 
 def _with_digest(event: ChangeEvent) -> ChangeEvent:
-    return ChangeEvent(event.table, event.op, event.before, event.after, event.xid, event.lsn,
-                       event.commit_ts_ms, event.snapshot, event.data_collection_order,
-                       event.position, row_digest(event))
+    return replace(event, digest=row_digest(event))

@@ -28,7 +28,7 @@ from typing import Any
 from txjoin.core.assembly import IncompletePolicy, TopicPartitions
 from txjoin.core.engine import Engine
 from txjoin.core.join import OutputChange, TemporalJoin
-from txjoin.core.routing import ShardOwnership, from_wire
+from txjoin.core.routing import Routed
 from txjoin.debezium import ChangeEvent, TxMarker
 from txjoin.errors import TransactionTooLargeError
 from txjoin.job import Job
@@ -50,8 +50,7 @@ class ShardEngine(Engine):
         super().__init__(job, policy)
         self.shard = shard
         self.n_shards = n_shards
-        self.join = TemporalJoin(job, owns=None if n_shards == 1 else
-                                 ShardOwnership(shard, n_shards))
+        self.join = TemporalJoin(job)
         self.last_effects: Effects | None = None
         # Bytes of routed records buffered per open transaction, and the budget
         # (``--max-transaction-bytes``; None: no limit). Logged with the assembly state.
@@ -64,18 +63,18 @@ class ShardEngine(Engine):
         self.log_version = 0
         self.log_token = ""
 
-    def process_wire(self, records: Iterable[bytes], caught_up: Iterable[str] = (),
-                     partitions: TopicPartitions | None = None) -> list[OutputChange]:
-        """Process one batch of routed records (``routing.to_wire``); output changes.
+    def process_routed(self, records: Iterable[Routed], caught_up: Iterable[str] = (),
+                       partitions: TopicPartitions | None = None) -> list[OutputChange]:
+        """Process one batch of routed records (``routing.Routed``); output changes.
 
         Also records the batch's *effects* (:attr:`last_effects`): what a copy of
         this shard's state at the previous batch needs to become this state.
         """
         started = time.perf_counter()
         records = list(records)
-        items = [from_wire(r) for r in records]
         if self.max_transaction_bytes is not None:
-            self._count_open_bytes(records, items)
+            self._count_open_bytes(records)
+        items = [r.item for r in records]
         items.sort(key=_position_key)
         self.batch_wire_s = time.perf_counter() - started
         snapshot_events = [it for it in items if isinstance(it, ChangeEvent) and it.is_snapshot]
@@ -99,25 +98,23 @@ class ShardEngine(Engine):
         self.last_effects = Effects(self._sequencer_state(), snapshot_events, released, journal)
         return changes
 
-    def _count_open_bytes(self, records: list[bytes],
-                          items: list[ChangeEvent | TxMarker]) -> None:
+    def _count_open_bytes(self, records: list[Routed]) -> None:
         """Fail, naming the xid and its size, when a transaction outgrows the budget.
 
         A transaction is buffered in the shard's memory until it is complete (it is
         applied whole), so one larger than ``--max-transaction-bytes`` stops the job
         with a clear error instead of exhausting the worker's memory. The size is the
-        bytes of the routed records this shard buffered for it (``records[i]`` is
-        ``items[i]``, before sorting).
+        bytes of the routed records this shard buffered for it (``Routed.size``).
         """
         budget = self.max_transaction_bytes
         assert budget is not None
         counted = self.open_bytes
         sources = self._table_sources
         first = self.job.source_names[0]
-        for blob, item in zip(records, items, strict=True):
+        for item, nbytes in records:
             if isinstance(item, ChangeEvent) and item.xid is not None:
                 key = (sources.get(item.table, first), item.xid)  # xids are per database
-                size = counted.get(key, 0) + len(blob)
+                size = counted.get(key, 0) + nbytes
                 counted[key] = size
                 if size > budget:
                     raise TransactionTooLargeError(
@@ -126,13 +123,6 @@ class ShardEngine(Engine):
                         f"{item.position}); it is applied whole, so it must fit in a worker's "
                         f"memory: raise --max-transaction-bytes and give the executors the "
                         f"memory, or split such transactions at the source")
-
-    @staticmethod
-    def decode_wire(records: Iterable[bytes]) -> list[ChangeEvent | TxMarker]:
-        """Routed records -> events and markers in the order every shard uses."""
-        items = [from_wire(r) for r in records]
-        items.sort(key=_position_key)
-        return items
 
     def _sequencer_state(self) -> dict[str, Any]:
         """The assembly and frontier state of every source, without what grows with history

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from txjoin.core.assembly import IncompletePolicy, TopicPartitions
 from txjoin.core.join import OutputChange
-from txjoin.core.routing import Router
+from txjoin.core.routing import Routed, Router
 from txjoin.core.shard import ShardEngine
 from txjoin.core.state_log import BatchResult, MemoryStore, ShardLog
 from txjoin.debezium import Position, decode
@@ -37,19 +37,16 @@ class ShardedEngine:
     def n_shards(self) -> int:
         return len(self.stores)
 
-    def route(self, records: Iterable[tuple[str, int, int, str | None]]) -> list[list[bytes]]:
-        per_shard: list[list[bytes]] = [[] for _ in self.stores]
+    def route(self, records: Iterable[tuple[str, int, int, str | None]]) -> list[list[Routed]]:
+        per_shard: list[list[Routed]] = [[] for _ in self.stores]
         for topic, partition, offset, value in records:
             item = decode(value, Position(topic, partition, offset))
             if item is None:
                 continue
-            owners, wire, meta = self.router.route(item)
-            if not owners:
-                continue
-            for shard in range(self.n_shards):
-                blob = wire if shard in owners else meta
-                assert blob is not None
-                per_shard[shard].append(blob)
+            size = len(value.encode() if isinstance(value, str) else value or b"")
+            for shard, routed in enumerate(self.router.route(item, size)):
+                if routed is not None:
+                    per_shard[shard].append(routed)
         return per_shard
 
     def process(self, records: Iterable[tuple[str, int, int, str | None]],
@@ -62,10 +59,10 @@ class ShardedEngine:
         caught = list(caught_up)
         changes: list[OutputChange] = []
         self.last = []
-        for shard, wires in enumerate(self.route(records)):
+        for shard, routed in enumerate(self.route(records)):
             log = ShardLog(self.stores[shard], self.job, shard, self.n_shards, self.policy,
                            max_transaction_bytes=self.max_transaction_bytes)
-            result = log.process(self.cache.get(shard), wires, caught, partitions)
+            result = log.process(self.cache.get(shard), routed, caught, partitions)
             self.cache[shard] = result.engine
             self.last.append(result)
             changes.extend(result.changes)

@@ -46,14 +46,16 @@ import pyarrow as pa
 
 from txjoin.core.assembly import IncompletePolicy, TopicPartitions
 from txjoin.core.join import OutputChange
+from txjoin.core.routing import Routed
 from txjoin.core.shard import Effects, ShardEngine
 from txjoin.errors import RECOVER, ConfigError
 from txjoin.job import Job
 
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5
 """1: the whole engine as one pickled value (txjoin 0.1); 2: per-shard log + snapshots;
 3: the same, with the engine's state in named fields (``core/state.py``); 4: a segment
-carries only the open transactions its batch changed."""
+carries only the open transactions its batch changed; 5: routed in the JVM (a fact event's
+digest and owner come from its JSON text; events say ``after_elsewhere``)."""
 
 CHUNK_BYTES = 8 << 20
 SNAPSHOT_MIN_ROWS = 200_000  # below this, segments are cheap to re-apply: no compaction
@@ -272,7 +274,7 @@ class ShardLog:
 
     # -- one micro-batch -------------------------------------------------------------
 
-    def process(self, cached: ShardEngine | None, records: Sequence[bytes],
+    def process(self, cached: ShardEngine | None, records: Sequence[Routed],
                 caught_up: Iterable[str], partitions: TopicPartitions | None = None
                 ) -> BatchResult:
         """Load (or reuse) the engine, process the batch, persist what it changed."""
@@ -286,7 +288,7 @@ class ShardLog:
         # A worker-side cache must not be left half-advanced if processing fails.
         engine.log_version, engine.log_token = -1, "broken"
         released_before = engine.stats.transactions_released
-        changes = engine.process_wire(records, caught, partitions)
+        changes = engine.process_routed(records, caught, partitions)
         released = engine.stats.transactions_released - released_before
         processed = time.perf_counter()
         version = meta["version"] + 1

@@ -3,9 +3,13 @@
 Shape of the query::
 
     source (Spark's kafka | txjoin_replay | txjoin_files): topic, partition, offset, key, value
-      -> mapInArrow(decode + route)                    # executors, before the shuffle
-      -> groupBy(shard).transformWithStateInPandas(ShardProcessor)   # n shards in parallel
+      -> routing: from_json + Spark expressions        # the JVM, before the shuffle
+      -> groupBy(shard).transformWithStateInPandas(ShardProcessor)   # n shards in parallel:
+                                                       # decode (once) + sequence + join
       -> foreachBatch: Delta + PostgreSQL sinks, each one commit per batch
+
+A record enters Python once, in the shard task that reads it
+(``txjoin/spark/routing.py``).
 
 Every shard sees the metadata of every event and marker, so every shard
 assembles every transaction and releases the same ones in the same micro-batch
@@ -47,13 +51,8 @@ from txjoin.job import Job
 from txjoin.sinks import Sink
 from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.lineage import Lineage, checkpoint_id
-from txjoin.spark.shards import (
-    OUTPUT_SCHEMA,
-    ROUTED_SCHEMA,
-    ShardProcessor,
-    make_decoder,
-    shard_labels,
-)
+from txjoin.spark.routing import route
+from txjoin.spark.shards import OUTPUT_SCHEMA, ShardProcessor, shard_labels
 from txjoin.spark.sources.kafka import KafkaFacts
 
 DEFAULT_MAX_TRANSACTION_BYTES = 512 << 20
@@ -133,15 +132,14 @@ def decode_batch(job: Job, frame: pd.DataFrame) -> tuple[pa.Table, dict[str, Any
     return table.take(pc.sort_indices(table, [("_commit_seq", "ascending")])), info
 
 
-def stage_seconds(compute_s: float, info: dict[str, Any], decode_s: float
-                  ) -> dict[str, float]:
+def stage_seconds(compute_s: float, info: dict[str, Any]) -> dict[str, float]:
     """Where a batch's foreachBatch time went before the sinks, under the stages' names.
 
-    - ``compute``: wall time of computing the batch (Spark runs source -> decode ->
+    - ``compute``: wall time of computing the batch (Spark runs source -> routing ->
       shuffle -> shards as one job when foreachBatch collects it);
-    - ``decode_tasks``: the decoding's seconds summed over its tasks (CPU, not wall);
     - ``shard_*``: per stage, the slowest shard's seconds: ``state_load`` (the engine
-      from the cache or the state store), ``read_records`` (the routed records),
+      from the cache or the state store), ``read_records`` (decoding its routed
+      records: the only time a record's JSON is read in Python),
       ``sequence`` (assembly, commit order, frontier: what every shard repeats),
       ``join``, ``state_save`` (its segment to the state store), ``total``.
 
@@ -149,7 +147,7 @@ def stage_seconds(compute_s: float, info: dict[str, Any], decode_s: float
     ``sink_<name>`` per sink (its commit) and ``delta_maintain``; Spark's planning,
     offset log and state-store commit are in its own progress (``txjoin bench``).
     """
-    seconds = {"compute": compute_s, "decode_tasks": decode_s}
+    seconds = {"compute": compute_s}
     seconds.update({f"shard_{k}": v for k, v in info.get("seconds", {}).items()})
     return seconds
 
@@ -288,14 +286,11 @@ class Pipeline:
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
         labels = shard_labels(self.spark, n, partitions)
-        # Seconds the decoding spends, summed over its tasks (read and reset per batch).
-        self.decode_timer = self.spark.sparkContext.accumulator(0.0)
         processor = ShardProcessor(self.job, labels, self.config.policy,
                                    self.prefixes, uuid.uuid4().hex,
                                    kafka_facts=self.kafka_facts,
                                    max_transaction_bytes=self.config.max_transaction_bytes)
-        return (source.mapInArrow(make_decoder(self.job, labels, self.decode_timer),
-                                  ROUTED_SCHEMA)
+        return (route(source, self.job, self.prefixes, labels)
                 .groupBy("shard")
                 .transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "None"))
 
@@ -304,8 +299,7 @@ class Pipeline:
         frame = df.toPandas()
         computed = time.monotonic()
         table, info = decode_batch(self.job, frame)
-        breakdown = stage_seconds(computed - started, info, self.decode_timer.value)
-        self.decode_timer.value = 0.0
+        breakdown = stage_seconds(computed - started, info)
         breakdown["output_decode"] = time.monotonic() - computed
         written = {}
         commit_seq = int(info.get("commit_seq", self.reports[-1].commit_seq

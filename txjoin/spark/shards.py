@@ -1,15 +1,14 @@
-"""The Spark side of the partitioned engine: decode on the executors, one stateful shard per key.
+"""The Spark side of the partitioned engine: one stateful shard per key, reading its records once.
 
-Two stages, both run where the data is:
-
-1. :func:`make_decoder` (``mapInArrow``, before any shuffle, in parallel per
-   source partition): Debezium JSON -> events and markers (orjson), routed to
-   shards (``core/routing.py``) as small pickled records. Decode errors name
-   topic/partition/offset.
-2. :class:`ShardProcessor` (``groupBy(shard).transformWithStateInPandas``):
-   one call per shard per micro-batch; the shard's engine is cached in the
-   Python worker and kept in Spark's state store as a log of micro-batches
-   (``core/state_log.py``): a batch writes what it brought, not the state.
+The routed rows (``txjoin/spark/routing.py``: the JVM decides which shard gets
+which record, before any Python) are grouped by shard label and handed to
+:class:`ShardProcessor` (``groupBy(shard).transformWithStateInPandas``): one call
+per shard per micro-batch. It decodes the records it holds rows for (orjson,
+``txjoin/debezium.py``; errors name topic/partition/offset), builds the
+metadata-only events of other shards' facts from their columns
+(:func:`routed_items`), and runs its engine. The engine is cached in the Python
+worker and kept in Spark's state store as a log of micro-batches
+(``core/state_log.py``): a batch writes what it brought, not the state.
 
 Shard labels: Spark hash-partitions the grouping key into
 ``spark.sql.shuffle.partitions`` partitions; :func:`shard_labels` picks, for
@@ -26,33 +25,26 @@ import pickle
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
-from pyspark import Accumulator
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from txjoin.core.assembly import IncompletePolicy, TopicPartitions
 from txjoin.core.join import OutputChange
 from txjoin.core.output import changes_to_table
-from txjoin.core.routing import Router
+from txjoin.core.routing import METADATA_SIZE, Routed, row_digest
 from txjoin.core.shard import ShardEngine
 from txjoin.core.state_log import ShardLog
-from txjoin.debezium import Position, decode
+from txjoin.debezium import ChangeEvent, Position, decode
+from txjoin.errors import DecodeError
 from txjoin.job import Job
 from txjoin.spark.sources.kafka import KafkaFacts
-from txjoin.spark.sources.markers import (
-    CAUGHT_UP_OFFSET,
-    PARTITION_CAUGHT_UP_OFFSET,
-    PARTITIONS_OFFSET,
-)
+from txjoin.spark.sources.markers import is_marker, read_markers
 
-ROUTED_SCHEMA = "shard int, topic string, partition int, offset long, wire binary, counted boolean"
-ROUTED_ARROW = pa.schema([("shard", pa.int32()), ("topic", pa.string()),
-                          ("partition", pa.int32()), ("offset", pa.int64()),
-                          ("wire", pa.binary()), ("counted", pa.bool_())])
 OUTPUT_SCHEMA = "shard int, changes binary, info string"
 """Per shard and batch: its output changes as an Arrow IPC stream, and its progress (JSON)."""
 
@@ -83,77 +75,53 @@ def shard_labels(spark: SparkSession, n_shards: int, partitions: int) -> list[in
     return ordered
 
 
-def make_decoder(job: Job, labels: Sequence[int], timer: Accumulator[float] | None = None
-                 ) -> Any:
-    """The ``mapInArrow`` function: source rows -> routed rows (``ROUTED_SCHEMA``).
+def routed_items(job: Job, n_shards: int, frame: pd.DataFrame) -> list[Routed]:
+    """A shard's routed rows (``routing.ROUTED_COLUMNS``, without marker rows) -> the
+    items its engine takes, each with the bytes it counts.
 
-    ``timer``: a Spark accumulator the decoding adds its seconds to (summed over tasks).
+    A row with bytes is decoded here; a row routing read and left without bytes is a
+    fact event of another shard, built from its columns. A fact event routing could
+    not read but which decodes after all is refused: every shard got it whole, and
+    applying it in each would apply it ``n`` times.
     """
-    router = Router(job, len(labels))
-    all_labels = list(labels)
-
-    def decode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            started = time.perf_counter()
-            routed = _route(batch)
-            if timer is not None:
-                timer.add(time.perf_counter() - started)
-            yield routed
-
-    def _route(batch: pa.RecordBatch) -> pa.RecordBatch:
-        out = _Routed()
-        cols = batch.to_pydict()
-        for topic, partition, offset, value in zip(cols["topic"], cols["partition"],
-                                                   cols["offset"], cols["value"],
-                                                   strict=True):
-            if offset < 0:  # caught-up or partitions marker: every shard
-                for label in all_labels:
-                    out.emit(label, topic, partition, offset, None, False)
+    fact = job.fact
+    out: list[Routed] = []
+    cols = [frame[c].tolist() for c in ("topic", "partition", "offset", "value", "routed",
+                                        "op", "tbl", "xid", "lsn", "ts_ms", "snapshot",
+                                        "dco", "digest", "after_elsewhere")]
+    for (topic, partition, offset, value, routed, op, tbl, xid, lsn, ts_ms, snapshot, dco,
+         digest, elsewhere) in zip(*cols, strict=True):
+        pos = Position(topic, int(partition), int(offset))
+        if routed and value is None:
+            out.append(Routed(ChangeEvent(tbl, op, None, None, _int(xid), _int(lsn),
+                                          _int(ts_ms), snapshot, _int(dco), pos, digest),
+                              METADATA_SIZE))
+            continue
+        if value is None:
+            continue  # a tombstone
+        item = decode(value, pos)
+        if item is None:
+            continue
+        if isinstance(item, ChangeEvent):
+            if item.table not in job.table_names:
                 continue
-            item = decode(value, Position(topic, partition, offset))
-            owners, wire, meta = (set(), b"", None) if item is None else router.route(item)
-            if not owners:  # a tombstone, or a table the job does not read: every
-                # shard sees it (so each counts the batch's records), one counts it
-                for i, label in enumerate(all_labels):
-                    out.emit(label, topic, partition, offset, None, i == 0)
-                continue
-            first = min(owners)
-            for i, label in enumerate(all_labels):
-                if i in owners:
-                    out.emit(label, topic, partition, offset, wire, i == first)
-                else:
-                    out.emit(label, topic, partition, offset, meta, False)
-        return out.batch()
-
-    return decode_batches
+            if routed:
+                item = replace(item, digest=digest, after_elsewhere=bool(elsewhere))
+            else:
+                if n_shards > 1 and item.table == fact and item.op != "t":
+                    raise DecodeError(
+                        "txjoin's routing could not read this fact event's op, source, "
+                        "transaction or key columns, yet it decodes: it would be applied by "
+                        "every shard. Run with --shards 1 and report it",
+                        topic=topic, partition=int(partition), offset=int(offset))
+                item = replace(item, digest=row_digest(item))
+        out.append(Routed(item, len(value)))
+    return out
 
 
-class _Routed:
-    """Columns of routed rows being built."""
-
-    def __init__(self) -> None:
-        self.shards: list[int] = []
-        self.topics: list[str] = []
-        self.parts: list[int] = []
-        self.offsets: list[int] = []
-        self.wires: list[bytes | None] = []
-        self.counted: list[bool] = []
-
-    def emit(self, shard: int, topic: str, partition: int, offset: int, wire: bytes | None,
-             counted: bool) -> None:
-        self.shards.append(shard)
-        self.topics.append(topic)
-        self.parts.append(partition)
-        self.offsets.append(offset)
-        self.wires.append(wire)
-        self.counted.append(counted)
-
-    def batch(self) -> pa.RecordBatch:
-        return pa.RecordBatch.from_arrays(
-            [pa.array(self.shards, pa.int32()), pa.array(self.topics, pa.string()),
-             pa.array(self.parts, pa.int32()), pa.array(self.offsets, pa.int64()),
-             pa.array(self.wires, pa.binary()), pa.array(self.counted, pa.bool_())],
-            schema=ROUTED_ARROW)
+def _int(value: str | None) -> int | None:
+    """An integer routing sent as decimal text (pandas would make nullable integers floats)."""
+    return None if value is None else int(value)
 
 
 class _SparkBlobStore:
@@ -230,12 +198,18 @@ class ShardProcessor(StatefulProcessor):
         if not frames:
             return
         frame = pd.concat(frames, ignore_index=True)
-        markers = frame["offset"] < 0
+        markers = is_marker(frame["offset"])
         if self.kafka_facts is None:
-            caught, partitions = self._markers(frame.loc[markers])
+            marker_rows = frame.loc[markers]
+            caught, partitions = read_markers(
+                zip(marker_rows["topic"], marker_rows["partition"], marker_rows["offset"],
+                    strict=True), self.streams)
         else:
             caught, partitions = self._kafka_facts(self.kafka_facts, int((~markers).sum()))
-        wires = [w for w in frame.loc[~markers, "wire"] if w is not None]
+        records = frame.loc[~markers]
+        read_started = time.perf_counter()
+        items = routed_items(self.job, len(self.labels), records)
+        read_s = time.perf_counter() - read_started
         cache: OrderedDict[tuple[str, int], ShardEngine] = importlib.import_module(
             __name__)._CACHE
         cache_key = (self.query_token, shard)
@@ -244,12 +218,13 @@ class ShardProcessor(StatefulProcessor):
         log = ShardLog(self.store, self.job, shard, len(self.labels), self.policy,
                        where=f"shard {shard} of {len(self.labels)}",
                        max_transaction_bytes=self.max_transaction_bytes)
-        result = log.process(cached, wires, caught, partitions)
+        result = log.process(cached, items, caught, partitions)
         engine = result.engine
         cache[cache_key] = engine
         while len(cache) > _CACHE_SIZE:
             cache.popitem(last=False)
-        info = {"shard": shard, "records": int(frame.loc[~markers, "counted"].sum()),
+        result.seconds["read_records"] += read_s
+        info = {"shard": shard, "records": int(records["counted"].sum()),
                 "commit_seq": engine.commit_seq, "snapshot_done": engine.snapshot_done,
                 "snapshot_released": engine.snapshot_released, "waiting": engine.waiting,
                 "released": result.released, "duplicates": engine.duplicates,
@@ -258,27 +233,6 @@ class ShardProcessor(StatefulProcessor):
                 "snapshot_rows": engine.batch_snapshot_rows,
                 "seconds": {**result.seconds, "total": time.perf_counter() - started}}
         yield changes_frame(self.job, shard, result.changes, info)
-
-    def _markers(self, markers: pd.DataFrame) -> tuple[set[str], TopicPartitions | None]:
-        """What the source's marker rows say: the streams read to their end, and the
-        topics with several partitions (counts, partitions read to their end)."""
-        caught: set[str] = set()
-        counts: dict[str, int] = {}
-        parts: dict[str, set[int]] = {}
-        for topic, partition, offset in zip(markers["topic"], markers["partition"],
-                                            markers["offset"], strict=True):
-            stream = self.streams.get(topic)
-            if stream is None:
-                continue
-            if offset == CAUGHT_UP_OFFSET:
-                caught.add(stream)
-            elif offset == PARTITIONS_OFFSET:
-                counts[stream] = int(partition)
-            elif offset == PARTITION_CAUGHT_UP_OFFSET:
-                parts.setdefault(stream, set()).add(int(partition))
-        if not counts:
-            return caught, None
-        return caught, TopicPartitions(counts, {t: frozenset(p) for t, p in parts.items()})
 
     def _kafka_facts(self, facts: KafkaFacts, records: int
                      ) -> tuple[set[str], TopicPartitions | None]:

@@ -6,8 +6,9 @@ Offsets in these sources' checkpoints are Kafka's ``{topic: {"<partition>": next
 offset}}``, plus reserved entries that record, per batch, which topics (and, for topics
 with several partitions, which partitions) it reads to the end of what was there when it
 was planned. Being part of the checkpointed offsets, a re-run of a batch reports the
-same. One extra input partition turns them into marker rows (negative offsets) that the
-shards read (``txjoin.spark.shards``): caught-up topics settle the snapshot of empty
+same. One extra input partition turns them into marker rows (negative offsets,
+:func:`caught_up_batch`), which the shards read back with :func:`read_markers`; no other
+module knows the offsets' codes. Caught-up topics settle the snapshot of empty
 tables and confirm restarted transactions (``txjoin.core.assembly``).
 
 Spark's ``kafka`` format has no such markers: ``txjoin.spark.sources.kafka`` derives the
@@ -16,11 +17,13 @@ same facts from its read limit and the topics' partition counts instead.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
+
+from txjoin.core.assembly import TopicPartitions
 
 SCHEMA_DDL = (
     "topic string, partition int, offset long, key string, value string, timestamp timestamp"
@@ -48,6 +51,35 @@ PARTITIONS_OFFSET = -2  # marker row: the topic has `partition` partitions
 PARTITION_CAUGHT_UP_OFFSET = -3  # marker row: partition `partition` was read to its end
 TOPIC_IDS = "__topic_ids__"
 RESERVED = (CAUGHT_UP, CAUGHT_UP_PARTS, TOPIC_IDS)
+
+def is_marker(offset: Any) -> Any:
+    """Whether a row is a marker row, for an offset, a pandas column or a Spark column
+    (marker rows are exactly the rows with a negative offset)."""
+    return offset < 0
+
+
+def read_markers(rows: Iterable[tuple[str, int, int]], streams: Mapping[str, str]
+                 ) -> tuple[set[str], TopicPartitions | None]:
+    """What a batch's marker rows (topic, partition, offset) say, by stream name
+    (``streams``: topic -> stream, see ``Job.streams``): the streams read to their end,
+    and for topics with several partitions their counts and the partitions read to
+    their end (``None``: no such topic). The inverse of :func:`caught_up_batch`."""
+    caught: set[str] = set()
+    counts: dict[str, int] = {}
+    parts: dict[str, set[int]] = {}
+    for topic, partition, offset in rows:
+        stream = streams.get(topic)
+        if stream is None:
+            continue
+        if offset == CAUGHT_UP_OFFSET:
+            caught.add(stream)
+        elif offset == PARTITIONS_OFFSET:
+            counts[stream] = int(partition)
+        elif offset == PARTITION_CAUGHT_UP_OFFSET:
+            parts.setdefault(stream, set()).add(int(partition))
+    if not counts:
+        return caught, None
+    return caught, TopicPartitions(counts, {t: frozenset(p) for t, p in parts.items()})
 
 
 def topic_tuple(topics: str | Sequence[str] | None) -> tuple[str, ...]:

@@ -1,0 +1,134 @@
+"""Routing in the JVM (``txjoin/spark/routing.py``) against the contract of ``core/routing.py``:
+the shards get what the Python router would give them, without Python touching a record."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from tests.unit.delivery import pizzeria_rows
+from tests.unit.test_properties import JOB_VARIANTS
+from txjoin.core.routing import Router
+from txjoin.debezium import ChangeEvent, Position, decode
+from txjoin.errors import DecodeError
+from txjoin.spark.routing import route
+from txjoin.spark.shards import routed_items
+
+pytestmark = pytest.mark.spark
+SCHEMA = "topic string, partition int, offset long, key binary, value string"
+LABELS = [7, 3, 11]
+
+
+def _routed(spark: SparkSession, records: list[tuple[str, int, int, Any]],
+            labels: list[int] = LABELS) -> dict[int, Any]:
+    job, _ = JOB_VARIANTS["orders/current"]
+    df = spark.createDataFrame([(t, p, o, None, v) for t, p, o, v in records], SCHEMA)
+    frame = route(df, job, "shop", labels).toPandas()
+    return {label: frame[frame["shard"] == label].reset_index(drop=True) for label in labels}
+
+
+def test_every_shard_reads_each_record_once_and_a_fact_row_lives_in_one_shard(
+        spark: SparkSession) -> None:
+    job, _ = JOB_VARIANTS["orders/current"]
+    records = pizzeria_rows(job, 60, seed=3)
+    by_shard = _routed(spark, records)
+    n = len(LABELS)
+    items = {label: routed_items(job, n, frame) for label, frame in by_shard.items()}
+    where = sorted((t, o) for t, _, o, _ in records)
+    for frame in by_shard.values():  # one row per record in every shard
+        assert sorted(zip(frame["topic"], frame["offset"], strict=True)) == where
+    counted: Counter[tuple[str, int]] = Counter()
+    for frame in by_shard.values():
+        counted.update(zip(frame.loc[frame["counted"], "topic"],
+                           frame.loc[frame["counted"], "offset"], strict=True))
+    assert set(counted.values()) == {1} and len(counted) == len(records)
+
+    # the Python router's view of the same records: which get rows where
+    python = Router(job, n)
+    holders: dict[tuple[str, int], int] = defaultdict(int)
+    identities: dict[tuple[str, int], set[Any]] = defaultdict(set)
+    for label in LABELS:
+        for routed in items[label]:
+            event = routed.item
+            if isinstance(event, ChangeEvent):
+                at = (event.position.topic, event.position.offset)
+                identities[at].add(event.identity)
+                if event.after is not None or event.before is not None:
+                    holders[at] += 1
+    for topic, partition, offset, value in records:
+        item = decode(value, Position(topic, partition, offset))
+        if not isinstance(item, ChangeEvent) or item.table not in job.table_names:
+            continue
+        with_rows = [r for r in python.route(item, 0) if r is not None
+                     and (r.item.after is not None or r.item.before is not None)]
+        assert holders[topic, offset] == len(with_rows), (topic, offset)
+        assert len(identities[topic, offset]) == 1  # every shard recognises the same event
+
+
+def test_a_key_change_goes_to_both_owners_and_only_the_new_one_inserts(
+        spark: SparkSession) -> None:
+    def update(before: int, after: int, offset: int) -> tuple[str, int, int, str]:
+        doc = {"op": "u", "before": {"id": before}, "after": {"id": after, "x": 1},
+               "source": {"schema": "public", "table": "orders", "txId": 9, "lsn": 50,
+                          "ts_ms": 1},
+               "transaction": {"id": "9:50", "total_order": 1, "data_collection_order": 1}}
+        return "shop.public.orders", 0, offset, json.dumps(doc)
+
+    records = [update(b, a, i) for i, (b, a) in enumerate([(1, 2), (3, 4), (5, 6), (7, 8),
+                                                           (9, 10), (11, 12)])]
+    by_shard = _routed(spark, records)
+    for offset in range(len(records)):
+        rows = [(label, f.loc[f["offset"] == offset].iloc[0]) for label, f in by_shard.items()]
+        holding = [(label, bool(r["after_elsewhere"])) for label, r in rows
+                   if r["value"] is not None]
+        assert 1 <= len(holding) <= 2
+        # exactly one holder inserts the new row; a second holder only removes the old one
+        assert sorted(elsewhere for _, elsewhere in holding) == \
+            ([False] if len(holding) == 1 else [False, True])
+
+
+def test_a_record_routing_cannot_read_goes_whole_to_every_shard_and_fails_there(
+        spark: SparkSession) -> None:
+    job, _ = JOB_VARIANTS["orders/current"]
+    records = [("shop.public.orders", 0, 5, '{"op": "c", "after": {"id": 1}'),  # cut short
+               ("shop.public.orders", 0, 6, json.dumps({"op": "c", "after": {"x": 1}}))]
+    by_shard = _routed(spark, records)
+    for frame in by_shard.values():
+        assert frame["value"].notna().all() and not frame["routed"].any()
+        with pytest.raises(DecodeError, match=r"shop\.public\.orders\[0\]@5: value is not JSON"):
+            routed_items(job, len(LABELS), frame)
+
+
+def test_a_fact_event_routing_could_not_read_but_python_can_is_refused(
+        spark: SparkSession) -> None:
+    job, _ = JOB_VARIANTS["orders/current"]
+    doc = {"op": "c", "before": None,
+           "after": {"id": 1, "table_assignment_id": 1, "order_time": 0, "pizzas": [1]},
+           "source": {"schema": "public", "table": "orders", "txId": 9, "lsn": 50, "ts_ms": 1},
+           "transaction": {"id": "+9:50", "total_order": 1, "data_collection_order": 1}}
+    by_shard = _routed(spark, [("shop.public.orders", 0, 5, json.dumps(doc))])
+    frame = by_shard[LABELS[0]]
+    assert not frame["routed"].any()
+    with pytest.raises(DecodeError, match="would be applied by every shard"):
+        routed_items(job, len(LABELS), frame)
+
+
+def test_schemas_enable_true_routes_like_the_schemaless_record(spark: SparkSession) -> None:
+    payload = {"op": "c", "before": None, "after": {"id": 4, "x": 1},
+               "source": {"schema": "public", "table": "orders", "txId": 9, "lsn": 50,
+                          "ts_ms": 1, "snapshot": "false"},
+               "transaction": {"id": "9:50", "total_order": 1, "data_collection_order": 1}}
+    records = [("shop.public.orders", 0, 1, json.dumps(payload)),
+               ("shop.public.orders", 0, 2, json.dumps({"schema": {"type": "struct"},
+                                                        "payload": payload}))]
+    by_shard = _routed(spark, records)
+    for frame in by_shard.values():
+        a, b = (frame.loc[frame["offset"] == o].iloc[0] for o in (1, 2))
+        assert bool(a["routed"]) and bool(b["routed"])
+        assert (a["value"] is None) == (b["value"] is None)
+        assert [a[c] for c in ("op", "tbl", "xid", "lsn", "ts_ms", "snapshot", "dco", "digest")] \
+            == [b[c] for c in ("op", "tbl", "xid", "lsn", "ts_ms", "snapshot", "dco", "digest")]
