@@ -42,13 +42,13 @@ from typing import Any
 import click
 import psutil
 
-from txjoin.core.assembly import TopicPartitions
-from txjoin.core.engine import Engine
-from txjoin.debezium import transaction_topic
+from txjoin.ingest.debezium import transaction_topic
 from txjoin.job import load_job
+from txjoin.join.engine import Engine
+from txjoin.pipeline.metrics import quantile
 from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
-from txjoin.spark.metrics import quantile
+from txjoin.sequence.assembly import TopicPartitions
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "orders.py"
 
@@ -137,7 +137,7 @@ def replay_schedule(rows: list[tuple[str, int, int, str | None, str | None]], ma
     """The records in production order, ``max_events`` per micro-batch; a topic (or a
     partition of a topic with several) is caught up in a batch when none of its records
     comes later."""
-    from txjoin.spark.sources.replay import add_partition_counts
+    from txjoin.ingest.spark.replay import add_partition_counts
 
     last: dict[str, int] = {}
     last_part: dict[tuple[str, int], int] = {}
@@ -187,12 +187,12 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
               shards: int | None = None, partitions: int = 1) -> dict[str, Any]:
     from pyspark.sql import DataFrame
 
-    from txjoin.spark.pipeline import Pipeline, RunConfig, build_sinks
-    from txjoin.spark.routing import route
-    from txjoin.spark.session import get_session
-    from txjoin.spark.shards import shard_labels
-    from txjoin.spark.sources.kafka import read_stream
-    from txjoin.spark.sources.replay import SOURCE_NAME, ReplaySource, write_schedule_dir
+    from txjoin.ingest.spark.kafka import read_stream
+    from txjoin.ingest.spark.replay import SOURCE_NAME, ReplaySource, write_schedule_dir
+    from txjoin.join.spark.routing import route
+    from txjoin.join.spark.shards import shard_labels
+    from txjoin.pipeline.pipeline import Pipeline, RunConfig, build_sinks
+    from txjoin.pipeline.session import get_session
     from txjoin.stack.broker import create_topics, start_broker, stop_broker
     from txjoin.stack.postgres import data_root, dsn, start_postgres, stop_postgres
     from txjoin.stack.processes import free_port
@@ -420,8 +420,8 @@ def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, 
     the peers, compared (txjoin.peers.bench).
     """
     if peers or chart is not None or source_kind.startswith("files:"):
+        from txjoin.ingest.spark.files import parse_source
         from txjoin.peers.bench import run_peer_bench
-        from txjoin.spark.sources.files import parse_source
 
         directory = parse_source(source_kind)
         run_peer_bench(transactions, seed, out, chart, peers,

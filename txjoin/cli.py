@@ -21,12 +21,6 @@ from typing import Any
 
 import click
 
-from txjoin.debezium import (
-    BINARY_HANDLING_MODES,
-    DECIMAL_HANDLING_MODES,
-    DEFAULT_TOPIC_PREFIX,
-    TIME_PRECISION_MODES,
-)
 from txjoin.errors import (
     SPARK_LOG_ENV,
     VERBOSE_ENV,
@@ -34,6 +28,12 @@ from txjoin.errors import (
     TxjoinError,
     cli_errors,
     report,
+)
+from txjoin.ingest.debezium import (
+    BINARY_HANDLING_MODES,
+    DECIMAL_HANDLING_MODES,
+    DEFAULT_TOPIC_PREFIX,
+    TIME_PRECISION_MODES,
 )
 
 DEFAULT_DIR = ".txjoin"
@@ -181,10 +181,10 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
         maintain_every: int | None, vacuum_retention_hours: float | None,
         metrics_port: int | None, directory: Path, source: str) -> None:
     """Run JOB_FILE as a streaming query: Kafka -> transactions -> join -> Delta + PostgreSQL."""
+    from txjoin.ingest.spark.files import parse_source
     from txjoin.job import load_job
-    from txjoin.spark.pipeline import RunConfig
-    from txjoin.spark.run import run_job
-    from txjoin.spark.sources.files import parse_source
+    from txjoin.pipeline.pipeline import RunConfig
+    from txjoin.pipeline.run import run_job
 
     # Spark's own output (shown with --verbose) next to the stack's logs.
     os.environ.setdefault(SPARK_LOG_ENV, str(directory / "logs" / "spark.log"))
@@ -317,7 +317,7 @@ def replay(files: tuple[Path, ...], as_json: bool, postgres_dsn: str | None,
         sys.exit(exc.exit_code)
     spark = None
     if not core_only:
-        from txjoin.spark.session import get_session
+        from txjoin.pipeline.session import get_session
 
         spark = get_session(master, app_name="txjoin-replay")
     root = workdir
@@ -374,8 +374,8 @@ def maintain(job_file: Path, output_dir: str | None, retention_hours: float | No
     `txjoin run --maintain-every N`): Delta would let one of two concurrent writers fail.
     """
     from txjoin.job import load_job
-    from txjoin.spark.pipeline import RunConfig, build_sinks
-    from txjoin.spark.session import get_session
+    from txjoin.pipeline.pipeline import RunConfig, build_sinks
+    from txjoin.pipeline.session import get_session
 
     os.environ.setdefault(SPARK_LOG_ENV, str(directory / "logs" / "spark.log"))
     job = load_job(job_file)

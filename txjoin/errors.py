@@ -26,7 +26,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 VERBOSE_ENV = "TXJOIN_VERBOSE"
 """Set to ``1`` by ``txjoin --verbose``; read by the error reporting and the Spark session."""
 SPARK_LOG_ENV = "TXJOIN_SPARK_LOG"
-"""The file Spark's output goes to when not verbose (``txjoin.spark.session``)."""
+"""The file Spark's output goes to when not verbose (``txjoin.pipeline.session``)."""
 
 
 def verbose() -> bool:

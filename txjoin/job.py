@@ -37,7 +37,8 @@ from typing import Any, Literal
 
 import networkx as nx
 
-from txjoin.debezium import (
+from txjoin.errors import JobError
+from txjoin.ingest.debezium import (
     BINARY_HANDLING_MODES,
     DECIMAL_HANDLING_MODES,
     DEFAULT_BINARY_HANDLING_MODE,
@@ -49,7 +50,6 @@ from txjoin.debezium import (
     table_topic,
     transaction_topic,
 )
-from txjoin.errors import JobError
 
 Semantics = Literal["as_of_fact", "current"]
 SEMANTICS: tuple[str, ...] = ("as_of_fact", "current")

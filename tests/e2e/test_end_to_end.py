@@ -36,10 +36,10 @@ from deltalake import DeltaTable
 from tests.e2e.conftest import E2EStack, restart_debezium
 from txjoin.cli import main
 from txjoin.job import Job, load_job
+from txjoin.pipeline.pipeline import RunConfig, build_sinks
 from txjoin.scenarios.checks import canonical, show
 from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.postgres import PostgresSink
-from txjoin.spark.pipeline import RunConfig, build_sinks
 from txjoin.stack.demo import wait_until_captured
 from txjoin.stack.generate import GenerateResult, generate
 from txjoin.stack.verify import VerifyResult, verify, verify_job

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from txjoin.spark.session import get_session, stop_session
+from txjoin.pipeline.session import get_session, stop_session
 
 
 @pytest.fixture(scope="session")

@@ -8,10 +8,10 @@ until it is killed.
 import sys
 import time
 
+from txjoin.ingest.spark.replay import SOURCE_NAME, ReplaySource
 from txjoin.job import load_job
-from txjoin.spark.pipeline import Pipeline, RunConfig, build_sinks
-from txjoin.spark.session import get_session
-from txjoin.spark.sources.replay import SOURCE_NAME, ReplaySource
+from txjoin.pipeline.pipeline import Pipeline, RunConfig, build_sinks
+from txjoin.pipeline.session import get_session
 
 
 def main() -> None:

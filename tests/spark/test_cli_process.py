@@ -21,9 +21,9 @@ import pytest
 
 from tests.fixtures.broker import create_topics, running_broker
 from txjoin.bench import produce
-from txjoin.core.oracle import RowChange, SourceTransaction
 from txjoin.delta_tables import read_table
 from txjoin.job import load_job
+from txjoin.join.oracle import RowChange, SourceTransaction
 from txjoin.scenarios.synthesize import Produced, Synthesizer
 
 pytestmark = pytest.mark.spark

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tests.fixtures.broker import create_topics, running_broker
 from txjoin.bench import produce
-from txjoin.spark.sources.files import Catalog, read_lines
+from txjoin.ingest.spark.files import Catalog, read_lines
 from txjoin.stack.export import export_topics
 
 

@@ -20,17 +20,17 @@ from pyspark.sql import SparkSession
 
 from txjoin.bench import spread
 from txjoin.cli import main
-from txjoin.core.oracle import outputs_after_each
-from txjoin.core.output import output_schema
 from txjoin.errors import DecodeError, OrderingError, TxjoinError, from_worker
 from txjoin.job import load_job
+from txjoin.join.oracle import outputs_after_each
+from txjoin.join.output import output_schema
+from txjoin.pipeline.pipeline import Pipeline, RunConfig, build_sinks
+from txjoin.pipeline.run import source_frame
 from txjoin.scenarios.checks import check_exactly_once, check_final
 from txjoin.scenarios.synthesize import Produced, Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
 from txjoin.sinks import without_metadata
 from txjoin.sinks.delta import DeltaSink
-from txjoin.spark.pipeline import Pipeline, RunConfig, build_sinks
-from txjoin.spark.run import source_frame
 from txjoin.stack.export import write_records
 
 pytestmark = pytest.mark.spark

@@ -15,13 +15,13 @@ from pyspark.sql import SparkSession
 
 from tests.fixtures.broker import create_topics, running_broker
 from txjoin.bench import produce
-from txjoin.core.oracle import outputs_after_each
 from txjoin.job import load_job
+from txjoin.join.oracle import outputs_after_each
+from txjoin.pipeline.pipeline import Pipeline, RunConfig, build_sinks
 from txjoin.scenarios.checks import check_exactly_once, check_final
 from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
 from txjoin.sinks import without_metadata
-from txjoin.spark.pipeline import Pipeline, RunConfig, build_sinks
 
 pytestmark = pytest.mark.spark
 
@@ -86,7 +86,7 @@ def test_two_source_databases_over_kafka_converge_with_their_own_prefixes(
     would), two one-partition transaction topics, small batches that split both."""
     import random
 
-    from txjoin.core.oracle import RowChange, SourceTransaction, outputs_by_source_prefixes
+    from txjoin.join.oracle import RowChange, SourceTransaction, outputs_by_source_prefixes
     from txjoin.scenarios.synthesize import SourcesSynthesizer
 
     job = load_job(ORDERS.parent / "users_colors_two_dbs.py")

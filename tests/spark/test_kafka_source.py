@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from tests.fixtures.broker import create_topics, running_broker
 from txjoin.errors import CheckpointError, ConfigError, ServiceError
-from txjoin.spark.sources.kafka import KafkaTopics, last_offsets, read_stream
+from txjoin.ingest.spark.kafka import KafkaTopics, last_offsets, read_stream
 
 pytestmark = pytest.mark.spark
 

@@ -20,8 +20,10 @@ import yaml
 from pyspark.sql import SparkSession
 
 from txjoin.bench import spread
-from txjoin.core.oracle import outputs_after_each
+from txjoin.ingest.spark.replay import write_schedule
 from txjoin.job import load_job
+from txjoin.join.oracle import outputs_after_each
+from txjoin.pipeline.pipeline import RunConfig, build_sinks
 from txjoin.scenarios.checks import check_exactly_once, check_final
 from txjoin.scenarios.spark_runner import run_scenario_spark
 from txjoin.scenarios.spec import load_scenario
@@ -30,8 +32,6 @@ from txjoin.scenarios.workload import pizzeria_workload
 from txjoin.sinks import without_metadata
 from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.postgres import PostgresSink
-from txjoin.spark.pipeline import RunConfig, build_sinks
-from txjoin.spark.sources.replay import write_schedule
 
 pytestmark = pytest.mark.spark
 

@@ -1,5 +1,6 @@
-"""Routing in the JVM (``txjoin/spark/routing.py``) against the contract of ``core/routing.py``:
-the shards get what the Python router would give them, without Python touching a record."""
+"""Routing in the JVM (``txjoin/join/spark/routing.py``) against the contract of
+``join/routing.py``: the shards get what the Python router would give them, without Python
+touching a record."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from pyspark.sql import SparkSession
 
 from tests.unit.delivery import pizzeria_rows
 from tests.unit.test_properties import JOB_VARIANTS
-from txjoin.core.routing import Router
-from txjoin.debezium import ChangeEvent, Position, decode
 from txjoin.errors import DecodeError
-from txjoin.spark.routing import route
-from txjoin.spark.shards import routed_items
+from txjoin.ingest.debezium import ChangeEvent, Position, decode
+from txjoin.join.routing import Router
+from txjoin.join.spark.routing import route
+from txjoin.join.spark.shards import routed_items
 
 pytestmark = pytest.mark.spark
 SCHEMA = "topic string, partition int, offset long, key binary, value string"

@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from txjoin.core.assembly import IncompletePolicy
-from txjoin.core.engine import Engine
-from txjoin.core.join import OutputChange
-from txjoin.core.oracle import RowChange, SourceTransaction, outputs_after_each
 from txjoin.job import Job
+from txjoin.join.engine import Engine
+from txjoin.join.oracle import RowChange, SourceTransaction, outputs_after_each
+from txjoin.join.temporal import OutputChange
 from txjoin.scenarios.synthesize import Produced, Synthesizer
+from txjoin.sequence.assembly import IncompletePolicy
 
 Key = tuple[Any, ...]
 Row = dict[str, Any]

@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from txjoin.bench import key_partition
-from txjoin.core.oracle import RowChange, SourceTransaction
 from txjoin.job import Job
+from txjoin.join.oracle import RowChange, SourceTransaction
 from txjoin.scenarios.synthesize import Produced, SourcesSynthesizer, Synthesizer
 
 TIMES = ["2023-09-23T22:00:00", "2023-09-23T23:00:00", "2023-09-24T00:30:00"]

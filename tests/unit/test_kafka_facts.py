@@ -14,7 +14,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from txjoin.spark.sources.kafka import KafkaFacts
+from txjoin.ingest.spark.kafka import KafkaFacts
 
 
 def spark_rate_limit(limit: int, start: dict[int, int], latest: dict[int, int]) -> dict[int, int]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from txjoin.core.assembly import TopicPartitions
-from txjoin.spark.sources.markers import caught_up_batch, is_marker, read_markers
+from txjoin.ingest.spark.markers import caught_up_batch, is_marker, read_markers
+from txjoin.sequence.assembly import TopicPartitions
 
 STREAMS = {"shop.public.orders": "public.orders", "shop.public.clients": "public.clients",
            "shop.transaction": "transaction"}

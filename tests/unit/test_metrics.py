@@ -9,8 +9,8 @@ import urllib.request
 import pytest
 
 from txjoin.errors import ConfigError
-from txjoin.spark.metrics import CONTENT_TYPE, Metrics, MetricsServer
-from txjoin.spark.pipeline import BatchReport
+from txjoin.pipeline.metrics import CONTENT_TYPE, Metrics, MetricsServer
+from txjoin.pipeline.pipeline import BatchReport
 
 
 def report(batch_id: int, records: int, released: int, changes: int, **extra: object

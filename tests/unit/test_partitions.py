@@ -16,8 +16,8 @@ import pytest
 from tests.unit.delivery import Pipeline, insert, only
 from tests.unit.test_failure_modes import enriched, order, pizzeria
 from tests.unit.test_properties import ORDERS
-from txjoin.core.assembly import TopicPartitions
 from txjoin.errors import ConfigError
+from txjoin.sequence.assembly import TopicPartitions
 
 CLIENTS_IN_3 = TopicPartitions({"public.clients": 3})
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from txjoin.core.oracle import outputs_after_each
 from txjoin.job import load_job
+from txjoin.join.oracle import outputs_after_each
 from txjoin.peers.consistency import (
     MOD,
     PRIME,

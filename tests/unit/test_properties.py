@@ -23,9 +23,9 @@ from tests.unit.strategies import (
     produce,
     workloads,
 )
-from txjoin.core.engine import Engine
-from txjoin.core.oracle import outputs_after_each
 from txjoin.job import Job, load_job
+from txjoin.join.engine import Engine
+from txjoin.join.oracle import outputs_after_each
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"
 ORDERS = load_job(JOBS / "orders.py")

@@ -21,13 +21,13 @@ from hypothesis import strategies as st
 
 from tests.unit.strategies import deliveries, produce, split_partitions, workloads
 from tests.unit.test_properties import JOB_VARIANTS
-from txjoin.core.assembly import TopicPartitions
-from txjoin.core.oracle import outputs_after_each
-from txjoin.core.routing import METADATA_SIZE, Router, metadata_only, shard_of
-from txjoin.core.sharded import ShardedEngine
-from txjoin.core.state_log import LAYOUT_VERSION, MemoryStore, ShardLog
-from txjoin.debezium import ChangeEvent, Position
 from txjoin.errors import ConfigError, TransactionTooLargeError
+from txjoin.ingest.debezium import ChangeEvent, Position
+from txjoin.join.oracle import outputs_after_each
+from txjoin.join.routing import METADATA_SIZE, Router, metadata_only, shard_of
+from txjoin.join.sharded import ShardedEngine
+from txjoin.join.state_log import LAYOUT_VERSION, MemoryStore, ShardLog
+from txjoin.sequence.assembly import TopicPartitions
 
 
 def run_sharded(job: Any, workload: Any, data: Any, n_shards: int, parts: int = 1) -> None:
@@ -218,7 +218,7 @@ def test_state_of_one_attempt_continues_with_another_attempts_log(data: Any) -> 
 
 def _big_transaction(events: int) -> tuple[Any, list[tuple[str, int, int, str | None]], int]:
     """A snapshot of 20 orders, then one transaction updating them ``events`` times."""
-    from txjoin.core.oracle import RowChange, SourceTransaction
+    from txjoin.join.oracle import RowChange, SourceTransaction
     from txjoin.scenarios.synthesize import Synthesizer
     from txjoin.scenarios.workload import pizzeria_workload
 

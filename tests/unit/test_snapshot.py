@@ -1,6 +1,6 @@
 """The snapshot (transaction 0) is released only once every job table has settled.
 
-See the docstring of ``txjoin/core/assembly.py``: a table settles on its closing
+See the docstring of ``txjoin/sequence/assembly.py``: a table settles on its closing
 row (``last_in_data_collection`` / ``last``), on a streaming event of it, or when
 the source reports its topic read to the end after the snapshot visibly finished.
 """

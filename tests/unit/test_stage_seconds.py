@@ -7,8 +7,8 @@ import pytest
 from tests.unit.delivery import pizzeria_rows
 from tests.unit.test_properties import JOB_VARIANTS
 from txjoin.bench import batch_stages, stage_names
-from txjoin.core.sharded import ShardedEngine
-from txjoin.spark.pipeline import stage_seconds
+from txjoin.join.sharded import ShardedEngine
+from txjoin.pipeline.pipeline import stage_seconds
 
 SHARD_STAGES = {"state_load", "read_records", "sequence", "join", "state_save"}
 

@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 from tests.unit.strategies import USERS_ROWS, deliveries, produce, workloads
 from txjoin.cli import parse_topic_prefixes
-from txjoin.core.engine import Engine
-from txjoin.core.oracle import RowChange, SourceTransaction, outputs_by_source_prefixes
-from txjoin.core.output import changes_to_table, output_schema
-from txjoin.core.sharded import ShardedEngine
 from txjoin.errors import ConfigError, JobError
 from txjoin.job import Job, Source, Table, load_job
+from txjoin.join.engine import Engine
+from txjoin.join.oracle import RowChange, SourceTransaction, outputs_by_source_prefixes
+from txjoin.join.output import changes_to_table, output_schema
+from txjoin.join.sharded import ShardedEngine
 from txjoin.scenarios.core_runner import observe_core
 from txjoin.scenarios.schedule import compile_schedule
 from txjoin.scenarios.spec import load_scenario
@@ -120,7 +120,7 @@ def test_as_of_fact_across_sources_uses_the_other_source_as_of_the_applying_batc
     batch in which the fact's transaction is applied. The oracle replays the same
     per-batch interleaving (first source's newly applied transactions, then the
     second's), taking the per-source counts the engine reports after each batch."""
-    from txjoin.core.oracle import Oracle
+    from txjoin.join.oracle import Oracle
 
     job = AS_OF_FACT
     workload = data.draw(workloads(USERS_ROWS, job=job), label="workload")

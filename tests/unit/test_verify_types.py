@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from txjoin.core.join import OutputChange
-from txjoin.core.output import changes_to_table, output_schema
 from txjoin.job import Job, Output, Table
+from txjoin.join.output import changes_to_table, output_schema
+from txjoin.join.temporal import OutputChange
 from txjoin.scenarios.checks import values_equal
 from txjoin.sinks.postgres import PostgresSink
 from txjoin.stack.verify import _connect, _fetch, comparable

@@ -33,8 +33,8 @@ from typing import Any
 import click
 import pyarrow as pa
 
-from txjoin.debezium import transaction_topic
 from txjoin.errors import ConfigError
+from txjoin.ingest.debezium import transaction_topic
 from txjoin.job import Job, load_job
 from txjoin.peers.consistency import (
     ChangelogReplay,
@@ -120,10 +120,10 @@ def _sink_hash(rows: list[dict]) -> int:
 def run_txjoin(job: Job, workload: ArchivedWorkload, hashes: list[int], work: Path,
                master: str, max_events: int) -> dict[str, Any]:
     """txjoin over the archive, both sinks; figures and consistency."""
-    from txjoin.spark.pipeline import Pipeline, RunConfig, build_sinks
-    from txjoin.spark.run import source_frame
-    from txjoin.spark.session import get_session
-    from txjoin.spark.sources.files import read_stream
+    from txjoin.ingest.spark.files import read_stream
+    from txjoin.pipeline.pipeline import Pipeline, RunConfig, build_sinks
+    from txjoin.pipeline.run import source_frame
+    from txjoin.pipeline.session import get_session
     from txjoin.stack.postgres import data_root, dsn, start_postgres, stop_postgres
     from txjoin.stack.processes import free_port
 

@@ -11,7 +11,7 @@ retraction gaps.
 Comparing whole tables at every point would be quadratic, so every state is
 reduced to a multiset hash (the sum of 128-bit row hashes modulo 2**128),
 maintained incrementally: a change adds or subtracts one row hash. The oracle's
-side (``PrefixStates``) is the serial oracle of ``txjoin.core.oracle`` with
+side (``PrefixStates``) is the serial oracle of ``txjoin.join.oracle`` with
 indexed lookups and incremental re-evaluation, so thousands of transactions
 take seconds: in ``as_of_fact`` only the facts a transaction touched are
 re-evaluated (what the oracle does), in ``current`` also every fact whose
@@ -38,9 +38,9 @@ from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
-from txjoin.core.oracle import Oracle, Row, SourceTransaction
 from txjoin.errors import ConfigError
 from txjoin.job import Collect, Job, Lookup
+from txjoin.join.oracle import Oracle, Row, SourceTransaction
 
 MOD = 1 << 128
 PRIME = (1 << 127) - 1  # modulus of the grouped hash (a Mersenne prime)

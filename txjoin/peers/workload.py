@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from txjoin.core.oracle import SourceTransaction
-from txjoin.debezium import DEFAULT_TOPIC_PREFIX
+from txjoin.ingest.debezium import DEFAULT_TOPIC_PREFIX
 from txjoin.job import Job
+from txjoin.join.oracle import SourceTransaction
 from txjoin.scenarios.synthesize import Produced, Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
 from txjoin.stack.export import write_records

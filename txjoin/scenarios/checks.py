@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from txjoin.core.oracle import outputs_after_each, outputs_by_source_prefixes
+from txjoin.join.oracle import outputs_after_each, outputs_by_source_prefixes
 from txjoin.sinks import without_metadata
 
 if TYPE_CHECKING:
@@ -261,7 +261,7 @@ def check_prefix_consistent(observed: Sequence[Sequence[Mapping[str, Any]]],
     """After every batch the output equals the oracle after some prefix, k never decreasing.
 
     ``observed[i]``: the current rows after batch i. ``oracle_prefixes``: from
-    :func:`~txjoin.core.oracle.outputs_after_each` (index 0 = after the
+    :func:`~txjoin.join.oracle.outputs_after_each` (index 0 = after the
     snapshot). An empty output before anything is released matches "nothing"
     (``None``), which ranks below every prefix. When several prefixes match (a
     transaction that changed no output), the smallest one not below the
@@ -311,7 +311,7 @@ def check_source_prefixes_consistent(observed: Sequence[Sequence[Mapping[str, An
                                      labels: Sequence[str] | None = None) -> PrefixResult:
     """Several sources: after every batch the output equals the oracle's on (S1 after some
     k1, S2 after some k2, ...), no k ever decreasing (``grid``: from
-    :func:`~txjoin.core.oracle.outputs_by_source_prefixes`).
+    :func:`~txjoin.join.oracle.outputs_by_source_prefixes`).
 
     Every tuple that matches is kept (a transaction that changed no output makes
     several match), so no choice made after one batch rules out a later one.

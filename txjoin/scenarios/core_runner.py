@@ -1,9 +1,9 @@
 """Run a scenario through the transactional core directly (no Spark), then check it.
 
 The same schedule the Spark harness replays is fed to
-:class:`~txjoin.core.engine.Engine` batch by batch. The "sink" is a dict of
+:class:`~txjoin.join.engine.Engine` batch by batch. The "sink" is a dict of
 current rows plus a changelog, both built only from the emitted
-:class:`~txjoin.core.join.OutputChange` s, the way a sink would build them. A
+:class:`~txjoin.join.temporal.OutputChange` s, the way a sink would build them. A
 ``restart`` serialises the engine (:meth:`Engine.state_bytes`) and continues
 with a fresh one restored from those bytes, as a new process would from its
 checkpoint; the sink contents are kept. Milliseconds per scenario, so every
@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from txjoin.core.engine import Engine
-from txjoin.core.join import OutputChange
-from txjoin.core.output import key_row
 from txjoin.errors import TxjoinError
 from txjoin.job import Job
+from txjoin.join.engine import Engine
+from txjoin.join.output import key_row
+from txjoin.join.temporal import OutputChange
 from txjoin.scenarios.checks import RunObservation, ScenarioReport, check_scenario
 from txjoin.scenarios.schedule import ReplayBatch, Restart, Schedule, compile_schedule
 from txjoin.scenarios.spec import Scenario, load_scenario

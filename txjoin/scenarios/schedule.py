@@ -37,7 +37,7 @@ batch when, after the batch, every record of that topic produced up to the
 planning point has been delivered. A topic with a withheld event is never caught
 up (its end is never reached). A duplicate batch reports what its batch reported.
 The engine uses this to settle tables without snapshot rows and to confirm a
-transaction renumbered by a connector restart (see :mod:`txjoin.core.assembly`).
+transaction renumbered by a connector restart (see :mod:`txjoin.sequence.assembly`).
 """
 
 from __future__ import annotations

@@ -20,12 +20,12 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from txjoin.errors import TxjoinError, from_worker
+from txjoin.ingest.spark.replay import SOURCE_NAME, ReplaySource, write_schedule
+from txjoin.pipeline.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
 from txjoin.scenarios.checks import RunObservation, ScenarioReport, check_scenario
 from txjoin.scenarios.schedule import ReplayBatch, Restart, compile_schedule
 from txjoin.scenarios.spec import Scenario
 from txjoin.sinks import Sink, without_metadata
-from txjoin.spark.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
-from txjoin.spark.sources.replay import SOURCE_NAME, ReplaySource, write_schedule
 
 
 def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | None = None,

@@ -28,9 +28,8 @@ from typing import Any, Literal, NoReturn
 
 import yaml
 
-from txjoin.core.oracle import RowChange, SourceTransaction
-from txjoin.debezium import DEFAULT_TOPIC_PREFIX, Modes
 from txjoin.errors import JobError, ScenarioError
+from txjoin.ingest.debezium import DEFAULT_TOPIC_PREFIX, Modes
 from txjoin.job import (
     Collect,
     ColumnValueError,
@@ -40,6 +39,7 @@ from txjoin.job import (
     convert_value,
     load_job,
 )
+from txjoin.join.oracle import RowChange, SourceTransaction
 
 INVARIANTS: tuple[str, ...] = ("prefix_consistent", "final_equals_oracle", "exactly_once")
 SNAPSHOT = "snapshot"

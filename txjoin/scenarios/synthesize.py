@@ -22,8 +22,7 @@ from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
-from txjoin.core.oracle import SourceTransaction
-from txjoin.debezium import (
+from txjoin.ingest.debezium import (
     DEFAULT_BINARY_HANDLING_MODE,
     DEFAULT_DECIMAL_HANDLING_MODE,
     DEFAULT_TIME_PRECISION_MODE,
@@ -33,6 +32,7 @@ from txjoin.debezium import (
     transaction_topic,
 )
 from txjoin.job import _DECIMAL, Job
+from txjoin.join.oracle import SourceTransaction
 
 CONNECTOR_VERSION = "3.6.3.Final"
 

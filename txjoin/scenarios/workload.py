@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from txjoin.core.oracle import RowChange, SourceTransaction
+from txjoin.join.oracle import RowChange, SourceTransaction
 
 PIZZAS = [("Margherita", "8.50"), ("Diavola", "9.00"), ("Napoli", "9.50"), ("Quattro", "11.25")]
 

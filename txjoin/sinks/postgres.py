@@ -48,8 +48,8 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 from psycopg2 import sql
 
-from txjoin.core.output import PG_TYPE
 from txjoin.errors import ConfigError, LineageError, ServiceError, SinkSchemaError
+from txjoin.join.output import PG_TYPE
 from txjoin.sinks import (
     COMMIT_SEQ,
     OP,
@@ -87,7 +87,7 @@ def _is_nested(t: pa.DataType) -> bool:
 
 def field_pg_type(f: pa.Field) -> str:
     """PostgreSQL column type for an output field: the source's own type where the job's
-    output schema names it (``txjoin.core.output.PG_TYPE``: uuid, json, jsonb, numeric
+    output schema names it (``txjoin.join.output.PG_TYPE``: uuid, json, jsonb, numeric
     held as Arrow text), else :func:`pg_type` of its Arrow type."""
     native = (f.metadata or {}).get(PG_TYPE)
     return native.decode() if native else pg_type(f.type, f.name)

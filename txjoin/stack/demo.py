@@ -359,9 +359,9 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
              console: Console | None = None) -> dict[str, Any]:
     """The demo; its summary (``summary_data``), ``ok`` when every verification passed."""
     from txjoin.job import load_job
-    from txjoin.spark.pipeline import RunConfig
-    from txjoin.spark.run import run_job
-    from txjoin.spark.session import get_session
+    from txjoin.pipeline.pipeline import RunConfig
+    from txjoin.pipeline.run import run_job
+    from txjoin.pipeline.session import get_session
     from txjoin.stack.verify import verify_job
 
     console = console or Console()

@@ -2,7 +2,7 @@
 
 ``OUT/<topic>/partition=<p>/<topic>+<p>+<start offset>.json``, one record value
 per line (``null`` for a tombstone), at most ``--records-per-file`` records per
-file: what ``txjoin run --source files:OUT`` reads (``txjoin.spark.sources.files``).
+file: what ``txjoin run --source files:OUT`` reads (``txjoin.ingest.spark.files``).
 Running it again appends only the records written since (new files continue each
 partition at the end of its last file), so a job reading OUT sees them arrive.
 Each file is written under a temporary name and renamed, so a reader never sees

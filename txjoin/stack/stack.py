@@ -43,8 +43,8 @@ from typing import Any
 import psycopg2
 
 from txjoin import jvm
-from txjoin.debezium import DEFAULT_TOPIC_PREFIX, table_topic, transaction_topic
 from txjoin.errors import ConfigError, ServiceError
+from txjoin.ingest.debezium import DEFAULT_TOPIC_PREFIX, table_topic, transaction_topic
 from txjoin.job import DEFAULT_SOURCE, Job, Table
 from txjoin.sinks.postgres import mask_dsn
 from txjoin.stack import broker as broker_mod

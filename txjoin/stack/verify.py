@@ -13,7 +13,7 @@ The oracle depends on the job's semantics (DESIGN §1):
 
 A job with several sources (``Job.sources``: one database each, no cross-database SQL)
 is evaluated in Python instead: each table is read from its own source database and the
-oracle (:mod:`txjoin.core.oracle`) evaluates the job on those states. Its changelogs get a
+oracle (:mod:`txjoin.join.oracle`) evaluates the job on those states. Its changelogs get a
 per-source prefix check too (:func:`prefix_violations`): each transaction's changes sit
 at exactly one ``_commit_seq``, and each source's transactions appear in that source's
 commit order, as its writers recorded it in ``public.txjoin_commits``.
@@ -240,7 +240,7 @@ SOURCE_COLUMN = "_source"
 
 def evaluate_on_states(job: Job, rows_by_table: Mapping[str, Sequence[Row]]) -> list[Row]:
     """The job's output on the given table states (one state per source, read separately)."""
-    from txjoin.core.oracle import Oracle
+    from txjoin.join.oracle import Oracle
 
     oracle = Oracle(job)
     oracle.load_snapshot({t: rows_by_table.get(t, []) for t in job.table_names})
@@ -642,7 +642,7 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
     on some state of each source. Raises ConfigError when the
     oracle or a database cannot be reached; mismatches are in the result, never raised.
     """
-    from txjoin.spark.pipeline import RunConfig, build_sinks
+    from txjoin.pipeline.pipeline import RunConfig, build_sinks
 
     source_dsn, sink_dsn = _dsns(stack_or_dsns)
     unchecked: str | None = None  # what could not be checked, for VerifyResult.note

@@ -19,10 +19,10 @@ The join's state and work are split into ``n`` shards by the fact table's key:
   order stays global without a separate sequencing stage.
 
 A shard receives each record as a :class:`Routed` item. Two routers honour this
-contract: :class:`Router` here (pure Python, what ``core/sharded.py`` and the
+contract: :class:`Router` here (pure Python, what ``join/sharded.py`` and the
 property tests run; a fact key's shard is :func:`shard_of`), and the Spark
 pipeline's, which decides the same in the JVM from the raw JSON before any record
-reaches Python (``txjoin/spark/routing.py``; its own hash of the key's JSON text).
+reaches Python (``txjoin/join/spark/routing.py``; its own hash of the key's JSON text).
 Each is consistent with itself, which is all a run needs: a checkpoint is only
 ever continued by the same router.
 """
@@ -34,8 +34,8 @@ import zlib
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from txjoin.debezium import ChangeEvent, TxMarker
 from txjoin.errors import DecodeError, JobError
+from txjoin.ingest.debezium import ChangeEvent, TxMarker
 from txjoin.job import Job
 
 Key = tuple[Any, ...]

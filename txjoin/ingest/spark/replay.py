@@ -32,7 +32,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 from txjoin.errors import RECOVER, CheckpointError
-from txjoin.spark.sources.markers import ARROW_SCHEMA, SCHEMA_DDL, caught_up_batch
+from txjoin.ingest.spark.markers import ARROW_SCHEMA, SCHEMA_DDL, caught_up_batch
 
 SOURCE_NAME = "txjoin_replay"
 

@@ -94,7 +94,7 @@ class ChangeEvent:
     digest: bytes | None = None
     # Set by routing on a fact event whose ``after`` row belongs to another shard (a
     # primary-key change that moves the fact): this shard removes ``before``, that one
-    # inserts ``after`` (``txjoin/core/routing.py``).
+    # inserts ``after`` (``txjoin/join/routing.py``).
     after_elsewhere: bool = False
 
     @property

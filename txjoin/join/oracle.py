@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from txjoin.debezium import Modes
+from txjoin.ingest.debezium import Modes
 from txjoin.job import Collect, Job, Lookup
 
 Row = dict[str, Any]

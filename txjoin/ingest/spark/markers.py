@@ -9,9 +9,9 @@ was planned. Being part of the checkpointed offsets, a re-run of a batch reports
 same. One extra input partition turns them into marker rows (negative offsets,
 :func:`caught_up_batch`), which the shards read back with :func:`read_markers`; no other
 module knows the offsets' codes. Caught-up topics settle the snapshot of empty
-tables and confirm restarted transactions (``txjoin.core.assembly``).
+tables and confirm restarted transactions (``txjoin.sequence.assembly``).
 
-Spark's ``kafka`` format has no such markers: ``txjoin.spark.sources.kafka`` derives the
+Spark's ``kafka`` format has no such markers: ``txjoin.ingest.spark.kafka`` derives the
 same facts from its read limit and the topics' partition counts instead.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from txjoin.core.assembly import TopicPartitions
+from txjoin.sequence.assembly import TopicPartitions
 
 SCHEMA_DDL = (
     "topic string, partition int, offset long, key string, value string, timestamp timestamp"

@@ -1,14 +1,14 @@
 """The Spark side of the partitioned engine: one stateful shard per key, reading its records once.
 
-The routed rows (``txjoin/spark/routing.py``: the JVM decides which shard gets
+The routed rows (``txjoin/join/spark/routing.py``: the JVM decides which shard gets
 which record, before any Python) are grouped by shard label and handed to
 :class:`ShardProcessor` (``groupBy(shard).transformWithStateInPandas``): one call
 per shard per micro-batch. It decodes the records it holds rows for (orjson,
-``txjoin/debezium.py``; errors name topic/partition/offset), builds the
+``txjoin/ingest/debezium.py``; errors name topic/partition/offset), builds the
 metadata-only events of other shards' facts from their columns
 (:func:`routed_items`), and runs its engine. The engine is cached in the Python
 worker and kept in Spark's state store as a log of micro-batches
-(``core/state_log.py``): a batch writes what it brought, not the state.
+(``join/state_log.py``): a batch writes what it brought, not the state.
 
 Shard labels: Spark hash-partitions the grouping key into
 ``spark.sql.shuffle.partitions`` partitions; :func:`shard_labels` picks, for
@@ -33,17 +33,17 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
-from txjoin.core.assembly import IncompletePolicy, TopicPartitions
-from txjoin.core.join import OutputChange
-from txjoin.core.output import changes_to_table
-from txjoin.core.routing import METADATA_SIZE, Routed, row_digest
-from txjoin.core.shard import ShardEngine
-from txjoin.core.state_log import ShardLog
-from txjoin.debezium import ChangeEvent, Position, decode
 from txjoin.errors import DecodeError
+from txjoin.ingest.debezium import ChangeEvent, Position, decode
+from txjoin.ingest.spark.kafka import KafkaFacts
+from txjoin.ingest.spark.markers import is_marker, read_markers
 from txjoin.job import Job
-from txjoin.spark.sources.kafka import KafkaFacts
-from txjoin.spark.sources.markers import is_marker, read_markers
+from txjoin.join.output import changes_to_table
+from txjoin.join.routing import METADATA_SIZE, Routed, row_digest
+from txjoin.join.shard import ShardEngine
+from txjoin.join.state_log import ShardLog
+from txjoin.join.temporal import OutputChange
+from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
 
 OUTPUT_SCHEMA = "shard int, changes binary, info string"
 """Per shard and batch: its output changes as an Arrow IPC stream, and its progress (JSON)."""

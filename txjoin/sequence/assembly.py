@@ -72,9 +72,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from txjoin.core.state import restore_fields, save_fields
-from txjoin.debezium import SNAPSHOT_CLOSING, ChangeEvent, TxMarker
 from txjoin.errors import IncompleteTransactionError, OrderingError
+from txjoin.ingest.debezium import SNAPSHOT_CLOSING, ChangeEvent, TxMarker
+from txjoin.join.state import restore_fields, save_fields
 
 SNAPSHOT_XID = 0
 
@@ -205,7 +205,7 @@ class IncompletePolicy:
 class SnapshotBuffer:
     """Transaction 0: the ``op=r`` rows, with the settledness of every job table."""
 
-    # Saved (core/state.py); ROW_FIELDS grow with the snapshot: a shard's log carries
+    # Saved (join/state.py); ROW_FIELDS grow with the snapshot: a shard's log carries
     # them as the batch's snapshot rows instead.
     FIELDS = ("tables_with_rows", "settled", "parts", "finished_evidence", "done")
     ROW_FIELDS = ("rows", "identities")
@@ -280,7 +280,7 @@ class SnapshotBuffer:
 class Assembler:
     """Buffers events per xid; hands out complete transactions on request."""
 
-    FIELDS = ("pending", "duplicates")  # saved (core/state.py), with the snapshot's
+    FIELDS = ("pending", "duplicates")  # saved (join/state.py), with the snapshot's
 
     def __init__(self, tables: frozenset[str]) -> None:
         self.tables = tables

@@ -17,15 +17,15 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from txjoin.core.assembly import Assembler, IncompletePolicy, Transaction
-from txjoin.core.state import restore_fields, save_fields
-from txjoin.debezium import TxMarker
+from txjoin.ingest.debezium import TxMarker
+from txjoin.join.state import restore_fields, save_fields
+from txjoin.sequence.assembly import Assembler, IncompletePolicy, Transaction
 
 
 class Frontier:
     """The commit-order queue and the memory of what was released."""
 
-    # Saved (core/state.py); RELEASED_FIELDS grow with history up to ``memory``: a
+    # Saved (join/state.py); RELEASED_FIELDS grow with history up to ``memory``: a
     # shard's log carries them as the batch's released xids instead.
     FIELDS = ("queue", "memory", "commit_seq", "last_xid", "skipped", "remembered")
     RELEASED_FIELDS = ("released", "_released_order")

@@ -1,6 +1,6 @@
 """The shard state layout: an append-only log of micro-batches, compacted now and then.
 
-Per shard, Spark's state store holds (see ``txjoin/spark/shards.py`` for the
+Per shard, Spark's state store holds (see ``txjoin/join/spark/shards.py`` for the
 Spark side; this module only needs the small :class:`BlobStore` interface):
 
 - ``meta``: layout version, shard count, the current ``version`` (micro-batches
@@ -44,18 +44,19 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from txjoin.core.assembly import IncompletePolicy, TopicPartitions
-from txjoin.core.join import OutputChange
-from txjoin.core.routing import Routed
-from txjoin.core.shard import Effects, ShardEngine
 from txjoin.errors import RECOVER, ConfigError
 from txjoin.job import Job
+from txjoin.join.routing import Routed
+from txjoin.join.shard import Effects, ShardEngine
+from txjoin.join.temporal import OutputChange
+from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
 
-LAYOUT_VERSION = 5
+LAYOUT_VERSION = 6
 """1: the whole engine as one pickled value (txjoin 0.1); 2: per-shard log + snapshots;
-3: the same, with the engine's state in named fields (``core/state.py``); 4: a segment
+3: the same, with the engine's state in named fields (``join/state.py``); 4: a segment
 carries only the open transactions its batch changed; 5: routed in the JVM (a fact event's
-digest and owner come from its JSON text; events say ``after_elsewhere``)."""
+digest and owner come from its JSON text; events say ``after_elsewhere``); 6: the stage
+packages (class paths in the saved state moved)."""
 
 CHUNK_BYTES = 8 << 20
 SNAPSHOT_MIN_ROWS = 200_000  # below this, segments are cheap to re-apply: no compaction

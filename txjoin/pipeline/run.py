@@ -18,11 +18,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from txjoin.job import Job
+from txjoin.pipeline.metrics import Metrics, MetricsServer
+from txjoin.pipeline.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
+from txjoin.pipeline.session import get_session
 from txjoin.sinks import Sink
 from txjoin.sinks.lineage import Checkpoint, check_lineage, short
-from txjoin.spark.metrics import Metrics, MetricsServer
-from txjoin.spark.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
-from txjoin.spark.session import get_session
 
 
 def print_report(report: BatchReport) -> None:
@@ -37,7 +37,7 @@ def print_report(report: BatchReport) -> None:
 def source_frame(spark: SparkSession, job: Job, config: RunConfig, pipeline: Pipeline
                  ) -> DataFrame:
     """The streaming input: ``config.source`` is ``kafka`` or ``files:DIR``."""
-    from txjoin.spark.sources import files
+    from txjoin.ingest.spark import files
 
     directory = files.parse_source(config.source)
     if directory is None:

@@ -20,8 +20,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from txjoin.core.join import OutputChange
 from txjoin.job import _DECIMAL, Collect, Job, column_kind
+from txjoin.join.temporal import OutputChange
 
 META = [("_op", pa.string()), ("_commit_seq", pa.int64()), ("_xid", pa.int64()),
         ("_commit_ts", pa.timestamp("us", tz="UTC"))]

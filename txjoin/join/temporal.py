@@ -21,12 +21,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from txjoin.core.assembly import Transaction
-from txjoin.core.routing import is_metadata_only
-from txjoin.core.state import restore_fields, save_fields
-from txjoin.debezium import ChangeEvent
 from txjoin.errors import DecodeError, JobError
+from txjoin.ingest.debezium import ChangeEvent
 from txjoin.job import UNAVAILABLE, Collect, Job, Lookup
+from txjoin.join.routing import is_metadata_only
+from txjoin.join.state import restore_fields, save_fields
+from txjoin.sequence.assembly import Transaction
 
 Key = tuple[Any, ...]
 Row = dict[str, Any]
@@ -113,7 +113,7 @@ class TemporalJoin:
                 self.parent_index[lk.alias] = px
                 self._indexes_by_table[job.alias_table(lk.parent).name].append(px)
 
-    # Saved (core/state.py): the rows, the outputs and the indexes over them (one pickle
+    # Saved (join/state.py): the rows, the outputs and the indexes over them (one pickle
     # keeps an index shared between match_index or parent_index and _indexes_by_table).
     FIELDS = ("rows", "outputs", "match_index", "parent_index", "_indexes_by_table")
 

@@ -31,17 +31,8 @@ from typing import Any
 
 import pandas as pd
 
-from txjoin.core.assembly import (
-    SNAPSHOT_XID,
-    Assembler,
-    IncompletePolicy,
-    TopicPartitions,
-    Transaction,
-)
-from txjoin.core.frontier import Frontier
-from txjoin.core.join import OutputChange, TemporalJoin
-from txjoin.core.state import ENGINE_STATE_VERSION, check_version, restore_fields, save_fields
-from txjoin.debezium import (
+from txjoin.errors import DecodeError, JobError
+from txjoin.ingest.debezium import (
     ChangeEvent,
     Position,
     TxMarker,
@@ -49,8 +40,17 @@ from txjoin.debezium import (
     raise_partitioned,
     transaction_topic,
 )
-from txjoin.errors import DecodeError, JobError
 from txjoin.job import TRANSACTION_STREAM, Job
+from txjoin.join.state import ENGINE_STATE_VERSION, check_version, restore_fields, save_fields
+from txjoin.join.temporal import OutputChange, TemporalJoin
+from txjoin.sequence.assembly import (
+    SNAPSHOT_XID,
+    Assembler,
+    IncompletePolicy,
+    TopicPartitions,
+    Transaction,
+)
+from txjoin.sequence.frontier import Frontier
 
 __all__ = ["TRANSACTION_STREAM", "Engine", "EngineStats"]
 
@@ -71,7 +71,7 @@ class EngineStats:
 class Engine:
     """Decode -> assemble -> order -> join, on micro-batches."""
 
-    # Saved (core/state.py), with each source's assembler and frontier and the join.
+    # Saved (join/state.py), with each source's assembler and frontier and the join.
     FIELDS: tuple[str, ...] = ("applied_seq", "stats", "max_ts_ms", "stream_ts_ms",
                                "snapshot_released", "partition_counts")
 
@@ -90,7 +90,7 @@ class Engine:
         self.stream_ts_ms: dict[str, int] = {}
         self.snapshot_released = False
         # Table -> partition count of its topic, for topics with several partitions, as
-        # the sources declared them (kept: see assembly.py for what changes for them).
+        # the sources declared them (kept: see sequence/assembly.py for what changes for them).
         self.partition_counts: dict[str, int] = {}
         self.batch_join_s = 0.0  # seconds the last batch spent in the join (the rest: sequencing)
         self._derive()

@@ -48,7 +48,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from txjoin.errors import ConfigError, DecodeError, OrderingError
-from txjoin.spark.sources.markers import (
+from txjoin.ingest.spark.markers import (
     ARROW_SCHEMA,
     RESERVED,
     SCHEMA_DDL,
@@ -416,7 +416,7 @@ def register_file_source(spark: SparkSession) -> None:
     from pyspark import cloudpickle
 
     from txjoin import errors
-    from txjoin.spark.sources import kafka
+    from txjoin.ingest.spark import kafka
 
     for module in (errors, kafka, sys.modules[__name__]):
         cloudpickle.register_pickle_by_value(module)

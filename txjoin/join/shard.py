@@ -1,6 +1,6 @@
 """One shard of the partitioned engine: the whole sequencing, a part of the join.
 
-A :class:`ShardEngine` is the core :class:`~txjoin.core.engine.Engine` with two
+A :class:`ShardEngine` is the core :class:`~txjoin.join.engine.Engine` with two
 differences (see ``routing.py`` for who receives what):
 
 - its join holds only the facts the shard owns (plus full copies of the
@@ -25,13 +25,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from txjoin.core.assembly import IncompletePolicy, TopicPartitions
-from txjoin.core.engine import Engine
-from txjoin.core.join import OutputChange, TemporalJoin
-from txjoin.core.routing import Routed
-from txjoin.debezium import ChangeEvent, TxMarker
 from txjoin.errors import TransactionTooLargeError
+from txjoin.ingest.debezium import ChangeEvent, TxMarker
 from txjoin.job import Job
+from txjoin.join.engine import Engine
+from txjoin.join.routing import Routed
+from txjoin.join.temporal import OutputChange, TemporalJoin
+from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
 
 
 def _position_key(item: ChangeEvent | TxMarker) -> tuple[str, int, int]:
@@ -42,7 +42,7 @@ def _position_key(item: ChangeEvent | TxMarker) -> tuple[str, int, int]:
 class ShardEngine(Engine):
     """Sequencing of every transaction; the join for the facts of shard ``shard`` of ``n``."""
 
-    # Saved (core/state.py): the engine's, and the open transactions' buffered bytes.
+    # Saved (join/state.py): the engine's, and the open transactions' buffered bytes.
     FIELDS = (*Engine.FIELDS, "open_bytes")
 
     def __init__(self, job: Job, shard: int = 0, n_shards: int = 1,

@@ -9,14 +9,14 @@ Shape of the query::
       -> foreachBatch: Delta + PostgreSQL sinks, each one commit per batch
 
 A record enters Python once, in the shard task that reads it
-(``txjoin/spark/routing.py``).
+(``txjoin/join/spark/routing.py``).
 
 Every shard sees the metadata of every event and marker, so every shard
 assembles every transaction and releases the same ones in the same micro-batch
 (commit order stays global); each shard joins only the facts it owns, with
-full copies of the looked-up tables (``txjoin/core/routing.py``). A shard's
+full copies of the looked-up tables (``txjoin/join/routing.py``). A shard's
 state is its own log in Spark's state store (RocksDB): each micro-batch writes
-only what it brought, snapshots are amortised (``txjoin/core/state_log.py``).
+only what it brought, snapshots are amortised (``txjoin/join/state_log.py``).
 The sinks get the union of the shards' output changes in commit order and
 commit it once per sink (the sinks write at the same time). After a crash at
 any point Spark re-runs the last batch from the previous state with the same
@@ -42,18 +42,18 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from txjoin.core.assembly import IncompletePolicy
-from txjoin.core.output import output_schema
-from txjoin.core.state_log import LAYOUT_VERSION
-from txjoin.debezium import DEFAULT_TOPIC_PREFIX
 from txjoin.errors import RECOVER, ConfigError
+from txjoin.ingest.debezium import DEFAULT_TOPIC_PREFIX
+from txjoin.ingest.spark.kafka import KafkaFacts
 from txjoin.job import Job
+from txjoin.join.output import output_schema
+from txjoin.join.spark.routing import route
+from txjoin.join.spark.shards import OUTPUT_SCHEMA, ShardProcessor, shard_labels
+from txjoin.join.state_log import LAYOUT_VERSION
+from txjoin.sequence.assembly import IncompletePolicy
 from txjoin.sinks import Sink
 from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.lineage import Lineage, checkpoint_id
-from txjoin.spark.routing import route
-from txjoin.spark.shards import OUTPUT_SCHEMA, ShardProcessor, shard_labels
-from txjoin.spark.sources.kafka import KafkaFacts
 
 DEFAULT_MAX_TRANSACTION_BYTES = 512 << 20
 """A shard buffers an open transaction in memory: one larger than this stops the job."""
@@ -79,7 +79,7 @@ class RunConfig:
     spark_conf: dict[str, str] = field(default_factory=dict)
     shards: int | None = None  # None: Spark's default parallelism
     max_transaction_bytes: int | None = DEFAULT_MAX_TRANSACTION_BYTES  # None: no limit
-    source: str = "kafka"  # or "files:DIR" (txjoin.spark.sources.files)
+    source: str = "kafka"  # or "files:DIR" (txjoin.ingest.spark.files)
     rebuild: bool = False  # start a new checkpoint and re-derive the sinks from the source
     postgres_retry_timeout_s: float = 60.0  # how long a lost PostgreSQL sink is retried
     maintain_every: int | None = None  # compact the Delta tables every N batches (None: never)
@@ -245,9 +245,9 @@ class Pipeline:
 
     def kafka_source(self) -> DataFrame:
         """Spark's own ``kafka`` source over the job's topics, after checking them and the
-        checkpoint (``txjoin.spark.sources.kafka``); the shards learn the partition
+        checkpoint (``txjoin.ingest.spark.kafka``); the shards learn the partition
         counts and the read limit from :attr:`kafka_facts`."""
-        from txjoin.spark.sources.kafka import KafkaTopics, read_stream
+        from txjoin.ingest.spark.kafka import KafkaTopics, read_stream
 
         if not self.config.bootstrap_servers:
             raise ConfigError("no bootstrap servers: pass --bootstrap-servers (or set "

@@ -1,6 +1,6 @@
 """A running job's progress in the Prometheus text format (``txjoin run --metrics-port``).
 
-The numbers come from each micro-batch's :class:`~txjoin.spark.pipeline.BatchReport`,
+The numbers come from each micro-batch's :class:`~txjoin.pipeline.pipeline.BatchReport`,
 the same ones ``txjoin run`` prints per batch. ``GET /metrics`` on the driver answers
 with counters since the process started and gauges of the last batch:
 
@@ -59,7 +59,7 @@ class Metrics:
         self._last: Any = None  # the last BatchReport
 
     def observe(self, report: Any) -> None:
-        """Account one :class:`~txjoin.spark.pipeline.BatchReport`."""
+        """Account one :class:`~txjoin.pipeline.pipeline.BatchReport`."""
         with self._lock:
             self._totals["batches"] += 1
             self._totals["records"] += report.records

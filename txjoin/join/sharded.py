@@ -1,6 +1,6 @@
 """The partitioned engine in one process: route a batch to ``n`` shards, run each through its log.
 
-This is what the Spark pipeline does across tasks (``txjoin/spark/shards.py``),
+This is what the Spark pipeline does across tasks (``txjoin/join/spark/shards.py``),
 without Spark: the same routing, the same shard engines, the same state log in
 memory. Property tests use it to check that the union of the shards' outputs
 is always the oracle's output after a committed prefix, whatever the shard
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from txjoin.core.assembly import IncompletePolicy, TopicPartitions
-from txjoin.core.join import OutputChange
-from txjoin.core.routing import Routed, Router
-from txjoin.core.shard import ShardEngine
-from txjoin.core.state_log import BatchResult, MemoryStore, ShardLog
-from txjoin.debezium import Position, decode
+from txjoin.ingest.debezium import Position, decode
 from txjoin.job import Job
+from txjoin.join.routing import Routed, Router
+from txjoin.join.shard import ShardEngine
+from txjoin.join.state_log import BatchResult, MemoryStore, ShardLog
+from txjoin.join.temporal import OutputChange
+from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
 
 
 class ShardedEngine:

@@ -1,7 +1,7 @@
 """Routing in the JVM: Debezium JSON -> which shard gets which record, before any Python.
 
-The shards (``txjoin/spark/shards.py``) need each record once, in the form
-``core/routing.py`` describes: a fact event with its rows in the shard(s) that own
+The shards (``txjoin/join/spark/shards.py``) need each record once, in the form
+``join/routing.py`` describes: a fact event with its rows in the shard(s) that own
 its key, as metadata elsewhere; everything else (looked-up tables, markers,
 truncates, tombstones) in every shard. This stage decides that with Spark
 expressions, so a record enters Python once, in the shard that reads it:
@@ -21,7 +21,7 @@ expressions, so a record enters Python once, in the shard that reads it:
 - a fact record this stage cannot read (malformed, a missing key, an op it does
   not know) goes whole to every shard, where decoding reports what is wrong
   (one line naming ``topic[partition]@offset``); one that decodes after all is
-  refused there too (:func:`txjoin.spark.shards.routed_items`), never applied twice.
+  refused there too (:func:`txjoin.join.spark.shards.routed_items`), never applied twice.
 
 The routed rows are ``ROUTED_SCHEMA``: one per record and shard that receives it.
 """
@@ -33,8 +33,8 @@ from collections.abc import Mapping, Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from txjoin.ingest.spark.markers import is_marker
 from txjoin.job import Job
-from txjoin.spark.sources.markers import is_marker
 
 ROUTED_COLUMNS = ("shard", "topic", "partition", "offset", "value", "counted", "routed",
                   "op", "tbl", "xid", "lsn", "ts_ms", "snapshot", "dco", "digest",

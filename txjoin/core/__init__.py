@@ -1,1 +1,0 @@
-"""The transactional core: plain Python/pandas, no Spark import."""

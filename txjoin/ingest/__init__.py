@@ -1,0 +1,9 @@
+"""Stage 1, ingest: Debezium's records in, change events and transaction markers out.
+
+In: the raw records of a source's topics (topic, partition, offset, value: Debezium's
+JSON envelope). Out: :class:`~txjoin.ingest.debezium.ChangeEvent` s and
+:class:`~txjoin.ingest.debezium.TxMarker` s (BEGIN/END), which the sequence stage
+(``txjoin.sequence``) assembles into transactions. The pure module (``debezium.py``)
+imports no Spark; only the ``spark/`` subpackage does: the streaming sources that
+read the records.
+"""

@@ -1,1 +1,0 @@
-"""Spark adapters: session, sources and the streaming pipeline glue."""
