@@ -120,10 +120,11 @@ class BatchReport:
 def decode_batch(job: Job, frame: pd.DataFrame) -> tuple[pa.Table, dict[str, Any]]:
     """The shards' output for one batch -> (changes table in commit order, progress info).
 
-    Each shard sends its changes as one Arrow table (built on the executor); keys are
+    Each shard sends its changes as Arrow tables (built on the executor; one or more
+    rows, in order, the first with its progress: ``shards.changes_frame``); keys are
     disjoint between shards, so a stable sort by commit sequence is the commit order.
     """
-    info = merge_infos([json.loads(v) for v in frame["info"]])
+    info = merge_infos([json.loads(v) for v in frame["info"] if isinstance(v, str)])
     tables = [pa.ipc.open_stream(blob).read_all() for blob in frame["changes"]
               if blob is not None]
     if not tables:

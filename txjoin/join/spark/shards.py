@@ -46,7 +46,8 @@ from txjoin.join.temporal import OutputChange
 from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
 
 OUTPUT_SCHEMA = "shard int, changes binary, info string"
-"""Per shard and batch: its output changes as an Arrow IPC stream, and its progress (JSON)."""
+"""Per shard and batch: its output changes as Arrow IPC streams (``OUTPUT_CHUNK_ROWS`` each at
+most), and its progress (JSON) on the first row."""
 
 # Engines cached in this Python worker: (query token, shard) -> engine. Only a cache
 # (state_log.ShardLog validates it against the checkpoint's version and token).
@@ -252,14 +253,24 @@ class ShardProcessor(StatefulProcessor):
         pass
 
 
+OUTPUT_CHUNK_ROWS = 50_000
+"""Output changes per output row at most. One row of a shard's whole output grew past
+the driver's default 1 GB heap when a batch released a 1M-order snapshot (Spark grows
+a row's buffer by doubling, then copies it into Arrow): Java heap space in
+``collectAsArrowToPython``, and a row cannot pass 2 GB at all. 50k changes are a few MB."""
+
+
 def changes_frame(job: Job, shard: int, changes: list[OutputChange],
                   info: dict[str, Any]) -> pd.DataFrame:
-    """The shard's output row: its changes as an Arrow table (typed here, on the executor)."""
-    blob = None
-    if changes:
-        table = changes_to_table(job, changes)
+    """The shard's output rows: its changes as Arrow tables (typed here, on the executor) of
+    at most ``OUTPUT_CHUNK_ROWS`` each, in order; the first row carries its progress."""
+    blobs: list[bytes | None] = []
+    for start in range(0, len(changes), OUTPUT_CHUNK_ROWS):
+        table = changes_to_table(job, changes[start:start + OUTPUT_CHUNK_ROWS])
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
-        blob = sink.getvalue().to_pybytes()
-    return pd.DataFrame({"shard": [shard], "changes": [blob], "info": [json.dumps(info)]})
+        blobs.append(sink.getvalue().to_pybytes())
+    blobs = blobs or [None]
+    infos = [json.dumps(info)] + [None] * (len(blobs) - 1)
+    return pd.DataFrame({"shard": [shard] * len(blobs), "changes": blobs, "info": infos})

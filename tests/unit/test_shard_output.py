@@ -1,0 +1,52 @@
+"""A shard's output travels to the driver in rows of bounded size, and arrives whole and in
+commit order (``shards.changes_frame`` -> ``pipeline.decode_batch``)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from tests.unit.delivery import pizzeria_rows
+from tests.unit.test_properties import JOB_VARIANTS
+from txjoin.join.output import changes_to_table
+from txjoin.join.sharded import ShardedEngine
+from txjoin.join.spark import shards
+from txjoin.pipeline.pipeline import decode_batch
+
+
+def test_a_shards_output_split_into_bounded_rows_arrives_whole_in_commit_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    job, _ = JOB_VARIANTS["orders/as_of_fact"]
+    engine = ShardedEngine(job, 2)
+    engine.process(pizzeria_rows(job, 80, seed=5))
+    per_shard = [result.changes for result in engine.last]
+    assert all(len(c) > 7 for c in per_shard), "the workload must give each shard changes"
+    expected = decode_batch(job, pd.concat(
+        [shards.changes_frame(job, i, c, {"commit_seq": 1, "records": 5})
+         for i, c in enumerate(per_shard)]))
+
+    monkeypatch.setattr(shards, "OUTPUT_CHUNK_ROWS", 7)
+    frames = [shards.changes_frame(job, i, c, {"commit_seq": 1, "records": 5})
+              for i, c in enumerate(per_shard)]
+    for frame, c in zip(frames, per_shard, strict=True):
+        assert len(frame) == -(-len(c) // 7)  # rows of at most 7 changes
+        assert [json.loads(v)["records"] if isinstance(v, str) else None
+                for v in frame["info"]] == [5] + [None] * (len(frame) - 1)
+    table, info = decode_batch(job, pd.concat(frames))
+    assert table.equals(expected[0]) and info["records"] == 10 == expected[1]["records"]
+    assert table.num_rows == sum(len(c) for c in per_shard)
+    seqs = table.column("_commit_seq").to_pylist()
+    assert seqs == sorted(seqs)
+    whole = pa.concat_tables(changes_to_table(job, c) for c in per_shard)
+    assert sorted(whole.column("_commit_seq").to_pylist()) == seqs
+
+
+def test_a_shard_without_changes_sends_one_row_with_its_progress() -> None:
+    job, _ = JOB_VARIANTS["orders/as_of_fact"]
+    frame = shards.changes_frame(job, 3, [], {"commit_seq": 0, "records": 2})
+    assert len(frame) == 1 and frame["changes"][0] is None
+    table, info = decode_batch(job, frame)
+    assert table.num_rows == 0 and info["records"] == 2
