@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from txjoin.errors import DecodeError, JobError
 from txjoin.ingest.debezium import ChangeEvent, Position, decode
-from txjoin.job import convert_value, load_job
+from txjoin.ingest.types import convert_value
+from txjoin.job import load_job
 
 ORDERS = load_job(Path(__file__).resolve().parents[2] / "jobs" / "orders.py")
 HERE = Position("shop.public.orders", 2, 17)

@@ -26,7 +26,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from txjoin.errors import JobError, TxjoinError
-from txjoin.job import Job, Output, Table, convert_value
+from txjoin.ingest.types import convert_value
+from txjoin.job import Job, Output, Table
 from txjoin.join.engine import Engine
 from txjoin.join.output import arrow_type, changes_to_table, row_from_json, row_to_json
 from txjoin.join.temporal import OutputChange

@@ -16,7 +16,8 @@ import pytest
 
 from tests.unit.delivery import Pipeline, delete, insert, only, update, without
 from txjoin.errors import DecodeError
-from txjoin.job import UNAVAILABLE, Job, load_job
+from txjoin.ingest.types import UNAVAILABLE
+from txjoin.job import Job, load_job
 from txjoin.scenarios.synthesize import Produced
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"

@@ -25,16 +25,8 @@ from txjoin.ingest.debezium import (
     Position,
     decode,
 )
-from txjoin.job import (
-    Collect,
-    Job,
-    Lookup,
-    Output,
-    Pick,
-    Table,
-    convert_value,
-    load_job,
-)
+from txjoin.ingest.types import convert_value
+from txjoin.job import Collect, Job, Lookup, Output, Pick, Table, load_job
 from txjoin.join.oracle import outputs_after_each
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"

@@ -20,7 +20,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from txjoin.job import _DECIMAL, Collect, Job, column_kind
+from txjoin.ingest.types import DECIMAL_TYPE, column_kind
+from txjoin.job import Collect, Job
 from txjoin.join.temporal import OutputChange
 
 META = [("_op", pa.string()), ("_commit_seq", pa.int64()), ("_xid", pa.int64()),
@@ -45,7 +46,7 @@ def arrow_type(sql_type: str) -> pa.DataType:
         return pa.list_(arrow_type(sql_type[:-2]))
     kind, scale = column_kind(sql_type)
     if kind == "decimal":
-        return pa.decimal128(int(_DECIMAL.match(sql_type).group(1)), scale)  # type: ignore[union-attr]
+        return pa.decimal128(int(DECIMAL_TYPE.match(sql_type).group(1)), scale)  # type: ignore[union-attr]
     return _ARROW[kind]
 
 

@@ -23,7 +23,8 @@ from typing import Any
 
 from txjoin.errors import DecodeError, JobError
 from txjoin.ingest.debezium import ChangeEvent
-from txjoin.job import UNAVAILABLE, Collect, Job, Lookup
+from txjoin.ingest.types import UNAVAILABLE
+from txjoin.job import Collect, Job, Lookup
 from txjoin.join.routing import is_metadata_only
 from txjoin.join.state import restore_fields, save_fields
 from txjoin.sequence.assembly import Transaction

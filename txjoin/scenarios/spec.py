@@ -30,15 +30,8 @@ import yaml
 
 from txjoin.errors import JobError, ScenarioError
 from txjoin.ingest.debezium import DEFAULT_TOPIC_PREFIX, Modes
-from txjoin.job import (
-    Collect,
-    ColumnValueError,
-    Job,
-    Table,
-    column_kind,
-    convert_value,
-    load_job,
-)
+from txjoin.ingest.types import ColumnValueError, column_kind, convert_value
+from txjoin.job import Collect, Job, Table, load_job
 from txjoin.join.oracle import RowChange, SourceTransaction
 
 INVARIANTS: tuple[str, ...] = ("prefix_consistent", "final_equals_oracle", "exactly_once")

@@ -31,7 +31,8 @@ from txjoin.ingest.debezium import (
     table_topic,
     transaction_topic,
 )
-from txjoin.job import _DECIMAL, Job
+from txjoin.ingest.types import DECIMAL_TYPE
+from txjoin.job import Job
 from txjoin.join.oracle import SourceTransaction
 
 CONNECTOR_VERSION = "3.6.3.Final"
@@ -84,7 +85,7 @@ def encode_value(value: Any, sql_type: str, modes: Modes = Modes()) -> Any:  # n
             return base64.urlsafe_b64encode(raw).decode("ascii")
         return base64.b64encode(raw).decode("ascii")
     decimal_handling_mode = modes.decimal
-    m = _DECIMAL.match(sql_type)
+    m = DECIMAL_TYPE.match(sql_type)
     if m:
         exact = Decimal(str(value)).quantize(Decimal(1).scaleb(-int(m.group(2))))
         if decimal_handling_mode == "precise":  # base64 of the big-endian unscaled value
@@ -112,7 +113,7 @@ def field_schema(sql_type: str, modes: Modes = Modes()) -> dict[str, Any]:  # no
     if sql_type == "bytea":
         return {"type": "bytes" if modes.binary == "bytes" else "string", "optional": True}
     decimal_handling_mode = modes.decimal
-    m = _DECIMAL.match(sql_type)
+    m = DECIMAL_TYPE.match(sql_type)
     if m and decimal_handling_mode == "precise":
         return {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
                 "version": 1, "parameters": {"scale": m.group(2),

@@ -46,7 +46,8 @@ import psycopg2.extensions
 import psycopg2.extras
 
 from txjoin.errors import ConfigError, TxjoinError
-from txjoin.job import Collect, Job, Lookup, column_kind, convert_value
+from txjoin.ingest.types import column_kind, convert_value
+from txjoin.job import Collect, Job, Lookup
 from txjoin.scenarios.checks import RowDiff, diff_rows, show
 from txjoin.sinks import COMMIT_SEQ, XID, Sink, without_metadata
 from txjoin.stack.stack import DEFAULT_DIR, StackInfo, load_stack
