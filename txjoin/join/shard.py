@@ -78,7 +78,10 @@ class ShardEngine(Engine):
         items.sort(key=_position_key)
         self.batch_wire_s = time.perf_counter() - started
         snapshot_events = [it for it in items if isinstance(it, ChangeEvent) and it.is_snapshot]
+        # every shard sees every snapshot row (with its image or without): the batch's count
         self.batch_snapshot_rows = len(snapshot_events)
+        # what the buffer keeps of them (SnapshotBuffer.add): the rows this shard holds
+        snapshot_events = [e for e in snapshot_events if e.after is not None]
         remembered = {s: f.remembered for s, f in self.frontiers.items()}
         self.join.journal = []
         try:

@@ -142,8 +142,12 @@ def chain_token(parent: str, version: int) -> str:
 
 
 def engine_rows(engine: ShardEngine) -> int:
-    """The shard's size in rows (current rows and outputs): a deterministic measure."""
-    return sum(len(rows) for rows in engine.join.rows.values()) + len(engine.join.outputs)
+    """The shard's size in rows (current rows, outputs, and the snapshot rows and events
+    it buffers): a deterministic measure of what a snapshot of it writes."""
+    buffered = sum(len(a.snapshot.rows) + sum(len(p.events) for p in a.pending.values())
+                   for a in engine.assemblers.values())
+    return (sum(len(rows) for rows in engine.join.rows.values()) + len(engine.join.outputs)
+            + buffered)
 
 
 def _pack(obj: Any) -> bytes:

@@ -160,7 +160,8 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
     merged = dict(max(infos, key=lambda i: i["commit_seq"]))
     merged["records"] = sum(i["records"] for i in infos)
     merged["state_bytes_written"] = sum(i.get("state_bytes_written", 0) for i in infos)
-    merged["snapshot_rows"] = sum(i.get("snapshot_rows", 0) for i in infos)
+    # every shard sees every snapshot row (ShardEngine.batch_snapshot_rows): not a sum
+    merged["snapshot_rows"] = max(i.get("snapshot_rows", 0) for i in infos)
     merged["shards"] = len(infos)
     merged["states"] = sorted(i.get("state", "") for i in infos)
     # the slowest shard sets the pace; per stage: the max over shards

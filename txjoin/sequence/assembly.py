@@ -229,19 +229,26 @@ class SnapshotBuffer:
 
     def add(self, event: ChangeEvent, partitions: int = 1) -> None:
         """Buffer a snapshot row; ``partitions``: of its topic (several: a closing row
-        settles only its own partition)."""
+        settles only its own partition).
+
+        A row without its image (``after`` None: the metadata a shard gets of another
+        shard's fact, ``join/routing.py``) counts for settling the snapshot but is not
+        buffered: there is nothing to apply, and its holder checks it for duplicates and
+        order. A shard thus holds its own snapshot rows, not every shard's."""
+        rowless = event.after is None  # its row is held elsewhere (another shard's fact)
         if self.done:
-            if event.identity in self.identities:
-                return  # a redelivered snapshot row: already applied
+            if rowless or event.identity in self.identities:
+                return  # a redelivered snapshot row: already applied (by its holder)
             raise OrderingError(
                 f"snapshot row of {event.table} at {event.position} arrived after the snapshot "
                 f"was complete (every table had settled). Debezium writes a table's snapshot "
                 f"rows before its `last` row; check that the source reads every topic to its end "
                 f"offset, or re-snapshot into a fresh checkpoint.")
-        if event.identity in self.identities:
-            return
-        self.identities.add(event.identity)
-        self.rows.append(event)
+        if not rowless:
+            if event.identity in self.identities:
+                return
+            self.identities.add(event.identity)
+            self.rows.append(event)
         self.tables_with_rows.add(event.table)
         if event.snapshot in SNAPSHOT_CLOSING:
             self._settle(event.table, event.position.partition, partitions)
