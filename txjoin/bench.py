@@ -22,12 +22,16 @@ a batch's time goes per stage (``stage_seconds_p50``/``_mean``, and every batch
 under ``batches``: Spark's planning, offset log and state-store commit, the
 computation of the batch with each shard stage's share, each
 sink; see :func:`batch_stages`), the initial snapshot's load rate, state bytes
-written per batch, peak RSS of the driver (Python + JVM) and of the Python
-workers, and the ratio to the ceiling. Not a test: numbers, not verdicts.
+written per batch, peak RSS of the driver (this Python process and Spark's JVM,
+not the broker's) and of the Python workers while the pipeline runs, and the
+ratio to the ceiling. The workload and the reference output are built and
+released before the pipeline starts (``harness_rss_mb``: what this process holds
+then). Not a test: numbers, not verdicts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import statistics
@@ -43,7 +47,7 @@ import click
 import psutil
 
 from txjoin.ingest.debezium import transaction_topic
-from txjoin.job import load_job
+from txjoin.job import Job, load_job
 from txjoin.join.engine import Engine
 from txjoin.pipeline.metrics import quantile
 from txjoin.scenarios.synthesize import Synthesizer
@@ -53,8 +57,11 @@ from txjoin.sequence.assembly import TopicPartitions
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "orders.py"
 
 
+SPARK_SUBMIT = "org.apache.spark.deploy.SparkSubmit"  # the main class of PySpark's JVM
+
+
 class RssSampler:
-    """Peak RSS of this process + its JVM child, and of Spark's Python workers."""
+    """Peak RSS of this process + its Spark JVM (the driver), and of Spark's Python workers."""
 
     def __init__(self) -> None:
         self.driver = 0
@@ -67,7 +74,9 @@ class RssSampler:
         while not self._stop.is_set():
             try:
                 kids = me.children(recursive=True)
-                jvm = sum(p.memory_info().rss for p in kids if "java" in p.name())
+                # Spark's JVM, not the broker's (also a child of this process)
+                jvm = sum(p.memory_info().rss for p in kids if "java" in p.name()
+                          and SPARK_SUBMIT in p.cmdline())
                 workers = sum(p.memory_info().rss for p in kids if "python" in p.name())
                 self.driver = max(self.driver, me.memory_info().rss + jvm)
                 self.workers = max(self.workers, workers)
@@ -182,6 +191,29 @@ def stage_names(stages: list[dict[str, float]]) -> list[str]:
     return names
 
 
+def reference_keys(job: Job, rows: list[tuple[str, int, int, str | None, str | None]],
+                   partitions: int) -> set[tuple[Any, ...]]:
+    """The output keys the pipeline must end with, by the core engine alone (the oracle
+    scans, quadratic: for tests)."""
+    reference = Engine(job)
+    reference.process([(t, p, o, v) for t, p, o, _, v in rows],
+                      caught_up=[*job.table_names, "transaction"],
+                      partitions=TopicPartitions(dict.fromkeys(job.table_names, partitions))
+                      if partitions > 1 else None)
+    return set(reference.outputs())
+
+
+def release_memory() -> int:
+    """Collect, and hand freed heap back to the OS (glibc keeps it otherwise); RSS in MB."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return round(psutil.Process().memory_info().rss / 2**20)
+
+
 def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: str,
               keep: bool = False, snapshot_orders: int = 0, source_kind: str = "kafka",
               shards: int | None = None, partitions: int = 1) -> dict[str, Any]:
@@ -205,25 +237,31 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
     for tx in txs:
         produced.extend(synth.transaction(tx))
     data_events = sum(1 for r in produced if r.kind in ("data", "snapshot"))
-    click.echo(f"workload: {len(txs)} transactions after a snapshot of {snapshot_orders} orders, "
-               f"{data_events} data events, {len(produced)} records (with BEGIN/END and "
+    n_records, n_txs = len(produced), len(txs)
+    click.echo(f"workload: {n_txs} transactions after a snapshot of {snapshot_orders} orders, "
+               f"{data_events} data events, {n_records} records (with BEGIN/END and "
                f"tombstones)")
+    topics = list(synth.topics)
+    prefix = synth.prefix
+    tx_topic = transaction_topic(prefix)
+    rows = spread(produced, partitions, tx_topic)
+    del produced, synth, snapshot, txs
+    # The expected output, computed now: the harness's workload and reference are freed
+    # before the pipeline starts, so the driver's peak RSS is the pipeline's, not theirs.
+    expected = reference_keys(job, rows, partitions)
 
     broker = None
     bootstrap: str | None = None
     pg_root = data_root(work)
     pg = start_postgres(pg_root, free_port(), work / "logs" / "postgres.log")
-    result: dict[str, Any] = {"transactions": len(txs), "data_events": data_events,
-                              "records": len(produced), "max_events_per_trigger": max_events,
+    result: dict[str, Any] = {"transactions": n_txs, "data_events": data_events,
+                              "records": n_records, "max_events_per_trigger": max_events,
                               "master": master, "source": source_kind,
                               "snapshot_orders": snapshot_orders, "partitions": partitions}
     try:
         spark = get_session(master, app_name="txjoin-bench")
         n_shards = shards or spark.sparkContext.defaultParallelism
         result["shards"] = n_shards
-        topics = list(synth.topics)
-        tx_topic = transaction_topic(synth.prefix)
-        rows = spread(produced, partitions, tx_topic)
         if source_kind == "kafka":
             broker = start_broker(work / "kafka", free_port(), work / "logs" / "broker.log")
             bootstrap = broker.bootstrap_servers
@@ -232,7 +270,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                           partitions=partitions)
             produce_s = produce(bootstrap, [(t, k, v) for t, _, _, k, v in rows],
                                 [row[1] for row in rows])
-            result["produce_records_per_s"] = round(len(produced) / produce_s)
+            result["produce_records_per_s"] = round(n_records / produce_s)
             click.echo(f"produced in {produce_s:.1f}s")
 
             def source(limit: int | None = max_events) -> DataFrame:
@@ -246,6 +284,10 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
 
             def source(limit: int | None = max_events) -> DataFrame:
                 return spark.readStream.format(SOURCE_NAME).option("schedule", schedule).load()
+        # The records are in the broker (or the schedule's files) now: what the driver
+        # process holds from here on is the pipeline's, and this baseline.
+        del rows
+        result["harness_rss_mb"] = release_memory()
 
         # Warm up (JVM, Python workers) so neither measurement pays the first-query cost.
         (spark.range(1000).selectExpr("id % 7 AS k").groupBy("k").count().collect())
@@ -272,7 +314,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                 _identity, df.schema),
             # the source and the pipeline's routing (JVM, before the shards): the ceiling
             # of what reaches the shards
-            "ceiling_events_per_s": lambda df: route(df, job, synth.prefix, labels),
+            "ceiling_events_per_s": lambda df: route(df, job, prefix, labels),
         }
         for name, stage in passes.items():
             started = time.monotonic()
@@ -281,7 +323,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                      .trigger(availableNow=True).start())
             query.awaitTermination()
             if name != "warm_up":
-                result[name] = round(len(produced) / (time.monotonic() - started))
+                result[name] = round(n_records / (time.monotonic() - started))
         result["ceiling_routed_rows"] = sum(p["sink"].get("numOutputRows", 0)
                                             for p in query.recentProgress)
         click.echo(f"source alone: {result['source_only_events_per_s']} records/s; with one "
@@ -289,7 +331,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                    f"ceiling (source + routing): {result['ceiling_events_per_s']} records/s")
 
         # -- the full pipeline -----------------------------------------------------
-        config = RunConfig(topic_prefix=synth.prefix,
+        config = RunConfig(topic_prefix=prefix,
                            bootstrap_servers=bootstrap,
                            max_events_per_trigger=max_events,
                            checkpoint_dir=str(work / "ckpt"), output_dir=str(work / "out"),
@@ -317,12 +359,11 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
         names = stage_names(stages)
         snapshot_rows = sum(r.snapshot_rows for r in reports)
         loaded = [r.finished_at for r in reports if r.snapshot_rows]
-        records = produced
         result.update({
             "pipeline_seconds": round(total_s, 2),
-            "events_per_s": round(len(records) / total_s),
+            "events_per_s": round(n_records / total_s),
             "data_events_per_s": round(data_events / total_s),
-            "transactions_per_s": round(len(txs) / total_s),
+            "transactions_per_s": round(n_txs / total_s),
             "micro_batches": len(reports),
             "batch_latency_p50_s": round(quantile(durations, 0.5), 3),
             "batch_latency_p99_s": round(quantile(durations, 0.99), 3),
@@ -358,13 +399,6 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
         })
         result["ratio_to_ceiling"] = round(result["events_per_s"] /
                                            max(1, result["ceiling_events_per_s"]), 3)
-        # The oracle scans (quadratic: for tests); the core alone is the fast reference here.
-        reference = Engine(job)
-        reference.process([(t, p, o, v) for t, p, o, _, v in rows],
-                          caught_up=[*job.table_names, "transaction"],
-                          partitions=TopicPartitions(dict.fromkeys(job.table_names, partitions))
-                          if partitions > 1 else None)
-        expected = reference.outputs()
         delta_rows = {(r["order_id"],) for r in sinks[0].read_current()}
         pg_rows = {(r["order_id"],) for r in sinks[1].read_current()}
         result["output_rows"] = len(expected)
