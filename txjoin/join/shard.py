@@ -31,7 +31,7 @@ from txjoin.job import Job
 from txjoin.join.engine import Engine
 from txjoin.join.routing import Routed
 from txjoin.join.temporal import OutputChange, TemporalJoin
-from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
+from txjoin.sequence.assembly import IncompletePolicy, SnapshotBuffer, TopicPartitions
 
 
 def _position_key(item: ChangeEvent | TxMarker) -> tuple[str, int, int]:
@@ -80,8 +80,8 @@ class ShardEngine(Engine):
         snapshot_events = [it for it in items if isinstance(it, ChangeEvent) and it.is_snapshot]
         # every shard sees every snapshot row (with its image or without): the batch's count
         self.batch_snapshot_rows = len(snapshot_events)
-        # what the buffer keeps of them (SnapshotBuffer.add): the rows this shard holds
-        snapshot_events = [e for e in snapshot_events if e.after is not None]
+        # what the buffer keeps of them: the rows this shard holds
+        snapshot_events = [e for e in snapshot_events if SnapshotBuffer.holds(e)]
         remembered = {s: f.remembered for s, f in self.frontiers.items()}
         self.join.journal = []
         try:

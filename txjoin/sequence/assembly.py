@@ -227,15 +227,21 @@ class SnapshotBuffer:
     def restore(self, state: Mapping[str, Any], rows: bool = True) -> None:
         restore_fields(self, state, self.FIELDS + (self.ROW_FIELDS if rows else ()))
 
+    @staticmethod
+    def holds(event: ChangeEvent) -> bool:
+        """Whether the buffer keeps this snapshot row: not one without its image (``after``
+        None: the metadata a shard gets of another shard's fact, ``join/routing.py``)."""
+        return event.after is not None
+
     def add(self, event: ChangeEvent, partitions: int = 1) -> None:
         """Buffer a snapshot row; ``partitions``: of its topic (several: a closing row
         settles only its own partition).
 
-        A row without its image (``after`` None: the metadata a shard gets of another
-        shard's fact, ``join/routing.py``) counts for settling the snapshot but is not
-        buffered: there is nothing to apply, and its holder checks it for duplicates and
-        order. A shard thus holds its own snapshot rows, not every shard's."""
-        rowless = event.after is None  # its row is held elsewhere (another shard's fact)
+        A row the buffer does not hold (:meth:`holds`) counts for settling the snapshot
+        but is not buffered: there is nothing to apply, and the shard holding it checks it
+        for duplicates and order. A shard thus holds its own snapshot rows, not every
+        shard's."""
+        rowless = not self.holds(event)
         if self.done:
             if rowless or event.identity in self.identities:
                 return  # a redelivered snapshot row: already applied (by its holder)
