@@ -10,13 +10,15 @@ import pytest
 from tests.unit.delivery import pizzeria_rows
 from tests.unit.test_properties import JOB_VARIANTS
 from txjoin.errors import ConfigError
+from txjoin.ingest.debezium import ChangeEvent, Position, decode
 from txjoin.join.engine import Engine
+from txjoin.join.routing import Router
 from txjoin.join.shard import ShardEngine
 from txjoin.join.sharded import ShardedEngine
 from txjoin.join.state import ENGINE_STATE_VERSION
 from txjoin.join.state_log import SEGMENT, ShardLog, _pack, _unpack
 from txjoin.join.temporal import TemporalJoin
-from txjoin.sequence.assembly import Assembler, SnapshotBuffer
+from txjoin.sequence.assembly import Assembler, SnapshotBuffer, identity_digest
 from txjoin.sequence.frontier import Frontier
 
 # What each object holds besides the fields it saves, and why it need not be saved.
@@ -31,7 +33,7 @@ NOT_SAVED = {
                 "touched", "gone"},  # the last batch's changes to the open transactions
     SnapshotBuffer: {"tables"},
     Frontier: set(),
-    TemporalJoin: {"job", "journal"},
+    TemporalJoin: {"job", "journal", "_columns", "_collected"},  # the last two: the job's
 }
 
 
@@ -74,6 +76,35 @@ def test_a_restored_engine_continues_like_the_original() -> None:
     assert restored.commit_seq == plain.commit_seq > original.commit_seq
 
 
+def test_a_version_2_state_with_output_rows_is_packed_as_it_is_read() -> None:
+    """Version 2 saved the last outputs as rows and the snapshot's identities whole;
+    version 3 packs them."""
+    engine, rest = engine_after_a_workload()
+    original = engine.engines()[0]
+    job = original.job
+    version, state = pickle.loads(original.state_bytes())
+    assert version == 3 and original.join.outputs
+    assert all(isinstance(v, tuple) for v in state["join"]["outputs"].values())
+    unpack = original.join.unpack
+    state["join"]["outputs"] = {k: unpack(v) for k, v in state["join"]["outputs"].items()}
+    snapshot = state["sources"]["default"]["assembler"]["snapshot"]
+    digests = snapshot["identities"]
+    assert digests and all(isinstance(i, bytes) for i in digests)
+    decoded = [decode(v, Position(t, p, o)) for t, p, o, v in pizzeria_rows(job, 120, seed=2)]
+    routed = [Router(job, 1).route(ev, 0)[0] for ev in decoded if ev is not None]
+    whole = {r.item.identity for r in routed
+             if r is not None and isinstance(r.item, ChangeEvent) and r.item.op == "r"}
+    assert {identity_digest(i) for i in whole} >= digests
+    snapshot["identities"] = {i for i in whole if identity_digest(i) in digests}
+    old = Engine.from_state(job, pickle.dumps((2, state)))
+    current = Engine.from_state(job, original.state_bytes())
+    assert old.join.outputs == original.join.outputs
+    assert old.assembler.snapshot.identities == digests
+    assert old.outputs() == original.outputs()
+    caught = [*job.table_names, "transaction"]
+    assert old.process(rest, caught) == current.process(rest, caught)
+
+
 def test_a_state_of_another_version_or_lacking_a_field_is_refused_with_what_to_do() -> None:
     engine, _ = engine_after_a_workload()
     original = engine.engines()[0]
@@ -81,7 +112,7 @@ def test_a_state_of_another_version_or_lacking_a_field_is_refused_with_what_to_d
     version, state = pickle.loads(original.state_bytes())
     assert version == ENGINE_STATE_VERSION
     with pytest.raises(ConfigError, match=r"engine state has version 1, this txjoin reads "
-                                          r"version 2; .*txjoin run --rebuild"):
+                                          r"versions 2 and 3; .*txjoin run --rebuild"):
         Engine.from_state(job, pickle.dumps((1, state)))
     del state["sources"]["default"]["frontier"]["commit_seq"]
     with pytest.raises(ConfigError, match=r"saved Frontier state lacks commit_seq: .*--rebuild"):

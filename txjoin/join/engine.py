@@ -313,7 +313,8 @@ class Engine:
 
     def outputs(self) -> dict[tuple[Any, ...], dict[str, Any]]:
         """The current output: key -> row."""
-        return dict(self.join.outputs)
+        unpack = self.join.unpack
+        return {key: unpack(packed) for key, packed in self.join.outputs.items()}
 
     # -- checkpointing -----------------------------------------------------------------
 

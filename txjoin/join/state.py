@@ -4,9 +4,11 @@ A shard's snapshot (``Engine.state_bytes``) and each micro-batch's effects
 (``ShardEngine`` in ``shard.py``) are built from these named fields only, never
 from an object's attribute dictionary: an attribute added later is not saved by accident,
 and a state that lacks a field is refused with what to do instead of restoring
-half an engine. ``ENGINE_STATE_VERSION`` changes with the fields; ``state_log.py``'s
-layout version changes with it, so an older checkpoint is refused before any of
-its state is read.
+half an engine. ``ENGINE_STATE_VERSION`` changes with the fields or their form; a
+state this txjoin cannot convert changes ``state_log.py``'s layout version with it,
+so an older checkpoint is refused before any of its state is read (version 2 is
+converted as it is read: its outputs are rows and its snapshot identities whole
+where version 3 packs them).
 """
 
 from __future__ import annotations
@@ -16,8 +18,13 @@ from typing import Any
 
 from txjoin.errors import RECOVER, ConfigError
 
-ENGINE_STATE_VERSION = 2
-"""1: every object's attribute dictionary, pickled (up to layout 2); 2: named fields."""
+ENGINE_STATE_VERSION = 3
+"""1: every object's attribute dictionary, pickled (up to layout 2); 2: named fields;
+3: the join's last outputs packed as tuples (``TemporalJoin.pack``), the snapshot's
+row identities as digests (``assembly.identity_digest``)."""
+
+READABLE_VERSIONS = (2, 3)
+"""Versions this txjoin restores: a version-2 state is converted as it is read."""
 
 
 def save_fields(obj: object, names: Iterable[str]) -> dict[str, Any]:
@@ -39,6 +46,7 @@ def restore_fields(obj: object, state: Mapping[str, Any], names: Iterable[str]) 
 
 def check_version(version: object, where: str) -> None:
     """Refuse a state of another version, naming it and what to do."""
-    if version != ENGINE_STATE_VERSION:
+    if version not in READABLE_VERSIONS:
         raise ConfigError(f"{where}: the checkpoint's engine state has version {version}, this "
-                          f"txjoin reads version {ENGINE_STATE_VERSION}; {RECOVER}")
+                          f"txjoin reads versions {' and '.join(map(str, READABLE_VERSIONS))}; "
+                          f"{RECOVER}")

@@ -1,7 +1,10 @@
 """Temporal join: apply released transactions to the current rows, evaluate the job.
 
 State is the current row of every key of every table the job reads, plus the
-last output row per output key, plus indexes over the join columns. No history
+last output row per output key (packed: a tuple of its values in the output's
+column order, a collected list as a tuple of tuples; a third of the dictionaries'
+memory, and the last outputs are the largest part of a shard), plus indexes over
+the join columns. No history
 is kept: transactions arrive in commit order, so "as of the commit that last
 changed the fact" is simply "now, right after applying that transaction".
 
@@ -31,6 +34,7 @@ from txjoin.sequence.assembly import Transaction
 
 Key = tuple[Any, ...]
 Row = dict[str, Any]
+Packed = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,14 @@ class TemporalJoin:
         # When a list: every row put or removed, in order (table, pk, row or None).
         self.journal: list[tuple[str, Key, Row | None]] | None = None
         self.rows: dict[str, dict[Key, Row]] = {t: {} for t in job.table_names}
-        self.outputs: dict[Key, Row] = {}
+        # Output key -> its last emitted row, packed (``pack``).
+        self.outputs: dict[Key, Packed] = {}
+        output = job.output
+        self._columns = output.column_names
+        # Per column: the fields of a collected list (packed as tuples), or None.
+        self._collected: list[tuple[str, ...] | None] = [
+            tuple(proj.fields) if isinstance(proj, Collect) else None
+            for proj in [*output.key.values(), *output.columns.values()]]
         # Lookup side: rows of a lookup's table by its match columns (unless it is the PK).
         self.match_index: dict[str, ColumnIndex] = {}
         # Parent side: parent rows by the columns a lookup reads (for `current` fan-out).
@@ -123,6 +134,27 @@ class TemporalJoin:
 
     def restore(self, state: Mapping[str, Any]) -> None:
         restore_fields(self, state, self.FIELDS)
+        if any(isinstance(row, dict) for row in self.outputs.values()):
+            # A state of version 2 (join/state.py): its outputs are rows.
+            self.outputs = {key: self.pack(row) if isinstance(row, dict) else row
+                            for key, row in self.outputs.items()}
+
+    def pack(self, row: Row) -> Packed:
+        """An output row as the tuple of its values, collected lists as tuples of tuples."""
+        values = list(row.values())
+        for i, fields in enumerate(self._collected):
+            if fields is not None and values[i] is not None:
+                values[i] = tuple(tuple(element.values()) for element in values[i])
+        return tuple(values)
+
+    def unpack(self, packed: Packed) -> Row:
+        """The output row ``pack`` packed."""
+        row: Row = {}
+        for name, fields, value in zip(self._columns, self._collected, packed, strict=True):
+            if fields is not None and value is not None:
+                value = [dict(zip(fields, element, strict=True)) for element in value]
+            row[name] = value
+        return row
 
     def _on_primary_key(self, lk: Lookup) -> bool:
         return list(lk.on.keys()) == list(self.job.table(lk.table).key)
@@ -142,15 +174,16 @@ class TemporalJoin:
         for key in sorted(facts, key=repr):
             fact_row = self.rows[self.job.fact].get(key)
             new = self.evaluate(fact_row) if fact_row is not None else None
+            packed = None if new is None else self.pack(new)
             old = self.outputs.get(key)
-            if new == old:
+            if packed == old:
                 continue
             if new is None:
                 del self.outputs[key]
                 out.append(OutputChange(key, "d", None, tx.commit_seq, tx.xid, tx.commit_ts_ms,
                                         tx.source))
             else:
-                self.outputs[key] = new
+                self.outputs[key] = packed  # type: ignore[assignment]
                 out.append(OutputChange(key, "c" if old is None else "u", new, tx.commit_seq,
                                         tx.xid, tx.commit_ts_ms, tx.source))
         return out
@@ -158,7 +191,12 @@ class TemporalJoin:
     def _apply_rows(self, tx: Transaction) -> dict[str, list[Row]]:
         """Apply the transaction's row changes; table -> row versions touched (old and new)."""
         changed: dict[str, list[Row]] = defaultdict(list)
-        for event in tx.events:
+        # A transaction is applied once: each event is let go as it is applied, so a large
+        # one (the initial snapshot) does not sit in memory beside the rows it becomes.
+        events, tx.events = tx.events, []
+        events.reverse()
+        while events:
+            event = events.pop()
             if is_metadata_only(event):
                 continue  # counted for completeness; the row lives in another shard
             for table, row in self._apply_event(event):
@@ -239,7 +277,7 @@ class TemporalJoin:
             if ch.row is None:
                 self.outputs.pop(ch.key, None)
             else:
-                self.outputs[ch.key] = ch.row
+                self.outputs[ch.key] = self.pack(ch.row)
 
     def _affected_facts(self, changed: dict[str, list[Row]]) -> set[Key]:
         """Facts whose lookup tree reaches a changed row (``current`` semantics)."""
