@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import shutil
 import statistics
 import tempfile
@@ -58,10 +59,12 @@ JOB = Path(__file__).resolve().parents[1] / "jobs" / "orders.py"
 
 
 SPARK_SUBMIT = "org.apache.spark.deploy.SparkSubmit"  # the main class of PySpark's JVM
+HOST_MODULE = "txjoin.join.spark.host"  # a shard's host process: python -m HOST_MODULE
 
 
 class RssSampler:
-    """Peak RSS of this process + its Spark JVM (the driver), and of Spark's Python workers."""
+    """Peak RSS of this process + its Spark JVM (the driver), and of Spark's Python workers
+    with the shards' hosts they start."""
 
     def __init__(self) -> None:
         self.driver = 0
@@ -77,7 +80,12 @@ class RssSampler:
                 # Spark's JVM, not the broker's (also a child of this process)
                 jvm = sum(p.memory_info().rss for p in kids if "java" in p.name()
                           and SPARK_SUBMIT in p.cmdline())
-                workers = sum(p.memory_info().rss for p in kids if "python" in p.name())
+                pids = {p.pid for p in kids}
+                # The shards' hosts (join/spark/host.py), also when their worker has gone
+                hosts = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in pids
+                         and HOST_MODULE in (p.info["cmdline"] or [])]
+                workers = sum(p.memory_info().rss for p in [*kids, *hosts]
+                              if "python" in p.name())
                 self.driver = max(self.driver, me.memory_info().rss + jvm)
                 self.workers = max(self.workers, workers)
             except psutil.Error:
@@ -203,6 +211,45 @@ def reference_keys(job: Job, rows: list[tuple[str, int, int, str | None, str | N
     return set(reference.outputs())
 
 
+def prepare_workload(transactions: int, seed: int, snapshot_orders: int, partitions: int,
+                     max_events: int, bootstrap: str | None, schedule: str) -> dict[str, Any]:
+    """Build the workload and write it to the broker at ``bootstrap`` (topics created) or,
+    without one, as a replay schedule in ``schedule``; return its counts, ``topics`` and the
+    ``expected`` output keys (by the core engine alone)."""
+    from txjoin.ingest.spark.replay import write_schedule_dir
+    from txjoin.stack.broker import create_topics
+
+    job = load_job(JOB)
+    snapshot, txs = pizzeria_workload(transactions, seed, snapshot_orders=snapshot_orders)
+    synth = Synthesizer(job)
+    produced = list(synth.snapshot(snapshot))
+    for tx in txs:
+        produced.extend(synth.transaction(tx))
+    made: dict[str, Any] = {
+        "transactions": len(txs), "records": len(produced),
+        "data_events": sum(1 for r in produced if r.kind in ("data", "snapshot"))}
+    click.echo(f"workload: {made['transactions']} transactions after a snapshot of "
+               f"{snapshot_orders} orders, {made['data_events']} data events, "
+               f"{made['records']} records (with BEGIN/END and tombstones)")
+    topics = list(synth.topics)
+    synth_prefix = synth.prefix
+    tx_topic = transaction_topic(synth_prefix)
+    rows = spread(produced, partitions, tx_topic)
+    del produced, synth, snapshot, txs
+    if bootstrap is not None:
+        create_topics(bootstrap, [tx_topic])
+        create_topics(bootstrap, [t for t in topics if t != tx_topic], partitions=partitions)
+        produce_s = produce(bootstrap, [(t, k, v) for t, _, _, k, v in rows],
+                            [row[1] for row in rows])
+        made["produce_records_per_s"] = round(len(rows) / produce_s)
+        click.echo(f"produced in {produce_s:.1f}s")
+    else:
+        batches = write_schedule_dir(schedule, replay_schedule(rows, max_events))
+        click.echo(f"replay schedule: {batches} micro-batches of <= {max_events} records")
+    return {**made, "topics": topics, "prefix": synth_prefix,
+            "expected": reference_keys(job, rows, partitions)}
+
+
 def release_memory() -> int:
     """Collect, and hand freed heap back to the OS (glibc keeps it otherwise); RSS in MB."""
     import ctypes
@@ -220,74 +267,51 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
     from pyspark.sql import DataFrame
 
     from txjoin.ingest.spark.kafka import read_stream
-    from txjoin.ingest.spark.replay import SOURCE_NAME, ReplaySource, write_schedule_dir
+    from txjoin.ingest.spark.replay import SOURCE_NAME, ReplaySource
     from txjoin.join.spark.routing import route
     from txjoin.join.spark.shards import shard_labels
     from txjoin.pipeline.pipeline import Pipeline, RunConfig, build_sinks
     from txjoin.pipeline.session import get_session
-    from txjoin.stack.broker import create_topics, start_broker, stop_broker
+    from txjoin.stack.broker import start_broker, stop_broker
     from txjoin.stack.postgres import data_root, dsn, start_postgres, stop_postgres
     from txjoin.stack.processes import free_port
 
     job = load_job(JOB)
     work = Path(tempfile.mkdtemp(prefix="txjoin-bench-"))
-    snapshot, txs = pizzeria_workload(transactions, seed, snapshot_orders=snapshot_orders)
-    synth = Synthesizer(job)
-    produced = list(synth.snapshot(snapshot))
-    for tx in txs:
-        produced.extend(synth.transaction(tx))
-    data_events = sum(1 for r in produced if r.kind in ("data", "snapshot"))
-    n_records, n_txs = len(produced), len(txs)
-    click.echo(f"workload: {n_txs} transactions after a snapshot of {snapshot_orders} orders, "
-               f"{data_events} data events, {n_records} records (with BEGIN/END and "
-               f"tombstones)")
-    topics = list(synth.topics)
-    prefix = synth.prefix
-    tx_topic = transaction_topic(prefix)
-    rows = spread(produced, partitions, tx_topic)
-    del produced, synth, snapshot, txs
-    # The expected output, computed now: the harness's workload and reference are freed
-    # before the pipeline starts, so the driver's peak RSS is the pipeline's, not theirs.
-    expected = reference_keys(job, rows, partitions)
-
     broker = None
     bootstrap: str | None = None
     pg_root = data_root(work)
     pg = start_postgres(pg_root, free_port(), work / "logs" / "postgres.log")
-    result: dict[str, Any] = {"transactions": n_txs, "data_events": data_events,
-                              "records": n_records, "max_events_per_trigger": max_events,
-                              "master": master, "source": source_kind,
-                              "snapshot_orders": snapshot_orders, "partitions": partitions}
+    result: dict[str, Any] = {"max_events_per_trigger": max_events, "master": master,
+                              "source": source_kind, "snapshot_orders": snapshot_orders,
+                              "partitions": partitions}
     try:
+        if source_kind == "kafka":
+            broker = start_broker(work / "kafka", free_port(), work / "logs" / "broker.log")
+            bootstrap = broker.bootstrap_servers
+        schedule = str(work / "schedule")
+        # The workload is built, written where the pipeline reads it, and its expected
+        # output computed in a child process (forked before Spark starts): the driver's
+        # peak RSS is the pipeline's, not the workload's.
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            made = pool.apply(prepare_workload, (transactions, seed, snapshot_orders, partitions,
+                                                 max_events, bootstrap, schedule))
+        topics, prefix, expected = made.pop("topics"), made.pop("prefix"), made.pop("expected")
+        n_records, n_txs, data_events = made["records"], made["transactions"], made["data_events"]
+        result = {**made, **result}
+        result["harness_rss_mb"] = release_memory()
         spark = get_session(master, app_name="txjoin-bench")
         n_shards = shards or spark.sparkContext.defaultParallelism
         result["shards"] = n_shards
         if source_kind == "kafka":
-            broker = start_broker(work / "kafka", free_port(), work / "logs" / "broker.log")
-            bootstrap = broker.bootstrap_servers
-            create_topics(bootstrap, [tx_topic])
-            create_topics(bootstrap, [t for t in topics if t != tx_topic],
-                          partitions=partitions)
-            produce_s = produce(bootstrap, [(t, k, v) for t, _, _, k, v in rows],
-                                [row[1] for row in rows])
-            result["produce_records_per_s"] = round(n_records / produce_s)
-            click.echo(f"produced in {produce_s:.1f}s")
-
             def source(limit: int | None = max_events) -> DataFrame:
                 assert bootstrap is not None
                 return read_stream(spark, bootstrap, topics, "earliest", limit)
         else:
-            schedule = str(work / "schedule")
-            batches = write_schedule_dir(schedule, replay_schedule(rows, max_events))
-            click.echo(f"replay schedule: {batches} micro-batches of <= {max_events} records")
             spark.dataSource.register(ReplaySource)
 
             def source(limit: int | None = max_events) -> DataFrame:
                 return spark.readStream.format(SOURCE_NAME).option("schedule", schedule).load()
-        # The records are in the broker (or the schedule's files) now: what the driver
-        # process holds from here on is the pipeline's, and this baseline.
-        del rows
-        result["harness_rss_mb"] = release_memory()
 
         # Warm up (JVM, Python workers) so neither measurement pays the first-query cost.
         (spark.range(1000).selectExpr("id % 7 AS k").groupBy("k").count().collect())

@@ -21,7 +21,8 @@ Spark side; this module only needs the small :class:`BlobStore` interface):
 Values are compressed (lz4) and split into chunks of at most 8 MiB (the JVM's
 array limit and the state API's per-message cost both favour small values).
 
-The working engine is cached in the Python worker between micro-batches, but
+The working engine is cached in the shard's host process (``spark/host.py``)
+between micro-batches, but
 only as a cache: it is used when its (version, token) equals the meta's; when
 it is older, the segments it missed are re-applied (recorded effects: no
 decoding, no join evaluation) after checking that each segment's parent token continues the

@@ -6,9 +6,10 @@ which record, before any Python) are grouped by shard label and handed to
 per shard per micro-batch. It decodes the records it holds rows for (orjson,
 ``txjoin/ingest/debezium.py``; errors name topic/partition/offset), builds the
 metadata-only events of other shards' facts from their columns
-(:func:`routed_items`), and runs its engine. The engine is cached in the Python
-worker and kept in Spark's state store as a log of micro-batches
-(``join/state_log.py``): a batch writes what it brought, not the state.
+(:func:`routed_items`), and runs its engine. The engine is cached in the shard's
+host process (``host.py``; the Python worker itself where hosts are not available)
+and kept in Spark's state store as a log of micro-batches (``join/state_log.py``):
+a batch writes what it brought, not the state.
 
 Shard labels: Spark hash-partitions the grouping key into
 ``spark.sql.shuffle.partitions`` partitions; :func:`shard_labels` picks, for
@@ -30,6 +31,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
@@ -41,6 +43,7 @@ from txjoin.job import Job
 from txjoin.join.output import changes_to_table
 from txjoin.join.routing import METADATA_SIZE, Routed, row_digest
 from txjoin.join.shard import ShardEngine
+from txjoin.join.spark import host
 from txjoin.join.state_log import ShardLog
 from txjoin.join.temporal import OutputChange
 from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
@@ -49,10 +52,14 @@ OUTPUT_SCHEMA = "shard int, changes binary, info string"
 """Per shard and batch: its output changes as Arrow IPC streams (``OUTPUT_CHUNK_ROWS`` each at
 most), and its progress (JSON) on the first row."""
 
-# Engines cached in this Python worker: (query token, shard) -> engine. Only a cache
+# Engines cached in this process (a shard's host, or a Python worker):
+# (query token, shard) -> engine. Only a cache
 # (state_log.ShardLog validates it against the checkpoint's version and token).
 _CACHE: OrderedDict[tuple[str, int], ShardEngine] = OrderedDict()
 _CACHE_SIZE = 16
+# When each was last used: one unused for host.IDLE_S is dropped (its query has ended,
+# or moved its shard elsewhere; it would be restored from the log if it came back).
+_CACHE_USED: dict[tuple[str, int], float] = {}
 
 
 def shard_labels(spark: SparkSession, n_shards: int, partitions: int) -> list[int]:
@@ -177,28 +184,28 @@ class ShardProcessor(StatefulProcessor):
         meta = handle.getValueState("meta", "blob binary")
         log = handle.getMapState("log", "kind int, version long, chunk int", "blob binary")
         self.store = _SparkBlobStore(meta, log)
+        self._spec: bytes | None = None
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
                         timerValues: Any) -> Iterator[pd.DataFrame]:
         started = time.perf_counter()
-        # The shard's state is millions of long-lived objects: keep the cyclic collector
-        # from walking it during the batch, collect only what this batch allocated, then
-        # move the survivors out of the collector's generations (gc.freeze).
-        gc.disable()
-        try:
-            yield from self._handle(key, rows, started)
-        finally:
-            gc.collect(1)
-            gc.freeze()
-            gc.enable()
-
-    def _handle(self, key: Any, rows: Iterator[pd.DataFrame], started: float
-                ) -> Iterator[pd.DataFrame]:
-        shard = self.labels.index(int(key[0]))
         frames = [f for f in rows if len(f)]
         if not frames:
             return
-        frame = pd.concat(frames, ignore_index=True)
+        frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        shard = self.labels.index(int(key[0]))
+        if self._spec is None:
+            spec = {k: v for k, v in vars(self).items() if k not in ("store", "_spec")}
+            self._spec = cloudpickle.dumps(spec)
+        request = (self._spec, shard, frame, started)
+        if not host.available():
+            yield from run_batch(request, self.store)
+            return
+        with host.connect(shard) as conn:
+            yield from host.serve_batch(conn, request, self.store)
+
+    def handle(self, shard: int, frame: pd.DataFrame, started: float) -> pd.DataFrame:
+        """Run one batch of the shard on its engine (cached in this process)."""
         markers = is_marker(frame["offset"])
         if self.kafka_facts is None:
             marker_rows = frame.loc[markers]
@@ -222,8 +229,12 @@ class ShardProcessor(StatefulProcessor):
         result = log.process(cached, items, caught, partitions)
         engine = result.engine
         cache[cache_key] = engine
-        while len(cache) > _CACHE_SIZE:
-            cache.popitem(last=False)
+        now = time.monotonic()
+        _CACHE_USED[cache_key] = now
+        for key in list(cache):
+            if len(cache) > _CACHE_SIZE or now - _CACHE_USED.get(key, now) > host.IDLE_S:
+                del cache[key]
+                _CACHE_USED.pop(key, None)
         result.seconds["read_records"] += read_s
         info = {"shard": shard, "records": int(records["counted"].sum()),
                 "commit_seq": engine.commit_seq, "snapshot_done": engine.snapshot_done,
@@ -233,7 +244,7 @@ class ShardProcessor(StatefulProcessor):
                 "state_bytes_written": self.store.written,
                 "snapshot_rows": engine.batch_snapshot_rows,
                 "seconds": {**result.seconds, "total": time.perf_counter() - started}}
-        yield changes_frame(self.job, shard, result.changes, info)
+        return changes_frame(self.job, shard, result.changes, info)
 
     def _kafka_facts(self, facts: KafkaFacts, records: int
                      ) -> tuple[set[str], TopicPartitions | None]:
@@ -251,6 +262,34 @@ class ShardProcessor(StatefulProcessor):
 
     def close(self) -> None:
         pass
+
+
+def run_batch(request: tuple[bytes, int, pd.DataFrame, float], store: Any) -> list[pd.DataFrame]:
+    """Run a shard's batch in this process (a Python worker, or the shard's host):
+    ``request`` is what :meth:`ShardProcessor.handleInputRows` sends, ``store`` the shard's
+    state store (Spark's, or the task's over the host's connection)."""
+    spec, shard, frame, started = request
+    processor = _PROCESSORS.get(spec)
+    if processor is None:
+        processor = ShardProcessor.__new__(ShardProcessor)
+        vars(processor).update(pickle.loads(spec))
+        _PROCESSORS.clear()
+        _PROCESSORS[spec] = processor
+    processor.store = store
+    # The shard's state is millions of long-lived objects: keep the cyclic collector
+    # from walking it during the batch, collect only what this batch allocated, then
+    # move the survivors out of the collector's generations (gc.freeze).
+    gc.disable()
+    try:
+        return [processor.handle(shard, frame, started)]
+    finally:
+        gc.collect(1)
+        gc.freeze()
+        gc.enable()
+
+
+# The processor of the last request run in this process, by its pickled fields.
+_PROCESSORS: dict[bytes, ShardProcessor] = {}
 
 
 OUTPUT_CHUNK_ROWS = 50_000
