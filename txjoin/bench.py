@@ -23,9 +23,10 @@ under ``batches``: Spark's planning, offset log and state-store commit, the
 computation of the batch with each shard stage's share, each
 sink; see :func:`batch_stages`), the initial snapshot's load rate, state bytes
 written per batch, peak RSS of the driver (this Python process and Spark's JVM,
-not the broker's) and of the Python workers while the pipeline runs, and the
-ratio to the ceiling. The workload and the reference output are built and
-released before the pipeline starts (``harness_rss_mb``: what this process holds
+not the broker's) and of the Python workers with the shards' hosts while the
+pipeline runs, and the ratio to the ceiling. The workload is built, written to the
+broker (or the replay schedule) and its reference output computed in a child
+process forked before Spark starts (``harness_rss_mb``: what this process holds
 then). Not a test: numbers, not verdicts.
 """
 
@@ -50,6 +51,7 @@ import psutil
 from txjoin.ingest.debezium import transaction_topic
 from txjoin.job import Job, load_job
 from txjoin.join.engine import Engine
+from txjoin.join.spark import host as shard_host
 from txjoin.pipeline.metrics import quantile
 from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
@@ -59,7 +61,6 @@ JOB = Path(__file__).resolve().parents[1] / "jobs" / "orders.py"
 
 
 SPARK_SUBMIT = "org.apache.spark.deploy.SparkSubmit"  # the main class of PySpark's JVM
-HOST_MODULE = "txjoin.join.spark.host"  # a shard's host process: python -m HOST_MODULE
 
 
 class RssSampler:
@@ -83,7 +84,7 @@ class RssSampler:
                 pids = {p.pid for p in kids}
                 # The shards' hosts (join/spark/host.py), also when their worker has gone
                 hosts = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in pids
-                         and HOST_MODULE in (p.info["cmdline"] or [])]
+                         and shard_host.__name__ in (p.info["cmdline"] or [])]
                 workers = sum(p.memory_info().rss for p in [*kids, *hosts]
                               if "python" in p.name())
                 self.driver = max(self.driver, me.memory_info().rss + jvm)

@@ -40,8 +40,8 @@ def _hosts() -> dict[tuple[str, str], set[int]]:
     found: dict[tuple[str, str], set[int]] = {}
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if "txjoin.join.spark.host" in cmd:
-            *_, watch, shard = cmd[cmd.index("txjoin.join.spark.host") + 1].split("-")
+        if host.__name__ in cmd:
+            *_, watch, shard = cmd[cmd.index(host.__name__) + 1].split("-")
             found.setdefault((watch, shard), set()).add(proc.pid)
     return found
 
@@ -94,7 +94,7 @@ def test_a_host_exits_when_the_process_it_watches_is_gone() -> None:
     """A host outlives no executor: it watches the worker's parent (PySpark's daemon)."""
     watched = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     name = f"txjoin-shard-test-{os.getpid()}-{time.time_ns()}"
-    proc = subprocess.Popen([sys.executable, "-m", "txjoin.join.spark.host", name,
+    proc = subprocess.Popen([sys.executable, "-m", host.__name__, name,
                              str(watched.pid)])
     try:
         deadline = time.monotonic() + 20
