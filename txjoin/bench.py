@@ -70,6 +70,7 @@ class RssSampler:
     def __init__(self) -> None:
         self.driver = 0
         self.workers = 0
+        self.hosts = 0  # of which the shards' hosts (peaks need not coincide)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -85,10 +86,13 @@ class RssSampler:
                 # The shards' hosts (join/spark/host.py), also when their worker has gone
                 hosts = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in pids
                          and shard_host.__name__ in (p.info["cmdline"] or [])]
-                workers = sum(p.memory_info().rss for p in [*kids, *hosts]
-                              if "python" in p.name())
+                pythons = [p for p in [*kids, *hosts] if "python" in p.name()]
+                workers = sum(p.memory_info().rss for p in pythons)
+                in_hosts = sum(p.memory_info().rss for p in pythons
+                               if shard_host.__name__ in p.cmdline())
                 self.driver = max(self.driver, me.memory_info().rss + jvm)
                 self.workers = max(self.workers, workers)
+                self.hosts = max(self.hosts, in_hosts)
             except psutil.Error:
                 pass
             self._stop.wait(0.2)
@@ -401,6 +405,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                                    for k in names},
             "peak_rss_driver_mb": round(rss.driver / 2**20),
             "peak_rss_python_workers_mb": round(rss.workers / 2**20),
+            "peak_rss_shard_hosts_mb": round(rss.hosts / 2**20),
             "steady_batches": len(steady),
             "steady_batch_p50_s": round(quantile(steady_durations, 0.5), 3),
             # Bytes the shards handed to Spark's state store (segments, meta, and the

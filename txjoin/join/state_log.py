@@ -16,7 +16,7 @@ Spark side; this module only needs the small :class:`BlobStore` interface):
   when the rows in the segments since the last snapshot outnumber the rows it
   holds (or the segments grow too many), so its cost is amortised over at
   least as many rows of changes; older segments
-  and snapshots are then deleted.
+  and snapshots are then deleted, and the batch that writes it writes no segment.
 
 Values are compressed (lz4) and split into chunks of at most 8 MiB (the JVM's
 array limit and the state API's per-message cost both favour small values).
@@ -161,10 +161,6 @@ def _unpack(blob: bytes) -> Any:
     return pickle.loads(pa.decompress(blob[_HEADER.size:], size, codec=_CODEC, asbytes=True))
 
 
-def _chunks(blob: bytes) -> list[bytes]:
-    return [blob[i:i + CHUNK_BYTES] for i in range(0, max(len(blob), 1), CHUNK_BYTES)]
-
-
 class ShardLog:
     """Restores, advances and persists one shard's engine in a :class:`BlobStore`."""
 
@@ -216,10 +212,11 @@ class ShardLog:
 
     def _write(self, kind: int, version: int, obj: Any) -> int:
         blob = _pack(obj)
-        chunks = _chunks(blob)
-        chunks[0] = _COUNT.pack(len(chunks)) + chunks[0]
-        for i, part in enumerate(chunks):
-            self.store.put(kind, version, i, part)
+        count = len(range(0, max(len(blob), 1), CHUNK_BYTES))
+        view = memoryview(blob)
+        for i in range(count):  # one chunk copied at a time, not the whole blob again
+            part = view[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES].tobytes()
+            self.store.put(kind, version, i, _COUNT.pack(count) + part if i == 0 else part)
         return len(blob)
 
     def _remove(self, kind: int, version: int) -> None:
@@ -301,15 +298,20 @@ class ShardLog:
         token = chain_token(parent, version)
         effects = engine.last_effects
         assert effects is not None
-        written = self._write(SEGMENT, version, Segment(parent, token, version, effects,
-                                                        changes))
         engine.last_effects = None
         size = len(effects.journal) + len(effects.snapshot_events) + len(changes)
         meta = dict(meta, version=version, token=token, segments=meta["segments"] + 1,
                     since_snapshot=meta["since_snapshot"] + size)
         if (meta["since_snapshot"] > max(meta["snapshot_rows"], SNAPSHOT_MIN_ROWS)
                 or meta["segments"] > MAX_SEGMENTS):
-            written += self._compact(engine, meta, version, token)
+            # The snapshot at this version replaces every segment up to it, this batch's
+            # included: that segment is not written (the batch that releases a large
+            # initial snapshot would otherwise pickle its million rows twice).
+            del effects
+            written = self._compact(engine, meta, version, token)
+        else:
+            written = self._write(SEGMENT, version, Segment(parent, token, version, effects,
+                                                            changes))
         self.store.put_meta(meta)
         engine.log_version, engine.log_token = version, token
         # The engine's time: reading the routed records, sequencing (assembly, commit
