@@ -5,7 +5,7 @@
 
 Two PostgreSQL databases, two Debezium connectors, two topic prefixes, two
 transaction topics. There is no commit order across two databases: the
-guarantee is per source (README, "Two source databases"). Semantics
+guarantee is per source (docs/writing-jobs.md, "Two source databases"). Semantics
 ``current``: a colour change re-emits the affected users.
 """
 

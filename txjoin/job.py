@@ -228,7 +228,7 @@ class Source:
     """A source database: its own Debezium connector, topic prefix and transaction topic.
 
     Transactions of one source are applied in its commit order; there is no commit
-    order across sources (README, "Two source databases"). ``prefix`` is the
+    order across sources (docs/writing-jobs.md, "Two source databases"). ``prefix`` is the
     connector's ``topic.prefix`` (``txjoin run --topic-prefix NAME=PREFIX`` overrides it).
     """
 

@@ -49,7 +49,7 @@ def _check_run(data: Any, n_shards: int | None) -> None:
     batches = data.draw(deliveries(produce(job, workload)), label="delivery")
     grid = outputs_by_source_prefixes(job, workload.snapshot, workload.transactions)
     # A database that is empty and never commits never shows its snapshot finished
-    # (README, "Two source databases"): then nothing may be released at all.
+    # (docs/writing-jobs.md, "Two source databases"): then nothing may be released at all.
     silent = any(not any(workload.snapshot.get(t) for t in job.tables_of(s))
                  and not any(tx.source == s for tx in workload.transactions)
                  for s in job.source_names)
@@ -116,8 +116,8 @@ AS_OF_FACT = Job(**{**{f: getattr(TWO_DBS, f) for f in (
 @given(data=st.data())
 def test_as_of_fact_across_sources_uses_the_other_source_as_of_the_applying_batch(
         n_shards: int | None, data: Any) -> None:
-    """README: with as_of_fact a fact is enriched with the other source's state as of the
-    batch in which the fact's transaction is applied. The oracle replays the same
+    """docs/writing-jobs.md: with as_of_fact a fact is enriched with the other source's
+    state as of the batch in which the fact's transaction is applied. The oracle replays the same
     per-batch interleaving (first source's newly applied transactions, then the
     second's), taking the per-source counts the engine reports after each batch."""
     from txjoin.join.oracle import Oracle

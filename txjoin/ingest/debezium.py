@@ -5,8 +5,8 @@ setting) or true (``{"schema": ..., "payload": ...}``). Tombstones (null values
 after a delete) decode to ``None``. A malformed record raises
 :class:`~txjoin.errors.DecodeError` naming topic, partition and offset.
 
-Facts this relies on (DESIGN §3): the xid is the part of ``transaction.id``
-before the colon (the LSN part differs between BEGIN, data events and END);
+Facts this relies on (docs/how-it-works.md, "Debezium facts"): the xid is the part of
+``transaction.id`` before the colon (the LSN part differs between BEGIN, data events and END);
 snapshot rows have ``op: "r"`` and ``transaction: null``; ``source.ts_ms`` is
 the commit time.
 """

@@ -184,7 +184,7 @@ def outputs_by_source_prefixes(job: Job, snapshot: Mapping[str, Sequence[Mapping
     """For a job over several sources: (k1, k2, ...) -> the output on (S1 after its k1-th
     transaction, S2 after its k2-th, ...), counts in ``job.source_names`` order.
 
-    These are every state a reader may observe (README, "Two source databases").
+    These are every state a reader may observe (docs/writing-jobs.md, "Two source databases").
     Sources own disjoint tables, so with ``current`` semantics the output depends
     only on the counts. (With ``as_of_fact`` it depends on the interleaving too:
     each source's transactions are applied here in source order.)

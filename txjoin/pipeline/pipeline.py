@@ -1,4 +1,4 @@
-"""The streaming pipeline: source -> decode (executors) -> shards (stateful) -> sinks.
+"""The streaming pipeline: source -> routing (JVM) -> shards (decode, sequence, join) -> sinks.
 
 Shape of the query::
 

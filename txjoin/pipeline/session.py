@@ -1,6 +1,6 @@
 """One place that builds the local Spark session with the settings txjoin relies on.
 
-The settings come from measurements on our machines (DESIGN.md section 4): the
+The settings come from measurements on our machines (docs/how-it-works.md): the
 filesystem checkpoint manager cuts the per-batch overhead from ~200 ms to ~70 ms,
 a UTC session time zone keeps commit timestamps unambiguous, Arrow is what makes
 Python data sources and pandas UDFs fast, and a 16 MB thread stack stops

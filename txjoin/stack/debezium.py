@@ -32,7 +32,7 @@ from txjoin.errors import ConfigError, ServiceError
 from txjoin.stack.broker import java_binary
 from txjoin.stack.processes import LOG4J2_PROPERTIES, ProcessId, free_port, log4j2_config, stop
 
-# Measured here (`txjoin up`, worker start to task RUNNING): see README "Local stack".
+# Measured here (`txjoin up`, worker start to task RUNNING): see docs/local-stack.md.
 PLUGIN_DISCOVERY = "service_load"
 REPO_CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 CONNECTOR_PROPERTIES = REPO_CONFIG_DIR / "debezium-postgres.properties"
@@ -268,7 +268,8 @@ def refusal(body: bytes) -> str:
 
 def source_overrides(name: str, prefix: str, database: str,
                      tables: list[str]) -> dict[str, str]:
-    """Connector settings for one source database of a multi-source job (DESIGN §3 otherwise).
+    """Connector settings for one source database of a multi-source job (a single-source
+    stack runs config/debezium-postgres.properties as shipped).
 
     Its own slot and publication (both are per database; distinct names keep logs and
     ``pg_replication_slots`` legible) and its own topic prefix, hence its own

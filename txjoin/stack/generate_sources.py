@@ -11,9 +11,10 @@ is that source's commit order: what ``txjoin verify`` checks the sink changelog'
 per-source order against.
 
 The two databases are not coordinated at all: there is no order between them, which is
-the point (DESIGN §1 per source). Colour writers pick user ids up to a little past the
-largest user they have seen, so colours of users that do not exist yet (in the other
-database) happen, and users get several colours in one transaction (the greatest id wins).
+the point (the guarantee is per source: docs/writing-jobs.md, "Two source databases").
+Colour writers pick user ids up to a little past the largest user they have seen, so
+colours of users that do not exist yet (in the other database) happen, and users get
+several colours in one transaction (the greatest id wins).
 """
 
 from __future__ import annotations

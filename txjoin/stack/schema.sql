@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS public.users_favorite_color (
 );
 
 -- FULL so a delete's `before` carries every column and no unchanged TOASTed value
--- arrives as __debezium_unavailable_value (DESIGN §3).
+-- arrives as __debezium_unavailable_value (docs/how-it-works.md, "Debezium facts").
 ALTER TABLE public.clients              REPLICA IDENTITY FULL;
 ALTER TABLE public.pizzas               REPLICA IDENTITY FULL;
 ALTER TABLE public.tables               REPLICA IDENTITY FULL;
