@@ -57,6 +57,32 @@ class TxjoinCommands(click.Group):
                 raise
             sys.exit(code)
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """``txjoin --help`` lists the commands in sections: the job, the local stack, the
+        tools (a command in none of them is listed under "Other commands")."""
+        # As click's own listing: the help cut to the width left beside the longest name.
+        width = formatter.width - 6 - max(len(name) for name in self.commands)
+        listed: set[str] = set()
+        for title, names in (*COMMAND_SECTIONS, ("Other commands", tuple(self.commands))):
+            rows = []
+            for name in names:
+                cmd = self.get_command(ctx, name)
+                if cmd is None or cmd.hidden or name in listed:
+                    continue
+                listed.add(name)
+                rows.append((name, cmd.get_short_help_str(limit=width)))
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+COMMAND_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("The job", ("job", "run", "verify", "maintain", "export")),
+    ("The local stack", ("up", "status", "generate", "demo", "down")),
+    ("Tools", ("replay", "bench", "soak")),
+)
+"""How ``txjoin --help`` groups the commands (docs/reference/cli.md lists them all)."""
+
 
 @click.group(cls=TxjoinCommands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="txjoin")
