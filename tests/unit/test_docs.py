@@ -219,6 +219,43 @@ def test_the_command_check_accepts_a_right_line(argv: list[str]) -> None:
     check_command(argv)
 
 
+def code_text() -> str:
+    """txjoin's source as one line of text in which an error message reads as it prints:
+    string literals split over lines joined, ``{CONSTANT}`` replaced by the constant's
+    text, backticks dropped."""
+    text = "\n".join(p.read_text() for p in sorted((ROOT / "txjoin").rglob("*.py")))
+    text = re.sub(r"""["']\s*\n\s*(?:rf|fr|f|r)?["']""", "", text)
+    text = re.sub(r"\s+", " ", text)
+    constants = dict(re.findall(r'\b([A-Z][A-Z0-9_]*) = \(?\s*f?"([^"]*)"', text))
+    text = re.sub(r"\{([A-Z][A-Z0-9_]*)\}", lambda m: constants.get(m.group(1), m.group(0)),
+                  text)
+    return text.replace("`", "")
+
+
+# What a troubleshooting entry writes for the parts of a message that vary: ..., a quoted
+# value, an upper-case name (T, DIR, NAME), a number, a source's name before the colon.
+PLACEHOLDER = re.compile(r"\.\.\.|(?<!\w)'[^']*'(?!\w)|\b(?:[A-Z][A-Z0-9_]*|\d\w*)\b"
+                         r"|\b(?:kafka|txjoin_files|txjoin_replay):")
+
+
+def unknown_error_text(phrase: str, code: str) -> list[str]:
+    """The fixed parts (three words or more) of an error line that the code never says."""
+    parts = [part.strip(" .,;:()[]") for part in PLACEHOLDER.split(phrase)]
+    return [part for part in parts if len(part.split()) >= 3 and part not in code]
+
+
+def test_every_error_line_in_troubleshooting_is_one_the_code_says() -> None:
+    page = re.sub(r"\s*\n\s*", " ", (ROOT / "docs" / "troubleshooting.md").read_text())
+    phrases = re.findall(r"\*\*`([^`]+)`\*\*", page)
+    code = code_text()
+    assert len(phrases) > 80, "the error lines are bold code spans"
+    stale = {phrase: unknown for phrase in phrases
+             if (unknown := unknown_error_text(phrase, code))}
+    assert not stale, f"troubleshooting.md quotes errors the code no longer says: {stale}"
+    assert unknown_error_text("no local stack is running in DIR", code) == []
+    assert unknown_error_text("no local stack is running on Mars, ever", code) != []
+
+
 def test_the_readme_links_only_to_files_that_exist() -> None:
     links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text())
     local = [link for link in links if "://" not in link]
