@@ -127,3 +127,21 @@ def test_no_stack_recorded_says_how_to_start_one(tmp_path: Path) -> None:
     hint = stack_mod.start_hint(tmp_path / "none")
     assert "txjoin up --dir" in hint and "--wipe" not in hint
     assert stack_mod.recorded_start(tmp_path / "none") is None
+
+
+def test_ctrl_c_asks_the_run_to_stop_and_a_second_one_stops_at_once() -> None:
+    import os
+    import signal
+    import threading
+
+    from txjoin.pipeline.run import _ctrl_c_stops
+
+    stop = threading.Event()
+    before = signal.getsignal(signal.SIGINT)
+    with _ctrl_c_stops(stop):
+        os.kill(os.getpid(), signal.SIGINT)  # handled between two bytecodes: no traceback
+        assert stop.wait(5)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            threading.Event().wait(5)
+    assert signal.getsignal(signal.SIGINT) is before

@@ -103,9 +103,21 @@ def _await(query: StreamingQuery, until_idle: bool, stop: threading.Event | None
            say: Callable[[str], None] = click.echo) -> bool:
     """Wait for ``query``; False when stopped (Ctrl-C or ``stop``) before it ended. A stop
     lets the batch in progress finish and commit first."""
+    stop = stop or threading.Event()
+    # Installed here, after the session started: a new SparkContext installs its own.
+    with _ctrl_c_stops(stop):
+        stopped = _wait(query, stop)
+    if stopped:
+        say("stopped (the checkpoint keeps the progress; run again to resume)")
+    return not stopped and until_idle
+
+
+def _wait(query: StreamingQuery, stop: threading.Event) -> bool:
+    """Wait for ``query`` to end or ``stop`` to be set, then for the batch in progress to
+    commit; stop the query. True when it was stopped before it ended."""
     stopped = False
     try:
-        while query.isActive and not (stop is not None and stop.is_set()):
+        while query.isActive and not stop.is_set():
             query.awaitTermination(1)
         stopped = query.isActive
         deadline = time.monotonic() + BATCH_FINISH_WAIT_S
@@ -116,9 +128,7 @@ def _await(query: StreamingQuery, until_idle: bool, stop: threading.Event | None
     finally:
         if query.isActive:
             query.stop()
-    if stopped:
-        say("stopped (the checkpoint keeps the progress; run again to resume)")
-    return not stopped and until_idle
+    return stopped
 
 
 def _raise_failure(query: StreamingQuery) -> None:
@@ -130,15 +140,13 @@ def _raise_failure(query: StreamingQuery) -> None:
 def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None] | None = None,
             stop: threading.Event | None = None, quiet: bool = False) -> list[BatchReport]:
     """Run the job until stopped (Ctrl-C or ``stop``), or until idle with ``until_idle``."""
-    stop = stop or threading.Event()
     metrics = Metrics(job.name)
     server = None if config.metrics_port is None else MetricsServer(metrics, config.metrics_port)
     say = (lambda _: None) if quiet else click.echo
     if server is not None:
         say(f"metrics: http://localhost:{server.port}/metrics")
     try:
-        with _ctrl_c_stops(stop):
-            return _run(job, config, metrics, on_batch, stop, quiet, say)
+        return _run(job, config, metrics, on_batch, stop, quiet, say)
     finally:
         if server is not None:
             server.close()
