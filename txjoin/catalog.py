@@ -16,17 +16,21 @@ time imports it.
 
 from __future__ import annotations
 
+import difflib
 import json
 import keyword
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg2
 
 from txjoin.errors import ConfigError, ServiceError
+
+if TYPE_CHECKING:
+    from txjoin.job import Table
 
 # format_type() spelling -> txjoin column type, for types whose spelling differs.
 _SAME = {"smallint", "bigint", "text", "date", "interval", "uuid", "json", "jsonb", "bytea",
@@ -331,6 +335,10 @@ def render_job(proposal: Proposal) -> str:
     lines += ["    ],", f"    fact={_q(fact.name)},", f"    fact_alias={_q(fa)},", "    lookups=["]
     for note in proposal.skipped:
         lines.append(f"{ind}# not proposed: {note}")
+    if not proposal.lookups and len(proposal.tables) > 1:
+        lines += [f"{ind}# No foreign key joins these tables in the catalog. Name the joins",
+                  f"{ind}# with `txjoin job init ... --lookup loans.member_id=members.id`",
+                  f"{ind}# (repeatable), or add Lookup(alias, table, parent=..., on={{...}})."]
     for lk in proposal.lookups:
         how = "" if lk.how == "inner" else f", how={_q(lk.how)}"
         head = f"Lookup({_q(lk.alias)}, {_q(lk.table.name)}, parent={_q(lk.parent)},"
@@ -353,8 +361,99 @@ def render_job(proposal: Proposal) -> str:
     return "\n".join(lines)
 
 
-def init_job(dsn: str, tables: Sequence[str], fact: str | None = None) -> str:
-    """Read the catalog at ``dsn`` and return a job file's source for ``tables``."""
+def parse_lookup(text: str) -> tuple[str, list[str], str, list[str]]:
+    """``--lookup loans.member_id=members.id`` -> (``loans``, [``member_id``], ``members``,
+    [``id``]): the referencing table and columns, the referenced table and columns. Tables
+    may be schema-qualified (``public.loans.member_id``); several columns are joined with
+    ``+`` (``a.x+y=b.p+q``)."""
+    def side(part: str) -> tuple[str, list[str]]:
+        table, _, cols = part.strip().rpartition(".")
+        columns = [c.strip() for c in cols.split("+")]
+        if not table or not all(columns):
+            raise ConfigError(f"--lookup {text!r}: expected TABLE.COLUMN=TABLE.COLUMN, e.g. "
+                              f"loans.member_id=members.id")
+        return table, columns
+
+    if text.count("=") != 1:
+        raise ConfigError(f"--lookup {text!r}: expected TABLE.COLUMN=TABLE.COLUMN, e.g. "
+                          f"loans.member_id=members.id")
+    left, right = text.split("=")
+    (table, columns), (ref_table, ref_columns) = side(left), side(right)
+    if len(columns) != len(ref_columns):
+        raise ConfigError(f"--lookup {text!r}: {len(columns)} column(s) on the left, "
+                          f"{len(ref_columns)} on the right")
+    return table, columns, ref_table, ref_columns
+
+
+def _named(tables: Sequence[CatalogTable], name: str, what: str) -> CatalogTable:
+    matches = [t for t in tables if name in (t.name, t.bare)]
+    if not matches:
+        near = difflib.get_close_matches(name, [t.bare for t in tables], n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"--lookup {what}: table {name!r} is not one of --tables "
+                          f"{[t.name for t in tables]}{hint}")
+    return matches[0]
+
+
+def add_lookups(tables: Sequence[CatalogTable], lookups: Sequence[str]) -> None:
+    """Declare each ``--lookup`` (:func:`parse_lookup`) as a foreign key of its referencing
+    table, for :func:`propose` to follow as it follows the catalog's own."""
+    for text in lookups:
+        name, columns, ref_name, ref_columns = parse_lookup(text)
+        table, ref = _named(tables, name, text), _named(tables, ref_name, text)
+        for t, cols in ((table, columns), (ref, ref_columns)):
+            for col in cols:
+                if col not in t.columns and col not in t.unsupported:
+                    near = difflib.get_close_matches(col, list(t.columns), n=1)
+                    hint = f" (did you mean {near[0]!r}?)" if near else ""
+                    raise ConfigError(f"--lookup {text}: {t.name} has no column {col!r}{hint}")
+        if sorted(ref_columns) != sorted(ref.key):
+            raise ConfigError(f"--lookup {text}: {', '.join(ref_columns)} is not the primary "
+                              f"key ({', '.join(ref.key)}) of {ref.name}; a lookup names one "
+                              f"row of the looked-up table")
+        table.foreign_keys.append(ForeignKey(f"--lookup {text}", columns, ref.name,
+                                             ref_columns))
+
+
+def init_job(dsn: str, tables: Sequence[str], fact: str | None = None,
+             lookups: Sequence[str] = ()) -> str:
+    """Read the catalog at ``dsn`` and return a job file's source for ``tables``, with the
+    catalog's foreign keys and ``lookups`` (``--lookup``) as the joins."""
     if not tables:
         raise ConfigError("--tables names no table")
-    return render_job(propose(read_catalog(dsn, tables), fact))
+    catalog = read_catalog(dsn, tables)
+    add_lookups(catalog, lookups)
+    return render_job(propose(catalog, fact))
+
+
+def check_declared_columns(dsn: str, tables: Sequence[Table], job_file: str) -> None:
+    """ConfigError (one line, with a "did you mean") unless every table and column the job
+    declares exists in the source database at ``dsn``: a typo in a job file is found when
+    the run starts, not when the first record of the table arrives."""
+    from txjoin.sinks.postgres import mask_dsn
+
+    with _connect(dsn) as conn, conn.cursor() as cur:
+        for table in tables:
+            cur.execute("SELECT ARRAY(SELECT attname::text FROM pg_attribute WHERE attrelid = "
+                        "c.oid AND attnum > 0 AND NOT attisdropped ORDER BY attnum) "
+                        "FROM pg_class c WHERE c.oid = to_regclass(%s)", (table.name,))
+            row = cur.fetchone()
+            where = f"{job_file}: table {table.name}"
+            if row is None:
+                cur.execute("SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN "
+                            "pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind IN "
+                            "('r', 'p') AND n.nspname NOT IN ('pg_catalog', "
+                            "'information_schema')")
+                near = difflib.get_close_matches(table.name, [r[0] for r in cur.fetchall()], 1)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                raise ConfigError(f"{where} does not exist in the source database "
+                                  f"{mask_dsn(dsn)}{hint}; fix the Table name in the job file")
+            columns = row[0]
+            for col in table.columns:
+                if col not in columns:
+                    near = difflib.get_close_matches(col, columns, 1)
+                    hint = f" (did you mean {near[0]!r}?)" if near else ""
+                    raise ConfigError(
+                        f"{where} has no column {col!r} in the source database "
+                        f"{mask_dsn(dsn)}{hint}; its columns: {', '.join(columns)}. Fix the "
+                        f"job file's Table columns (nothing was read or written)")

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -35,6 +35,9 @@ from txjoin.ingest.debezium import (
     DEFAULT_TOPIC_PREFIX,
     TIME_PRECISION_MODES,
 )
+
+if TYPE_CHECKING:
+    from txjoin.job import Job, Table
 
 DEFAULT_DIR = ".txjoin"
 
@@ -108,7 +111,9 @@ def _env(name: str) -> str:
 @click.option("--topic-prefix", "topic_prefix", envvar=_env("TOPIC_PREFIX"), show_envvar=True,
               multiple=True, metavar="[NAME=]PREFIX",
               help="Debezium topic.prefix: topics <prefix>.<schema>.<table> and "
-                   "<prefix>.transaction. Default: shop. A job over several source databases "
+                   "<prefix>.transaction. Default: the local stack's prefix when the run "
+                   "uses it (a `txjoin up --job` stack's is named after the job), else shop. "
+                   "A job over several source databases "
                    "takes each source's prefix from its Source(prefix=...); override one with "
                    "--topic-prefix NAME=PREFIX (repeatable).")
 @click.option("--starting-offsets", envvar=_env("STARTING_OFFSETS"), show_envvar=True,
@@ -206,7 +211,11 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
         spark_conf: tuple[str, ...], max_transaction_bytes: int, shards: int | None,
         maintain_every: int | None, vacuum_retention_hours: float | None,
         metrics_port: int | None, directory: Path, source: str) -> None:
-    """Run JOB_FILE as a streaming query: Kafka -> transactions -> join -> Delta + PostgreSQL."""
+    """Run JOB_FILE as a streaming query: Kafka -> transactions -> join -> Delta + PostgreSQL.
+
+    It runs until stopped: Ctrl-C ends it after the batch in progress commits (exit 0; a
+    second Ctrl-C stops at once, and the next run replays that batch). With --until-idle it
+    ends by itself once the input available at start is written."""
     from txjoin.ingest.spark.files import parse_source
     from txjoin.job import load_job
     from txjoin.pipeline.pipeline import RunConfig
@@ -226,19 +235,20 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
                           "<dir>/<topic>/partition=<p>/<topic>+<p>+<start offset>.json "
                           "(e.g. written by `txjoin export`)")
     if (not bootstrap_servers and not from_files) or (postgres_dsn is None and not no_postgres):
-        from txjoin.stack.stack import load_stack
+        from txjoin.stack.stack import load_stack, start_hint
 
         stack = load_stack(directory)
         if not bootstrap_servers and not from_files:
             if stack is None:
                 raise ConfigError(
                     f"no --bootstrap-servers given and no local stack is running in "
-                    f"{directory}/; start one with `txjoin up --dir {directory}` or pass "
+                    f"{directory}/; {start_hint(directory)}, or pass "
                     f"--bootstrap-servers HOST:PORT")
             bootstrap_servers = stack.bootstrap_servers
-            if not job.sources:  # declared sources name their own prefixes
+            if not job.sources and not topic_prefix:  # declared sources name their own
                 plain_prefix = stack.topic_prefix
             click.echo(f"using the local stack in {directory}/: broker {bootstrap_servers}")
+            check_stack_columns(stack, job)
         if postgres_dsn is None and not no_postgres and stack is not None:
             postgres_dsn = stack.pg_dsn_sink
             click.echo("using the local stack's PostgreSQL sink database")
@@ -259,6 +269,30 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
                           "--maintain-every N (or run `txjoin maintain` while it is stopped)")
     config.prefixes(job)  # every source has a prefix, no two share one: fail before Spark
     run_job(job, config)
+
+
+def check_stack_columns(stack: Any, job: Job) -> None:
+    """The job's tables and columns against the local stack's source database(s), before
+    anything starts (``catalog.check_declared_columns``)."""
+    from txjoin.catalog import check_declared_columns
+
+    by_dsn: dict[str, list[Table]] = {}
+    for table in job.tables:
+        if stack.sources:
+            names = [s.name for s in stack.sources]
+            name = table.source if table.source is not None else (
+                names[0] if len(names) == 1 else None)
+            source = next((s for s in stack.sources if s.name == name), None)
+            if source is None or table.name not in source.tables:
+                continue
+            dsn = source.dsn
+        elif table.name in stack.tables:
+            dsn = stack.pg_dsn_source
+        else:
+            continue
+        by_dsn.setdefault(dsn, []).append(table)
+    for dsn, tables in by_dsn.items():
+        check_declared_columns(dsn, tables, job.source_file)
 
 
 def parse_topic_prefixes(items: Sequence[str], sources: Sequence[str], declared: bool
@@ -429,15 +463,25 @@ def job_group() -> None:
                    "search_path).")
 @click.option("--fact", default=None,
               help="The driving table (default: the one whose foreign keys reach most others).")
+@click.option("--lookup", "lookups", multiple=True, metavar="TABLE.COL=TABLE.COL",
+              help="A join the catalog has no foreign key for: the referencing table's "
+                   "column(s), then the looked-up table's primary key, e.g. "
+                   "loans.member_id=members.id (repeatable; a+b=p+q for several columns).")
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the job file here (refuses to overwrite); default: print it.")
-def job_init(dsn: str, tables: str, fact: str | None, out: Path | None) -> None:
-    """Write a job file from the catalog: tables, keys, lookups from foreign keys, an output."""
+def job_init(dsn: str, tables: str, fact: str | None, lookups: tuple[str, ...],
+             out: Path | None) -> None:
+    """Write a job file from the catalog: tables, keys, lookups from foreign keys (and
+    --lookup), an output."""
     from txjoin.catalog import init_job
 
     if out is not None and out.exists():
         raise ConfigError(f"{out} exists; choose another --out or remove it")
-    text = init_job(dsn, [t.strip() for t in tables.split(",") if t.strip()], fact)
+    names = [t.strip() for t in tables.split(",") if t.strip()]
+    text = init_job(dsn, names, fact, lookups)
+    if len(names) > 1 and "No foreign key joins these tables" in text:
+        click.echo("note: no foreign keys join these tables, so the job has no lookups; name "
+                   "them with --lookup TABLE.COL=TABLE.COL", err=True)
     if out is None:
         click.echo(text, nl=False)
     else:

@@ -20,9 +20,10 @@ declared. Errors name the job file and the lookup.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -420,7 +421,16 @@ class Job:
 
 
 def _fail(job: Job, what: str) -> None:
-    raise JobError(f"job {job.name!r} ({job.source_file}): {what}")
+    # A job built inside a job file is validated before load_job knows the file's path;
+    # load_job then puts the path in front of the message.
+    where = "" if job.source_file == "<inline>" else f" ({job.source_file})"
+    raise JobError(f"job {job.name!r}{where}: {what}")
+
+
+def _near(name: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to a mistyped ``name``."""
+    found = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {found[0]!r}?)" if found else ""
 
 
 def validate(job: Job) -> None:
@@ -436,16 +446,18 @@ def validate(job: Job) -> None:
             _fail(job, f"table {t.name!r} must be named schema.table")
         for col in t.key:
             if col not in t.columns:
-                _fail(job, f"table {t.name}: key column {col!r} is not declared")
+                _fail(job, f"table {t.name}: key column {col!r} is not declared"
+                           f"{_near(col, t.columns)}")
         for col, typ in t.columns.items():
-            check_type(typ, f"job {job.name!r} ({job.source_file}): {t.name}.{col}")
+            where = "" if job.source_file == "<inline>" else f" ({job.source_file})"
+            check_type(typ, f"job {job.name!r}{where}: {t.name}.{col}")
         for col in t.defaults:
             if col not in t.columns:
                 _fail(job, f"table {t.name}: default for {col!r}, which is not a declared column")
             if col in t.key:
                 _fail(job, f"table {t.name}: key column {col!r} cannot have a default")
     if job.fact not in job._by_name:
-        _fail(job, f"fact table {job.fact!r} is not declared in tables")
+        _fail(job, f"fact table {job.fact!r} is not declared in tables{_near(job.fact, names)}")
     aliases = [job.fact_alias, *(lk.alias for lk in job.lookups)]
     if len(set(aliases)) != len(aliases):
         _fail(job, f"an alias is used twice: {aliases}")
@@ -455,9 +467,11 @@ def validate(job: Job) -> None:
     for lk in job.lookups:
         where = f"lookup {lk.alias!r} ({lk.table})"
         if lk.table not in job._by_name:
-            _fail(job, f"{where}: table {lk.table!r} is not declared in tables")
+            _fail(job, f"{where}: table {lk.table!r} is not declared in tables"
+                       f"{_near(lk.table, names)}")
         if lk.parent not in aliases:
-            _fail(job, f"{where}: parent alias {lk.parent!r} does not exist")
+            _fail(job, f"{where}: parent alias {lk.parent!r} does not exist"
+                       f"{_near(lk.parent, aliases)}")
         if lk.how not in ("inner", "left"):
             _fail(job, f"{where}: how={lk.how!r}, expected 'inner' or 'left'")
         if not lk.on:
@@ -466,10 +480,11 @@ def validate(job: Job) -> None:
         table = job.table(lk.table)
         for mine, theirs in lk.on.items():
             if mine not in table.columns:
-                _fail(job, f"{where}: column {mine!r} is not declared on {lk.table}")
+                _fail(job, f"{where}: column {mine!r} is not declared on {lk.table}"
+                           f"{_near(mine, table.columns)}")
             if theirs not in parent_table.columns:
                 _fail(job, f"{where}: parent column {lk.parent}.{theirs} is not declared "
-                           f"on {parent_table.name}")
+                           f"on {parent_table.name}{_near(theirs, parent_table.columns)}")
             is_array = parent_table.columns[theirs].endswith("[]")
             if is_array != lk.array:
                 _fail(job, f"{where}: parent column {lk.parent}.{theirs} is "
@@ -482,7 +497,8 @@ def validate(job: Job) -> None:
                        f"{list(table.key)} of {lk.table}, so several rows can match; say how "
                        f"they resolve with pick=Pick(column, 'max'|'min')")
         if lk.pick is not None and lk.pick.column not in table.columns:
-            _fail(job, f"{where}: pick column {lk.pick.column!r} is not declared")
+            _fail(job, f"{where}: pick column {lk.pick.column!r} is not declared"
+                       f"{_near(lk.pick.column, table.columns)}")
         graph.add_edge(lk.parent, lk.alias)
     if not nx.is_arborescence(graph) or [n for n, d in graph.in_degree() if d == 0] != [
         job.fact_alias
@@ -509,10 +525,11 @@ def validate(job: Job) -> None:
             _fail(job, f"{where}: {ref!r} must be alias.column")
         alias, col = ref.split(".", 1)
         if alias not in aliases:
-            _fail(job, f"{where}: unknown alias {alias!r}")
+            _fail(job, f"{where}: unknown alias {alias!r}{_near(alias, aliases)}")
         if col not in job.alias_table(alias).columns:
             _fail(job, f"{where}: column {col!r} is not declared on "
-                       f"{job.alias_table(alias).name}")
+                       f"{job.alias_table(alias).name}"
+                       f"{_near(col, job.alias_table(alias).columns)}")
         arr = under_array(alias)
         if arr is not None and arr != inside:
             _fail(job, f"{where}: {ref} lies under array lookup {arr!r}; wrap it in "

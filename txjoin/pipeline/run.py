@@ -9,9 +9,13 @@ shadow tables, swaps them in atomically, then goes on as a normal run.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 from pyspark.sql import DataFrame, SparkSession
@@ -65,22 +69,66 @@ def summary_line(reports: list[BatchReport], sinks: list[Sink]) -> str:
             f"{'none yet' if frontier is None else frontier}")
 
 
-def _await(query: StreamingQuery, until_idle: bool, stop: threading.Event | None) -> bool:
-    """Wait for ``query``; False when interrupted (Ctrl-C or ``stop``) before it ended."""
+BATCH_FINISH_WAIT_S = 600.0
+"""How long a stop asked for by Ctrl-C waits for the batch in progress to commit."""
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops(stop: threading.Event) -> Iterator[None]:
+    """Ctrl-C sets ``stop``: the run ends after the batch in progress commits; a second
+    Ctrl-C stops at once (the next run replays that batch; nothing is lost or doubled).
+
+    Replaces, for the run, the handler SparkContext installs: it cancels Spark's jobs from
+    inside the signal handler, in the middle of the main thread's own call into the JVM,
+    and py4j then prints a 'reentrant call' traceback and a stray KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupted(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        click.echo("stopping after the batch in progress commits (Ctrl-C again to stop now)",
+                   err=True)
+
+    previous = signal.signal(signal.SIGINT, interrupted)
     try:
-        if until_idle:
-            query.awaitTermination()
-        else:
-            while query.isActive and not (stop is not None and stop.is_set()):
-                query.awaitTermination(1)
-            return False
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _await(query: StreamingQuery, until_idle: bool, stop: threading.Event | None,
+           say: Callable[[str], None] = click.echo) -> bool:
+    """Wait for ``query``; False when stopped (Ctrl-C or ``stop``) before it ended. A stop
+    lets the batch in progress finish and commit first."""
+    stop = stop or threading.Event()
+    # Installed here, after the session started: a new SparkContext installs its own.
+    with _ctrl_c_stops(stop):
+        stopped = _wait(query, stop)
+    if stopped:
+        say("stopped (the checkpoint keeps the progress; run again to resume)")
+    return not stopped and until_idle
+
+
+def _wait(query: StreamingQuery, stop: threading.Event) -> bool:
+    """Wait for ``query`` to end or ``stop`` to be set, then for the batch in progress to
+    commit; stop the query. True when it was stopped before it ended."""
+    stopped = False
+    try:
+        while query.isActive and not stop.is_set():
+            query.awaitTermination(1)
+        stopped = query.isActive
+        deadline = time.monotonic() + BATCH_FINISH_WAIT_S
+        while stopped and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+            time.sleep(0.05)
     except KeyboardInterrupt:
-        click.echo("stopping (the checkpoint keeps the progress; run again to resume)")
-        return False
+        stopped = True
     finally:
         if query.isActive:
             query.stop()
-    return True
+    return stopped
 
 
 def _raise_failure(query: StreamingQuery) -> None:
@@ -133,7 +181,7 @@ def _run(job: Job, config: RunConfig, metrics: Metrics,
         source = source_frame(spark, job, config, pipeline)
         if config.rebuild:
             query = pipeline.start(source, available_now=True, query_name=f"txjoin_{job.name}")
-            finished = _await(query, True, stop)
+            finished = _await(query, True, stop, say)
             _raise_failure(query)
             if not finished:
                 return pipeline.reports  # the rebuild stays unswapped; run --rebuild again
@@ -147,7 +195,7 @@ def _run(job: Job, config: RunConfig, metrics: Metrics,
             source = source_frame(spark, job, config, pipeline)
         query = pipeline.start(source, available_now=config.until_idle,
                                query_name=f"txjoin_{job.name}")
-        _await(query, config.until_idle, stop)
+        _await(query, config.until_idle, stop, say)
         _raise_failure(query)
         say(summary_line(pipeline.reports, sinks))
     finally:

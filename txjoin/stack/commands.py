@@ -7,6 +7,7 @@ Errors are ``TxjoinError``s, which the main CLI turns into a message and an exit
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,27 +43,34 @@ _dir_option = click.option(
               help="With --job: capture the job's tables from this PostgreSQL, which you run "
                    "(checked first: wal_level=logical, a REPLICATION role, the tables, columns "
                    "and replica identity); the stack's own PostgreSQL then holds only the sink.")
-@click.option("--partitions", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--partitions", type=click.IntRange(min=1), default=None,
               help="Partitions of each table topic (Debezium spreads records by row key; "
-                   "transaction topics always have one).")
+                   "transaction topics always have one). Default: 1, or what the stack in "
+                   "--dir was started with.")
 @cli_errors
 def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: float,
-       job_file: Path | None, source_dsn: str | None, partitions: int) -> None:
+       job_file: Path | None, source_dsn: str | None, partitions: int | None) -> None:
     """Start PostgreSQL, Apache Kafka and Debezium (Kafka Connect) in the background.
 
     A stack stopped by `down` (without --wipe), or whose processes died, starts again on
-    its ports and data."""
+    its ports and data: `txjoin up --dir DIR` starts it as it was started (a `--job` stack
+    with its job's source databases)."""
     sources: list[stack_mod.SourceSpec] = []
     if source_dsn is not None and job_file is None:
         raise ConfigError("--source-dsn captures a job's tables: add --job FILE (write one "
                           "from your catalog with `txjoin job init --dsn DSN --tables ...`)")
+    recorded = stack_mod.recorded_start(directory)
     if job_file is not None:
         from txjoin.job import load_job
 
         sources = stack_mod.job_sources(load_job(job_file), source_dsn)
+    elif recorded is not None:
+        sources = recorded[0]  # no --job: the stack as it was started
+    if partitions is None:
+        partitions = recorded[1] if recorded is not None else 1
     result = stack_mod.up(directory, pg_port=pg_port, broker_port=broker_port, timeout=timeout,
                           progress=lambda line: _console.print(f"[dim]{line}[/dim]"),
-                          sources=sources, partitions=partitions)
+                          sources=sources, partitions=partitions, job_file=job_file)
     info = result.info
     if result.already_running:
         _console.print(f"stack in {directory} is already running")
@@ -112,13 +120,18 @@ def down(directory: Path, wipe: bool) -> None:
 
 @click.command()
 @_dir_option
+@click.option("--show-dsn", is_flag=True,
+              help="Print the databases' connection strings with their password (the local "
+                   "stack's own, for psql or your application), not masked.")
 @cli_errors
-def status(directory: Path) -> None:
+def status(directory: Path, show_dsn: bool) -> None:
     """Show each component's pid, port (Debezium: its Connect REST port) and health."""
     components = stack_mod.status(directory)
     if not components:
-        _console.print(f"no stack in {directory} (start one with `txjoin up`)")
+        _console.print(f"no stack in {directory} ({stack_mod.start_hint(directory)})")
         return
+    shown: Callable[[str], str] = (lambda dsn: dsn) if show_dsn else mask_dsn
+
     table = Table("component", "pid", "port", "running", "health")
     for c in components:
         table.add_row(c.name, str(c.pid), "" if c.port is None else str(c.port),
@@ -127,11 +140,11 @@ def status(directory: Path) -> None:
     console.print(table)
     info = stack_mod.load_stack(directory)
     if info is not None:
-        console.print(f"source    {mask_dsn(info.pg_dsn_source)}\n"
-                      f"sink      {mask_dsn(info.pg_dsn_sink)}\n"
+        console.print(f"source    {shown(info.pg_dsn_source)}\n"
+                      f"sink      {shown(info.pg_dsn_sink)}\n"
                       f"bootstrap {info.bootstrap_servers}", highlight=False)
         for source in info.sources:
-            console.print(f"source {source.name!r}: {mask_dsn(source.dsn)}, topics "
+            console.print(f"source {source.name!r}: {shown(source.dsn)}, topics "
                           f"{', '.join(source.topics)}", highlight=False)
         postgres = next((c for c in components if c.name == "postgres"), None)
         if postgres is not None and postgres.running:

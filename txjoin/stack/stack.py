@@ -294,22 +294,23 @@ def load_stack(directory: str | os.PathLike[str] = DEFAULT_DIR) -> StackInfo | N
 def up(directory: str | os.PathLike[str] = DEFAULT_DIR, *, pg_port: int | None = None,
        broker_port: int | None = None, timeout: float = 180.0,
        progress: Progress = _noop, sources: Sequence[SourceSpec] = (),
-       partitions: int = 1) -> UpResult:
+       partitions: int = 1, job_file: str | os.PathLike[str] | None = None) -> UpResult:
     """Start PostgreSQL, the broker and Debezium in the background; wait until all are healthy.
 
     With ``sources`` (:func:`job_sources`), one database and one Debezium worker per
     source instead of the single ``shop`` connector. ``partitions``: each table topic is
     created with that many partitions (Debezium spreads records by row key); transaction
-    topics always have one.
+    topics always have one. ``job_file``: the job the sources come from (``up --job``),
+    recorded so that messages can say how to start this stack again.
 
     Harmless when the stack already runs (``already_running``). A stack stopped by
     ``down`` (without ``--wipe``) or whose processes died (``kill -9``, a crash) is
     started again on its recorded ports and data (``resumed``): only what is not running
     is started, and a live connector whose task failed is restarted. Asking an existing
-    stack for other sources, partitions or ports than it has is a ServiceError (``down
-    --wipe`` it first). Raises ServiceError for a busy port, missing Java or jars, or a
-    component that does not become healthy within ``timeout`` seconds; whatever it
-    started by then is stopped again (data is kept).
+    stack for other sources, partitions or ports than it has is a ServiceError (use
+    another directory, or ``down --wipe`` it). Raises ServiceError for a busy port,
+    missing Java or jars, or a component that does not become healthy within ``timeout``
+    seconds; whatever it started by then is stopped again (data is kept).
     """
     directory = Path(directory).resolve()
     with _locked(directory):
@@ -329,31 +330,61 @@ def up(directory: str | os.PathLike[str] = DEFAULT_DIR, *, pg_port: int | None =
                 return UpResult(_info(state), True, 0.0)
             return _resume(directory, state, timeout, progress)
         return _start_new(directory, pg_port, broker_port, timeout, progress, sources,
-                          partitions)
+                          partitions, None if job_file is None else str(Path(job_file)))
+
+
+def _up_command(directory: Path, state: dict[str, Any]) -> str:
+    """The ``txjoin up`` that starts the recorded stack as it was started."""
+    job_file = state.get("job_file")
+    return f"txjoin up --dir {directory}" + (f" --job {job_file}" if job_file else "")
+
+
+def start_hint(directory: str | os.PathLike[str]) -> str:
+    """How to start the stack in ``directory``: as it was started (a ``--job`` stack names
+    its job file), or a new one. Never a command that deletes data."""
+    directory = Path(directory).resolve()
+    state = _read_state(directory)
+    if state is None or state.get("version") != STATE_VERSION:
+        return f"start one with `txjoin up --dir {directory}` (add --job FILE for a job's own)"
+    return f"start it again with `{_up_command(directory, state)}` (its data is kept)"
+
+
+def recorded_start(directory: str | os.PathLike[str]) -> tuple[list[SourceSpec], int] | None:
+    """(sources, partitions) the stack in ``directory`` was started with, to start it again
+    as it was (``txjoin up`` without --job); None if no stack is recorded there."""
+    state = _read_state(Path(directory).resolve())
+    if state is None or state.get("version") != STATE_VERSION:
+        return None
+    return _recorded_sources(state), int(state.get("partitions", 1))
 
 
 def _check_same_stack(directory: Path, state: dict[str, Any], sources: Sequence[SourceSpec],
                       partitions: int, pg_port: int | None, broker_port: int | None) -> None:
-    """ServiceError if ``up``'s arguments ask for another stack than the one recorded."""
-    again = f"run `txjoin down --dir {directory} --wipe` first, then `txjoin up` again"
+    """ServiceError if ``up``'s arguments ask for another stack than the one recorded. The
+    way out it names loses nothing: start the recorded stack as it was, or give the other
+    one its own directory."""
+    own = (f"start this one as it was with `{_up_command(directory, state)}`, or give the "
+           f"other its own directory (`txjoin up --dir OTHER ...`)")
     recorded = [s["prefix"] for s in state.get("sources") or []]
     wanted = [s.prefix for s in sources]
     if recorded != wanted:
+        started = f" (started with --job {state['job_file']})" if state.get("job_file") else ""
         raise ServiceError(f"the stack in {directory} has source databases "
-                           f"{recorded or [postgres_mod.SOURCE_DB]}, not "
-                           f"{wanted or [postgres_mod.SOURCE_DB]}: {again}")
+                           f"{recorded or [postgres_mod.SOURCE_DB]}{started}, not "
+                           f"{wanted or [postgres_mod.SOURCE_DB]}: {own}")
     if state.get("partitions", 1) != partitions:
         raise ServiceError(f"the stack in {directory} has table topics with "
                            f"{state.get('partitions', 1)} partition(s), not {partitions}: "
-                           f"{again}")
+                           f"{own}")
     for name, port in (("postgres", pg_port), ("broker", broker_port)):
         if port is not None and state.get(name, {}).get("port") != port:
             raise ServiceError(f"the stack in {directory} has its {name} on port "
-                               f"{state.get(name, {}).get('port')}, not {port}: {again}")
+                               f"{state.get(name, {}).get('port')}, not {port}: {own}")
 
 
 def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, timeout: float,
-               progress: Progress, sources: Sequence[SourceSpec], partitions: int) -> UpResult:
+               progress: Progress, sources: Sequence[SourceSpec], partitions: int,
+               job_file: str | None = None) -> UpResult:
     """Record a new stack's ports and directories, then start it (see :func:`up`)."""
     # Fail on the cheap checks before starting anything.
     broker_mod.java_binary()
@@ -387,6 +418,7 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
         "pg_dsn_sink": postgres_mod.dsn(pg_port, postgres_mod.SINK_DB),
         "bootstrap_servers": f"127.0.0.1:{broker_port}",
         "topic_prefix": prefix, "tables": list(tables), "partitions": partitions,
+        "job_file": job_file,
         "sources": [{"name": s.name, "prefix": s.prefix, "database": s.database,
                      "dsn": s.external_dsn or postgres_mod.dsn(pg_port, s.database),
                      "external": s.external_dsn is not None, "component": s.component,
