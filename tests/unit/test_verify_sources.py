@@ -100,6 +100,14 @@ def test_sources_are_checked_independently_and_unknown_orders_only_group() -> No
     assert prefix_violations(rows, {"users": ORDERS["users"], "colors": None}) == []
 
 
+def test_snapshot_rows_as_the_engine_writes_them_are_no_transaction() -> None:
+    """The engine writes the initial snapshots at _commit_seq 0 with _xid 0 and _source
+    null; on main the check called that an unknown source 'None'."""
+    rows = [change(0, "users", 0, 2), *good_changelog()]
+    rows[0]["_source"] = None
+    assert prefix_violations(rows, ORDERS) == []
+
+
 def test_a_changelog_without_the_source_column_is_reported() -> None:
     rows = [{k: v for k, v in r.items() if k != "_source"} for r in good_changelog()]
     assert prefix_violations(rows, ORDERS)[0].startswith("the changelog has no _source column")
