@@ -298,3 +298,33 @@ def test_transactions_missing_from_the_commit_order_are_counted_not_placed() -> 
                                                  11: [("public.users", row, row)]})
     assert history.unordered == 1
     assert SourceHistory(order=[10], changes={10: []}).unordered == 0
+
+
+def test_a_change_log_value_verify_cannot_read_says_what_verify_was_reading() -> None:
+    """Issue 33: verify reads txjoin_changes (jsonb, fractions as Decimal) itself, so the
+    error names that read and gives no advice about restarting the job."""
+    from decimal import Decimal
+
+    from txjoin.errors import ConfigError
+    from txjoin.job import Job, Lookup, Output, Pick, Source, Table
+    from txjoin.stack.verify import typed_history
+
+    job = Job(name="weights", sources=[Source("users", prefix="u"), Source("colors", prefix="c")],
+              tables=[Table("public.users", {"id": "int"}, source="users"),
+                      Table(COLOUR_TABLE, {"id": "int", "user_id": "int", "weight": "double",
+                                           "ratio": "real"}, source="colors")],
+              fact="public.users", fact_alias="u",
+              lookups=[Lookup("c", COLOUR_TABLE, parent="u", on={"user_id": "id"},
+                              how="left", pick=Pick("weight", "min"))],
+              output=Output("out", {"id": "u.id"}, {"weight": "c.weight"}), semantics="current")
+    row = {"id": 1, "user_id": 1, "weight": Decimal("3.14"), "ratio": Decimal("0.5")}
+    typed = typed_history(job, "colors", SourceHistory([7], {7: [(COLOUR_TABLE, None, row)]}))
+    assert typed.changes[7][0][2] == {"id": 1, "user_id": 1, "weight": 3.14, "ratio": 0.5}
+    bad = {**row, "weight": "heavy"}
+    with pytest.raises(ConfigError) as caught:
+        typed_history(job, "colors", SourceHistory([7], {7: [(COLOUR_TABLE, row, bad)]}))
+    message = str(caught.value)
+    assert message.startswith("verify, replaying public.txjoin_changes of source 'colors' "
+                              "(xid 7): public.users_favorite_color.weight: cannot read "
+                              "'heavy' as double; declare"), message
+    assert "restart" not in message and "changed?" not in message and "\n" not in message
