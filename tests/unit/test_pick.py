@@ -95,3 +95,16 @@ def test_verify_sql_breaks_ties_by_the_key_with_nulls_last() -> None:
     assert ('ORDER BY x."rank" DESC NULLS LAST, x."id" DESC LIMIT 1'
             in job_query(ranked_job("max")))
     assert 'ORDER BY x."rank" ASC NULLS LAST, x."id" ASC LIMIT 1' in job_query(ranked_job("min"))
+
+
+def test_verify_sql_orders_text_as_txjoin_compares_it() -> None:
+    """Python compares text by code point ('B' < 'a'); PostgreSQL by the database's
+    collation ('a' < 'B' in en_US), and an enum by its position: order by the text in C."""
+    job = ranked_job("max")
+    colours = job.table("public.users_favorite_color")
+    by_colour = Job(name="by_colour", tables=job.tables, fact=job.fact, fact_alias="u",
+                    lookups=[Lookup("ufc", colours.name, parent="u", on={"user_id": "id"},
+                                    how="left", pick=Pick("favorite_color", "min"))],
+                    output=job.output, semantics="current")
+    assert ('ORDER BY x."favorite_color"::text COLLATE "C" ASC NULLS LAST, x."id" ASC'
+            in job_query(by_colour))

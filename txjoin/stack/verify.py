@@ -90,10 +90,11 @@ def _relation(table: str, relations: Relations | None) -> str:
 
 
 def _order(job: Job, table_name: str, column: str, direction: str) -> str:
-    # Text in code point order, as txjoin (Python) compares it, not the database's collation.
-    table = job.table(table_name)
-    collate = " COLLATE \"C\"" if _kind_of(table.columns[column]) == "text" else ""
-    return f"x.{_ident(column)}{collate} {direction}"
+    # Text in code point order, as txjoin (Python) compares it, not the database's collation
+    # (an enum, declared as text, by its label as txjoin reads it, not its position).
+    if _kind_of(job.table(table_name).columns[column]) == "text":
+        return f"x.{_ident(column)}::text COLLATE \"C\" {direction}"
+    return f"x.{_ident(column)} {direction}"
 
 
 def _kind_of(sql_type: str) -> str | None:
