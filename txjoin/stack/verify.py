@@ -543,14 +543,16 @@ def state_violations(job: Job, changelog: Sequence[Row],
         for s in names:
             following = shown[s][nth[s]] if nth[s] < len(shown[s]) else len(states[s])
             ranges.append(range(at[s], max(at[s] + 1, following)))
-        actual = list(sink.values())
+        # By value, as the final rows are compared: a Delta real is a float32 widened.
+        actual = comparable_rows(job, list(sink.values()))
         best: RowDiff | None = None
         matched = False
         for combo in itertools.islice(itertools.product(*ranges), max_tries):
             tables: dict[str, list[Row]] = {}
             for s, k in zip(names, combo, strict=True):
                 tables.update(states[s][k])
-            diff = diff_rows(evaluate_on_states(job, tables), actual, keys)
+            diff = diff_rows(comparable_rows(job, evaluate_on_states(job, tables)), actual,
+                             keys)
             best = best or diff
             if diff.size == 0:
                 matched = True
