@@ -89,12 +89,39 @@ def cluster() -> Iterator[dict[str, str]]:
                         cur.execute(f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES "
                                     f"({', '.join(['%s'] * len(columns))})",
                                     [row[c] for c in columns])
+        with contextlib.closing(psycopg2.connect(dsns["shop_db"])) as conn, conn, \
+                conn.cursor() as cur:
+            cur.execute(table_ddl(FANS_TABLE))
+            for fan in FANS:
+                cur.execute("INSERT INTO public.fans (id, likes) VALUES (%s, %s)",
+                            (fan["id"], fan["likes"]))
         yield {"sink": dsn, **dsns}
+
+
+FANS_TABLE = Table("public.fans", {"id": "int", "likes": "int[]"}, source="shop")
+FANS = [{"id": 1, "likes": [1, 2, 1, 3, 9]}, {"id": 2, "likes": []}, {"id": 3, "likes": [2]}]
+
+
+def fans_job() -> Job:
+    """An array lookup with a Pick: each liked user's colour of least rank, in array order."""
+    from txjoin.job import Collect
+
+    return Job(
+        name="fans", sources=[Source("shop", prefix="shop_db")],
+        tables=[FANS_TABLE, ranked_job(["shop"]).tables[1]],
+        fact="public.fans", fact_alias="f",
+        lookups=[Lookup("c", "public.users_favorite_color", parent="f",
+                        on={"user_id": "likes"}, how="left", array=True,
+                        pick=Pick("rank", "min"))],
+        output=Output(table="fans_out", key={"id": "f.id"},
+                      columns={"colours": Collect("c", {"colour": "c.favorite_color",
+                                                        "weight": "c.weight"})}),
+        semantics="current")
 
 
 def run_engine_into_sink(job: Job, sink_dsn: str) -> None:
     """The engine on the databases' rows (Debezium's snapshot of them), into a fresh sink."""
-    records = produce(job, Workload({"public.users": USERS,
+    records = produce(job, Workload({"public.users": USERS, "public.fans": FANS,
                                      "public.users_favorite_color": COLOURS}, [])).records
     engine = Engine(job)
     streams = set(job.streams(job.source_prefixes("shop")).values())
@@ -102,7 +129,8 @@ def run_engine_into_sink(job: Job, sink_dsn: str) -> None:
                              caught_up=streams)
     assert changes, "the engine released nothing"
     with contextlib.closing(psycopg2.connect(sink_dsn)) as conn, conn, conn.cursor() as cur:
-        cur.execute("DROP TABLE IF EXISTS ranked_out, ranked_out_changelog, txjoin_progress")
+        cur.execute(f"DROP TABLE IF EXISTS {job.output.table}, {job.output.table}_changelog, "
+                    f"txjoin_progress")
     sink = PostgresSink(sink_dsn, job.output.table, job.name, list(job.output.key),
                         output_schema(job))
     try:
@@ -172,3 +200,21 @@ def test_a_broken_engine_rule_shared_with_the_oracle_is_caught_by_verify(
     if what == "pick":  # user 1: PostgreSQL's min rank is blue's 1 (id 12), not teal's NULL
         (exp, act), = [(e, a) for e, a in postgres.diff.different if e["id"] == 1]
         assert (exp["favorite_color"], act["favorite_color"]) == ("blue", "teal")
+
+
+def test_an_array_lookup_with_a_pick_verifies_against_postgresql(
+        cluster: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify's SQL for an array lookup (unnest WITH ORDINALITY, one LATERAL per element)
+    carries the same Pick rule; with main's NULLs-lowest order the engine disagrees."""
+    job = fans_job()
+    run_engine_into_sink(job, cluster["sink"])
+    result = verify_job(job, ("", cluster["sink"]), tmp_path / "no-delta",
+                        {"shop": cluster["shop_db"]})
+    postgres = next(s for s in result.sinks if s.sink == "postgres")
+    assert postgres.ok and postgres.rows == len(FANS), result.format()
+    monkeypatch.setattr(temporal, "pick", nulls_lowest)
+    run_engine_into_sink(job, cluster["sink"])
+    result = verify_job(job, ("", cluster["sink"]), tmp_path / "no-delta",
+                        {"shop": cluster["shop_db"]})
+    postgres = next(s for s in result.sinks if s.sink == "postgres")
+    assert [e["id"] for e, _ in postgres.diff.different] == [1], result.format()

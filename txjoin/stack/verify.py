@@ -145,9 +145,12 @@ def _collect(job: Job, collect: Collect, relations: Relations | None) -> str:
     element = _lateral(job, lookup, {mine: f"{item}.v"}, relations)
     nested = " ".join(_joins_under(job, lookup.alias, relations))
     fields = ", ".join(f"'{name}', {_ref(ref)}" for name, ref in collect.fields.items())
-    return (f"(SELECT jsonb_agg(jsonb_build_object({fields}) ORDER BY {item}.ord) "
-            f"FROM unnest({_ref(f'{lookup.parent}.{theirs}')}) WITH ORDINALITY AS {item}(v, ord) "
-            f"{element} {nested})")
+    query = (f"(SELECT jsonb_agg(jsonb_build_object({fields}) ORDER BY {item}.ord) "
+             f"FROM unnest({_ref(f'{lookup.parent}.{theirs}')}) WITH ORDINALITY AS {item}(v, ord) "
+             f"{element} {nested})")
+    # No element: a left lookup collects an empty list (the engine's answer), where
+    # jsonb_agg of no rows is NULL; an inner one leaves no output row (filtered by the caller).
+    return f"coalesce({query}, '[]'::jsonb)" if lookup.how == "left" else query
 
 
 def job_query(job: Job, relations: Relations | None = None) -> str:
