@@ -134,3 +134,41 @@ def test_every_type_lands_in_the_postgres_sink_and_reads_back_equal(dsn: str) ->
         "json": "json", "jsonb": "jsonb", "bytea": "bytea", "real": "real",
         "money": "numeric(19,2)", "numeric": "numeric", "varchar(10)": "text",
         "char(3)": "text", "date[]": "jsonb", "uuid[]": "jsonb", "interval[]": "jsonb"}
+
+
+CHANGE_LOG_EXTRA: dict[str, tuple[str, Any]] = {
+    "double": ("3.14", 3.14), "real[]": ("ARRAY[0.1, NULL]::real[]", [0.1, None]),
+    "money[]": ("ARRAY['1.5'::numeric::money]", [Decimal("1.50")]),
+    "bytea[]": ("ARRAY['\\x01'::bytea]", [b"\x01"]),
+    "interval(neg)": ("'-1 days +02:00:00.25'",
+                      dt.timedelta(days=-1, hours=2, microseconds=250000)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VALUES.keys() | CHANGE_LOG_EXTRA.keys()))
+def test_a_value_as_the_change_log_holds_it_reads_as_debezium_s(case: str, dsn: str) -> None:
+    """Issue 33: verify's state check reads ``public.txjoin_changes``, where a trigger wrote
+    ``to_jsonb(NEW)`` in the writer's session (money with its sign, bytea as \\x hex, an
+    interval in the postgres style) and verify parses numbers as Decimal: every type must
+    read to the value txjoin decodes from Debezium's record of it."""
+    import contextlib
+    import json
+
+    import psycopg2
+
+    from txjoin.stack.postgres import pg_type
+    from txjoin.stack.verify import _read_logged
+
+    literal, decoded = {**VALUES, **CHANGE_LOG_EXTRA}[case]
+    sql_type = case.split("(neg)")[0] if case.startswith("interval(") else case
+    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT to_jsonb(r)::text FROM (SELECT 1 AS id, "
+                    f"{literal}::{pg_type(_pg_type(sql_type))} AS v) AS r")
+        logged = json.loads(cur.fetchone()[0], parse_float=Decimal)
+    job = Job(name="t", tables=[Table("public.t", {"id": "int", "v": sql_type})],
+              fact="public.t", fact_alias="t", lookups=[],
+              output=Output("out", {"id": "t.id"}, {"v": "t.v"}))
+    read = _read_logged(job, "public.t", logged, "log:")
+    assert read is not None
+    assert values_equal(comparable(read["v"], sql_type), comparable(decoded, sql_type)), (
+        logged, read)

@@ -460,6 +460,48 @@ def read_history(dsn: str) -> SourceHistory | None:
     return SourceHistory(order, changes)
 
 
+_PG_INTERVAL = re.compile(
+    r"(?:(?P<years>[-+]?\d+) years? ?)?(?:(?P<months>[-+]?\d+) mons? ?)?"
+    r"(?:(?P<days>[-+]?\d+) days? ?)?(?:(?P<sign>[-+])?(?P<hours>\d+):(?P<minutes>\d\d):"
+    r"(?P<seconds>\d\d(?:\.\d+)?))?")
+
+
+def _as_captured(value: Any, sql_type: str) -> Any:
+    """A value as ``to_jsonb`` wrote it into the change log, in the form Debezium sends it
+    (the readers' form), where the two differ: money with its currency sign, bytea as
+    ``\\x`` hex, an interval in the writer's ``postgres`` IntervalStyle."""
+    if value is None:
+        return None
+    if sql_type.endswith("[]"):
+        return ([_as_captured(v, sql_type[:-2]) for v in value] if isinstance(value, list)
+                else value)
+    if not isinstance(value, str):
+        return value
+    kind = _kind_of(sql_type)
+    if kind == "money":  # '-$1,234.50' (lc_monetary)
+        return re.sub(r"[^0-9.-]", "", value)
+    if kind == "bytea" and value.startswith("\\x"):
+        return bytes.fromhex(value[2:])
+    if kind == "interval" and not value.startswith(("P", "-P")):
+        m = _PG_INTERVAL.fullmatch(value.strip())
+        if m is None or not value.strip():
+            return value  # the reader says it cannot read it
+        sign = "-" if m["sign"] == "-" else ""
+        return (f"P{m['years'] or 0}Y{m['months'] or 0}M{m['days'] or 0}DT"
+                f"{sign}{m['hours'] or 0}H{sign}{m['minutes'] or 0}M{sign}{m['seconds'] or 0}S")
+    return value
+
+
+def _read_logged(job: Job, table: str, row: Row | None, where: str) -> Row | None:
+    """One row of the change log read by the job's column types."""
+    if row is None:
+        return None
+    declared = job.table(table)
+    captured = {c: _as_captured(v, declared.columns[c]) if c in declared.columns else v
+                for c, v in row.items()}
+    return declared.convert_row(captured, where=where, modes=Modes())
+
+
 def typed_history(job: Job, source: str, history: SourceHistory) -> SourceHistory:
     """``history`` with every row read by the job's column types, as the oracle reads rows.
 
@@ -473,11 +515,9 @@ def typed_history(job: Job, source: str, history: SourceHistory) -> SourceHistor
         for table, old, new in row_changes:
             if table not in job.table_names:
                 continue
-            declared = job.table(table)
             try:
-                typed.append((table, None if old is None else declared.convert_row(
-                    old, where=where, modes=Modes()), None if new is None else
-                    declared.convert_row(new, where=where, modes=Modes())))
+                typed.append((table, _read_logged(job, table, old, where),
+                              _read_logged(job, table, new, where)))
             except ColumnValueError as exc:
                 raise ConfigError(f"{exc.reason}; declare the column's type in the job's "
                                   f"Table as that database has it, then verify again (verify "
