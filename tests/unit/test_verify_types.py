@@ -172,3 +172,55 @@ def test_a_value_as_the_change_log_holds_it_reads_as_debezium_s(case: str, dsn: 
     assert read is not None
     assert values_equal(comparable(read["v"], sql_type), comparable(decoded, sql_type)), (
         logged, read)
+
+
+def test_verify_s_copy_of_several_databases_keeps_every_value(dsn: str) -> None:
+    """Issue 39: for a job over several databases verify copies each source's tables (COPY
+    text, money as numeric) into temporary tables and asks PostgreSQL there; every type
+    must arrive as the source holds it."""
+    import contextlib
+
+    import psycopg2
+
+    from txjoin.job import Lookup, Source
+    from txjoin.stack.postgres import pg_type, table_ddl
+    from txjoin.stack.verify import expected_rows, expected_rows_sources
+
+    columns = {f"c{i}": t for i, t in enumerate(VALUES)}
+    facts = Table("public.t", {"id": "int", "other": "int", **columns}, source="a")
+    others = Table("public.o", {"id": "int", "tag": "text"}, source="b")
+    base = dsn.rsplit("/", 1)[0]
+    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            for db in ("copy_a", "copy_b"):
+                cur.execute(f"DROP DATABASE IF EXISTS {db}")
+                cur.execute(f"CREATE DATABASE {db}")
+    for db, table, values in (("copy_a", facts, ["1", "7", *(
+            f"{VALUES[t][0]}::{pg_type(_pg_type(t))}" for t in columns.values())]),
+            ("copy_b", others, ["7", "'x'"])):
+        with contextlib.closing(psycopg2.connect(f"{base}/{db}")) as conn, conn, \
+                conn.cursor() as cur:
+            cur.execute(table_ddl(table))
+            cur.execute(f"INSERT INTO {table.name} VALUES ({', '.join(values)})")
+            cur.execute(f"INSERT INTO {table.name} (id) VALUES (2)")  # NULLs too
+    job = Job(name="copy", sources=[Source("a", prefix="a"), Source("b", prefix="b")],
+              tables=[facts, others], fact="public.t", fact_alias="t",
+              lookups=[Lookup("o", "public.o", parent="t", on={"id": "other"}, how="left")],
+              output=Output("copy_out", {"id": "t.id"},
+                            {"tag": "o.tag", **{c: f"t.{c}" for c in columns}}),
+              semantics="current")
+    copied, _, oracle = expected_rows_sources(
+        job, {"a": f"{base}/copy_a", "b": f"{base}/copy_b"}, dsn)
+    assert oracle.startswith("the job's query on a copy of a's database and b's database")
+    single = Job(name="single", tables=[Table("public.t", facts.columns)], fact="public.t",
+                 fact_alias="t", lookups=[],
+                 output=Output("o", {"id": "t.id"}, {c: f"t.{c}" for c in columns}),
+                 semantics="current")
+    direct, _, _ = expected_rows(single, f"{base}/copy_a")
+    by_id = {r["id"]: r for r in copied}
+    assert by_id[1]["tag"] == "x" and by_id[2]["tag"] is None
+    for row in direct:
+        for c, t in columns.items():
+            assert values_equal(comparable(by_id[row["id"]][c], t), comparable(row[c], t)), (
+                t, by_id[row["id"]][c], row[c])

@@ -300,7 +300,9 @@ def _scratch_type(sql_type: str) -> str:
 
 
 def _copied(column: str, sql_type: str) -> str:
-    return f"{_ident(column)}::numeric" if sql_type == "money" else _ident(column)
+    if sql_type in ("money", "money[]"):
+        return f"{_ident(column)}::{sql_type.replace('money', 'numeric')}"
+    return _ident(column)
 
 
 def expected_rows_sources(job: Job, source_dsns: Mapping[str, str], scratch_dsn: str,
