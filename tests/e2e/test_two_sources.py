@@ -188,8 +188,9 @@ def test_verify_reads_each_source_database_and_fails_before_any_run(
                                     "--no-postgres", "--output-dir", str(tmp_path / "none")])
     print(cli.output)
     assert cli.exit_code == 1, cli.output
-    assert (f"vs the job evaluated on users's database and colors's database: {users} "
-            f"expected rows") in cli.output
+    assert (f"vs the job's query on a copy of users's database and colors's database (one "
+            f"snapshot each): {users} expected rows") in cli.output
+    assert "checked by: rows: PostgreSQL: the job's query on a copy of" in cli.output
     assert f"missing ({users})" in cli.output
     assert "no Delta table" in cli.output
 
@@ -200,10 +201,15 @@ def test_verify_reads_each_source_database_and_fails_before_any_run(
 
 
 def assert_two_db_verified(result: VerifyResult) -> None:
-    print(f"[two-db] {result.summary()}")
+    print(f"[two-db] {result.format(10)}")
     assert {s.sink for s in result.sinks} == {"delta", "postgres"}
     assert result.expected > 0
     assert result.ok, result.format(10)
+    # PostgreSQL answered the final rows, and the state check ran (not skipped with a note).
+    referees = dict(result.referees)
+    assert referees["rows"].startswith("PostgreSQL: the job's query on a copy of"), referees
+    assert result.note is None, result.note
+    assert referees["every state"].startswith("txjoin's own oracle"), referees
 
 
 class Writers(threading.Thread):
@@ -302,7 +308,9 @@ def test_verify_checks_every_state_of_transactions_it_did_not_write(
         two_db_stack: tuple[Path, StackInfo], tmp_path: Path) -> None:
     """The user's own concurrent SQL on an `up --job` database (issue 21 item 4): the
     database records its commit order itself, in the order Debezium publishes it, so verify
-    replays every state of the sink against it and finds the run right."""
+    replays every state of the sink against it and finds the run right. The user also adds
+    a double precision and a real column to the colours, and the job picks the colour of
+    least weight (nullable, repeated): PostgreSQL's answer and the state replay agree."""
     directory, info = two_db_stack
     users, colors = info.source("users"), info.source("colors")
 
@@ -314,8 +322,21 @@ def test_verify_checks_every_state_of_transactions_it_did_not_write(
 
     def colour_tx(rng: Any, cur: Any) -> None:
         for _ in range(rng.randint(1, 3)):
-            cur.execute("INSERT INTO public.users_favorite_color (user_id, favorite_color) "
-                        "VALUES (%s, %s)", (rng.randint(1, 40), rng.choice(["red", "blue"])))
+            cur.execute("INSERT INTO public.users_favorite_color (user_id, favorite_color, "
+                        "weight, ratio) VALUES (%s, %s, %s, %s)",
+                        (rng.randint(1, 40), rng.choice(["red", "blue"]),
+                         rng.choice(WEIGHTS), rng.choice([None, 0.1, 0.5, 3.14])))
+        if rng.random() < 0.3:
+            cur.execute("UPDATE public.users_favorite_color SET weight = %s WHERE id = "
+                        "(SELECT max(id) FROM public.users_favorite_color)",
+                        (rng.choice(WEIGHTS),))
+
+    # The user adds columns to the looked-up table (issue 33: a double precision and a real
+    # verify must read back from the change log; issue 38.3: the job picks each user's colour
+    # of least weight, a nullable column with repeats, as PostgreSQL does).
+    with contextlib.closing(psycopg2.connect(colors.dsn)) as conn, conn, conn.cursor() as cur:
+        cur.execute("ALTER TABLE public.users_favorite_color ADD COLUMN IF NOT EXISTS weight "
+                    "double precision, ADD COLUMN IF NOT EXISTS ratio real")
 
     written = {users: plain_sql_transactions(users.dsn, user_tx, seed=1),
                colors: plain_sql_transactions(colors.dsn, colour_tx, seed=2)}
@@ -338,10 +359,42 @@ def test_verify_checks_every_state_of_transactions_it_did_not_write(
                 assert events[xid] == sum(c["event_count"] for c in end["data_collections"])
 
     sink_dsn = fresh_sink_database(E2EStack(directory, info), "sink_plain_sql")
-    run_until_idle(tmp_path / "run.log", str(TWO_DBS), "--dir", str(directory), "--master",
+    job_file = tmp_path / "weights.py"
+    job_file.write_text(WEIGHTS_JOB)
+    run_until_idle(tmp_path / "run.log", str(job_file), "--dir", str(directory), "--master",
                    MASTER, "--checkpoint-dir", str(tmp_path / "checkpoints"),
                    "--output-dir", str(tmp_path / "output"), "--postgres-dsn", sink_dsn)
-    result = verify_job(load_job(TWO_DBS), (info.pg_dsn_source, sink_dsn), tmp_path / "output",
+    job = load_job(job_file)
+    result = verify_job(job, (info.pg_dsn_source, sink_dsn), tmp_path / "output",
                         {s.name: s.dsn for s in info.sources})
-    assert result.note is None, result.note  # every state was checked
     assert_two_db_verified(result)
+    with contextlib.closing(psycopg2.connect(sink_dsn)) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT count(*) FILTER (WHERE weight IS NOT NULL), count(*) FILTER "
+                    f"(WHERE ratio IS NOT NULL) FROM {job.output.table}")
+        assert min(cur.fetchone()) > 0  # both columns reached the sink and were compared
+
+
+WEIGHTS = [None, None, 0.1, 0.1, 3.14, 2.5e-3]
+WEIGHTS_JOB = """
+from txjoin.job import Job, Lookup, Output, Pick, Source, Table
+
+job = Job(
+    name="users_colors_weights",
+    sources=[Source("users", prefix="users_db"), Source("colors", prefix="colors_db")],
+    tables=[
+        Table("public.users", {"id": "int", "full_name": "text"}, source="users"),
+        Table("public.users_favorite_color", {
+            "id": "int", "user_id": "int", "favorite_color": "text", "weight": "double",
+            "ratio": "real",
+        }, source="colors", defaults={"weight": None, "ratio": None}),
+    ],
+    fact="public.users",
+    fact_alias="u",
+    lookups=[Lookup("ufc", "public.users_favorite_color", parent="u", on={"user_id": "id"},
+                    how="left", pick=Pick("weight", "min"))],
+    output=Output(table="users_lightest_colour", key={"id": "u.id"},
+                  columns={"full_name": "u.full_name", "favorite_color": "ufc.favorite_color",
+                           "weight": "ufc.weight", "ratio": "ufc.ratio"}),
+    semantics="current",
+)
+"""

@@ -100,6 +100,14 @@ def test_sources_are_checked_independently_and_unknown_orders_only_group() -> No
     assert prefix_violations(rows, {"users": ORDERS["users"], "colors": None}) == []
 
 
+def test_snapshot_rows_as_the_engine_writes_them_are_no_transaction() -> None:
+    """The engine writes the initial snapshots at _commit_seq 0 with _xid 0 and _source
+    null; on main the check called that an unknown source 'None'."""
+    rows = [change(0, "users", 0, 2), *good_changelog()]
+    rows[0]["_source"] = None
+    assert prefix_violations(rows, ORDERS) == []
+
+
 def test_a_changelog_without_the_source_column_is_reported() -> None:
     rows = [{k: v for k, v in r.items() if k != "_source"} for r in good_changelog()]
     assert prefix_violations(rows, ORDERS)[0].startswith("the changelog has no _source column")
@@ -290,3 +298,64 @@ def test_transactions_missing_from_the_commit_order_are_counted_not_placed() -> 
                                                  11: [("public.users", row, row)]})
     assert history.unordered == 1
     assert SourceHistory(order=[10], changes={10: []}).unordered == 0
+
+
+def weights_job() -> Any:
+    from txjoin.job import Job, Lookup, Output, Pick, Source, Table
+
+    return Job(name="weights",
+               sources=[Source("users", prefix="u"), Source("colors", prefix="c")],
+               tables=[Table("public.users", {"id": "int"}, source="users"),
+                       Table(COLOUR_TABLE, {"id": "int", "user_id": "int", "weight": "double",
+                                            "ratio": "real"}, source="colors")],
+               fact="public.users", fact_alias="u",
+               lookups=[Lookup("c", COLOUR_TABLE, parent="u", on={"user_id": "id"},
+                               how="left", pick=Pick("weight", "min"))],
+               output=Output("out", {"id": "u.id"}, {"weight": "c.weight", "ratio": "c.ratio"}),
+               semantics="current")
+
+
+def test_a_change_log_value_verify_cannot_read_says_what_verify_was_reading() -> None:
+    """Issue 33: verify reads txjoin_changes (jsonb, fractions as Decimal) itself, so the
+    error names that read and gives no advice about restarting the job."""
+    from decimal import Decimal
+
+    from txjoin.errors import ConfigError
+    from txjoin.stack.verify import typed_history
+
+    job = weights_job()
+    row = {"id": 1, "user_id": 1, "weight": Decimal("3.14"), "ratio": Decimal("0.5")}
+    typed = typed_history(job, "colors", SourceHistory([7], {7: [(COLOUR_TABLE, None, row)]}))
+    assert typed.changes[7][0][2] == {"id": 1, "user_id": 1, "weight": 3.14, "ratio": 0.5}
+    bad = {**row, "weight": "heavy"}
+    with pytest.raises(ConfigError) as caught:
+        typed_history(job, "colors", SourceHistory([7], {7: [(COLOUR_TABLE, row, bad)]}))
+    message = str(caught.value)
+    assert message.startswith("verify, replaying public.txjoin_changes of source 'colors' "
+                              "(xid 7): public.users_favorite_color.weight: cannot read "
+                              "'heavy' as double; declare"), message
+    assert "restart" not in message and "changed?" not in message and "\n" not in message
+
+
+def test_a_real_held_as_float32_in_the_sink_is_no_state_violation() -> None:
+    """The Delta sink holds a real as float32 (0.1 reads back as 0.10000000149...): the
+    state check compares by value as the final rows are (found by the e2e test)."""
+    from decimal import Decimal
+
+    from txjoin.stack.verify import typed_history
+
+    job = weights_job()
+    colour = {"id": 5, "user_id": 1, "weight": Decimal("3.14"), "ratio": Decimal("0.1")}
+    histories = {
+        "users": typed_history(job, "users", SourceHistory(
+            [1], {1: [("public.users", None, {"id": 1})]})),
+        "colors": typed_history(job, "colors", SourceHistory(
+            [9], {9: [(COLOUR_TABLE, None, colour)]})),
+    }
+    log = [{"id": 1, "weight": None, "ratio": None, "_op": "c", "_commit_seq": 1, "_xid": 1,
+            "_source": "users", "_commit_ts": None},
+           {"id": 1, "weight": 3.14, "ratio": 0.10000000149011612, "_op": "u",
+            "_commit_seq": 2, "_xid": 9, "_source": "colors", "_commit_ts": None}]
+    assert state_violations(job, log, histories) == []
+    log[1]["ratio"] = 0.2
+    assert len(state_violations(job, log, histories)) == 1

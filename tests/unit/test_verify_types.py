@@ -134,3 +134,93 @@ def test_every_type_lands_in_the_postgres_sink_and_reads_back_equal(dsn: str) ->
         "json": "json", "jsonb": "jsonb", "bytea": "bytea", "real": "real",
         "money": "numeric(19,2)", "numeric": "numeric", "varchar(10)": "text",
         "char(3)": "text", "date[]": "jsonb", "uuid[]": "jsonb", "interval[]": "jsonb"}
+
+
+CHANGE_LOG_EXTRA: dict[str, tuple[str, Any]] = {
+    "double": ("3.14", 3.14), "real[]": ("ARRAY[0.1, NULL]::real[]", [0.1, None]),
+    "money[]": ("ARRAY['1.5'::numeric::money]", [Decimal("1.50")]),
+    "bytea[]": ("ARRAY['\\x01'::bytea]", [b"\x01"]),
+    "interval(neg)": ("'-1 days +02:00:00.25'",
+                      dt.timedelta(days=-1, hours=2, microseconds=250000)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VALUES.keys() | CHANGE_LOG_EXTRA.keys()))
+def test_a_value_as_the_change_log_holds_it_reads_as_debezium_s(case: str, dsn: str) -> None:
+    """Issue 33: verify's state check reads ``public.txjoin_changes``, where a trigger wrote
+    ``to_jsonb(NEW)`` in the writer's session (money with its sign, bytea as \\x hex, an
+    interval in the postgres style) and verify parses numbers as Decimal: every type must
+    read to the value txjoin decodes from Debezium's record of it."""
+    import contextlib
+    import json
+
+    import psycopg2
+
+    from txjoin.stack.postgres import pg_type
+    from txjoin.stack.verify import _read_logged
+
+    literal, decoded = {**VALUES, **CHANGE_LOG_EXTRA}[case]
+    sql_type = case.split("(neg)")[0] if case.startswith("interval(") else case
+    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT to_jsonb(r)::text FROM (SELECT 1 AS id, "
+                    f"{literal}::{pg_type(_pg_type(sql_type))} AS v) AS r")
+        logged = json.loads(cur.fetchone()[0], parse_float=Decimal)
+    job = Job(name="t", tables=[Table("public.t", {"id": "int", "v": sql_type})],
+              fact="public.t", fact_alias="t", lookups=[],
+              output=Output("out", {"id": "t.id"}, {"v": "t.v"}))
+    read = _read_logged(job, "public.t", logged, "log:")
+    assert read is not None
+    assert values_equal(comparable(read["v"], sql_type), comparable(decoded, sql_type)), (
+        logged, read)
+
+
+def test_verify_s_copy_of_several_databases_keeps_every_value(dsn: str) -> None:
+    """Issue 39: for a job over several databases verify copies each source's tables (COPY
+    text, money as numeric) into temporary tables and asks PostgreSQL there; every type
+    must arrive as the source holds it."""
+    import contextlib
+
+    import psycopg2
+
+    from txjoin.job import Lookup, Source
+    from txjoin.stack.postgres import pg_type, table_ddl
+    from txjoin.stack.verify import expected_rows, expected_rows_sources
+
+    columns = {f"c{i}": t for i, t in enumerate(VALUES)}
+    facts = Table("public.t", {"id": "int", "other": "int", **columns}, source="a")
+    others = Table("public.o", {"id": "int", "tag": "text"}, source="b")
+    base = dsn.rsplit("/", 1)[0]
+    with contextlib.closing(psycopg2.connect(dsn)) as conn:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            for db in ("copy_a", "copy_b"):
+                cur.execute(f"DROP DATABASE IF EXISTS {db}")
+                cur.execute(f"CREATE DATABASE {db}")
+    for db, table, values in (("copy_a", facts, ["1", "7", *(
+            f"{VALUES[t][0]}::{pg_type(_pg_type(t))}" for t in columns.values())]),
+            ("copy_b", others, ["7", "'x'"])):
+        with contextlib.closing(psycopg2.connect(f"{base}/{db}")) as conn, conn, \
+                conn.cursor() as cur:
+            cur.execute(table_ddl(table))
+            cur.execute(f"INSERT INTO {table.name} VALUES ({', '.join(values)})")
+            cur.execute(f"INSERT INTO {table.name} (id) VALUES (2)")  # NULLs too
+    job = Job(name="copy", sources=[Source("a", prefix="a"), Source("b", prefix="b")],
+              tables=[facts, others], fact="public.t", fact_alias="t",
+              lookups=[Lookup("o", "public.o", parent="t", on={"id": "other"}, how="left")],
+              output=Output("copy_out", {"id": "t.id"},
+                            {"tag": "o.tag", **{c: f"t.{c}" for c in columns}}),
+              semantics="current")
+    copied, _, oracle = expected_rows_sources(
+        job, {"a": f"{base}/copy_a", "b": f"{base}/copy_b"}, dsn)
+    assert oracle.startswith("the job's query on a copy of a's database and b's database")
+    single = Job(name="single", tables=[Table("public.t", facts.columns)], fact="public.t",
+                 fact_alias="t", lookups=[],
+                 output=Output("o", {"id": "t.id"}, {c: f"t.{c}" for c in columns}),
+                 semantics="current")
+    direct, _, _ = expected_rows(single, f"{base}/copy_a")
+    by_id = {r["id"]: r for r in copied}
+    assert by_id[1]["tag"] == "x" and by_id[2]["tag"] is None
+    for row in direct:
+        for c, t in columns.items():
+            assert values_equal(comparable(by_id[row["id"]][c], t), comparable(row[c], t)), (
+                t, by_id[row["id"]][c], row[c])

@@ -144,13 +144,21 @@ def _is_int(value: Any) -> bool:
 
 
 def _read_int(value: Any, _p: int | None, _m: Modes) -> int:
+    """An integer: a JSON number, its text, or a whole Decimal (a jsonb number as verify
+    reads it); never a float or a fraction, which would be truncated."""
+    if isinstance(value, Decimal) and value.is_finite() and value == value.to_integral_value():
+        return int(value)
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ValueError
     return int(value)
 
 
 def _read_text(value: Any, _p: int | None, _m: Modes) -> str:
-    if isinstance(value, dict | list):
+    """Text; a number or a date (a scenario file's unquoted ``123`` or ``2024-01-02``) reads
+    as its text. A boolean, bytes, a timestamp, a duration, a document or a list would read
+    as Python's spelling of it, not the column's."""
+    if isinstance(value, bool | bytes | bytearray | memoryview | dict | list | dt.datetime
+                  | dt.timedelta):
         raise ValueError
     return str(value)
 
@@ -162,7 +170,9 @@ def _read_bool(value: Any, _p: int | None, _m: Modes) -> bool:
 
 
 def _read_float(value: Any, _p: int | None, _m: Modes) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
+    """``double``/``real``: a JSON number, its text ('NaN', 'Infinity' too), or a Decimal
+    (a jsonb number read with ``parse_float=Decimal``, as verify reads its databases)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal | str):
         raise ValueError
     return float(value)
 
@@ -259,12 +269,37 @@ def _read_uuid(value: Any, _p: int | None, _m: Modes) -> str:
 
 
 def _read_json(value: Any, _p: int | None, _m: Modes) -> str:
-    """``json``/``jsonb``: the document's text, as Debezium sends it (``io.debezium.data.Json``)."""
+    """``json``/``jsonb``: the document's text, as Debezium sends it (``io.debezium.data.Json``).
+
+    An object or array already parsed (written in a scenario file, or a jsonb read with its
+    numbers as Decimal) is written back as jsonb spells it. A bare number or boolean is
+    refused: Debezium always sends the text, so one means the column is not json."""
     if isinstance(value, str):
         return value
-    if isinstance(value, dict | list):  # written as YAML/JSON in a scenario file
-        return json.dumps(value, separators=(", ", ": "))
+    if isinstance(value, dict | list):
+        return _json_text(value)
     raise ValueError
+
+
+def _json_text(doc: Any) -> str:
+    """``doc`` as jsonb writes it, a Decimal as its own text (``json.dumps`` has no Decimal,
+    and a float would round it: jsonb keeps ``1.50``)."""
+    numbers: list[str] = []
+
+    def marked(value: Any) -> Any:
+        if isinstance(value, Decimal):
+            numbers.append(str(value))
+            return f"\0{len(numbers) - 1}\0"
+        if isinstance(value, dict):
+            return {k: marked(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [marked(v) for v in value]
+        return value
+
+    text = json.dumps(marked(doc), separators=(", ", ": "))
+    for n, number in enumerate(numbers):
+        text = text.replace(f'"\\u0000{n}\\u0000"', number, 1)
+    return text
 
 
 _URL_SAFE = str.maketrans("-_", "+/")
@@ -275,8 +310,8 @@ def _read_bytes(value: Any, _p: int | None, modes: Modes) -> bytes:
     or ``base64``) or URL-safe base64 (``base64-url-safe``), either alphabet read in those
     three modes; hex text in ``hex`` mode (which the job must say: hex text is valid base64
     too)."""
-    if isinstance(value, bytes):
-        return value
+    if isinstance(value, bytes | bytearray | memoryview):  # bytea as psycopg2 reads it
+        return bytes(value)
     if not isinstance(value, str):
         raise ValueError
     if modes.binary == "hex":

@@ -112,10 +112,16 @@ class Oracle:
             return None
         if lk.pick is None:
             return hits[0]
+        # PostgreSQL's rule, stated here on its own (not the engine's code): the greatest
+        # (max) or least (min) value wins; a NULL never does while any match has a value;
+        # among equals, the greatest (max) or least (min) key of the looked-up table.
         col, key = lk.pick.column, self.job.table(lk.table).key
-        # Nulls sort lowest; ties go to the primary key, so the choice is deterministic.
-        hits.sort(key=lambda r: (r.get(col) is not None, r.get(col), [r.get(k) for k in key]))
-        return hits[-1] if lk.pick.order == "max" else hits[0]
+        hits.sort(key=lambda r: [r.get(k) for k in key], reverse=lk.pick.order == "max")
+        values = [r[col] for r in hits if r.get(col) is not None]
+        if not values:
+            return hits[0]
+        best = max(values) if lk.pick.order == "max" else min(values)
+        return next(r for r in hits if r.get(col) is not None and r[col] == best)
 
     def _join(self, alias: str, row: Row | None) -> dict[str, Any] | None:
         """All bindings reachable from ``alias``; None when an inner lookup fails."""

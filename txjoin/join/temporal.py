@@ -20,14 +20,14 @@ one, so the changelog holds one entry per real version of an output row.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from txjoin.errors import DecodeError, JobError
 from txjoin.ingest.debezium import ChangeEvent
 from txjoin.ingest.types import UNAVAILABLE
-from txjoin.job import Collect, Job, Lookup
+from txjoin.job import Collect, Job, Lookup, Pick
 from txjoin.join.routing import is_metadata_only
 from txjoin.join.state import restore_fields, save_fields
 from txjoin.sequence.assembly import Transaction
@@ -318,10 +318,7 @@ class TemporalJoin:
         if not candidates:
             return None
         assert lk.pick is not None
-        col, key = lk.pick.column, self.job.table(lk.table).key
-        chooser = max if lk.pick.order == "max" else min
-        return chooser(candidates, key=lambda r: (r.get(col) is not None, r.get(col),
-                                                  [r.get(k) for k in key]))
+        return pick(candidates, lk.pick, self.job.table(lk.table).key)
 
     def _bind(self, alias: str, row: Row | None, bound: dict[str, Any]) -> bool:
         """Bind the non-array lookups below ``alias``; False if an inner one fails."""
@@ -368,6 +365,22 @@ class TemporalJoin:
             else:
                 out[name] = _ref(bound, proj)
         return out
+
+
+def pick(candidates: Sequence[Row], rule: Pick, key: Sequence[str]) -> Row:
+    """The one match of a many-valued lookup, by PostgreSQL's ``ORDER BY column DESC|ASC
+    NULLS LAST, key DESC|ASC LIMIT 1``: the greatest (``max``) or least (``min``) non-NULL
+    value, a NULL only when every match has one, ties to the greatest (least) key."""
+    valued = [r for r in candidates if r.get(rule.column) is not None]
+    if valued:
+        def rank(r: Row) -> tuple[Any, ...]:
+            return (r[rule.column], *(r.get(k) for k in key))
+    else:
+        valued = list(candidates)
+
+        def rank(r: Row) -> tuple[Any, ...]:
+            return tuple(r.get(k) for k in key)
+    return max(valued, key=rank) if rule.order == "max" else min(valued, key=rank)
 
 
 def _ref(bound: dict[str, Any], ref: str) -> Any:

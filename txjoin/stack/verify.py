@@ -11,12 +11,17 @@ The oracle depends on the job's semantics (DESIGN §1):
   database. It is the answer after the last committed transaction, so compare once the
   pipeline has caught up (``txjoin run --until-idle`` after the writers stopped).
 
-A job with several sources (``Job.sources``: one database each, no cross-database SQL)
-is evaluated in Python instead: each table is read from its own source database and the
-oracle (:mod:`txjoin.join.oracle`) evaluates the job on those states. Its changelogs get a
-per-source prefix check too (:func:`prefix_violations`): each transaction's changes sit
-at exactly one ``_commit_seq``, and each source's transactions appear in that source's
-commit order, as its writers recorded it in ``public.txjoin_commits``.
+A job that declares its sources (``Job.sources``) is answered by PostgreSQL too: with one
+source, the same query on that database; with several (no SQL spans two databases), the
+query on a copy of each source's tables, taken at one snapshot per source into temporary
+tables of one session (:func:`expected_rows_sources`). Its changelogs get a per-source
+prefix check (:func:`prefix_violations`): each transaction's changes sit at exactly one
+``_commit_seq``, and each source's transactions appear in that source's commit order, as
+its commit trigger recorded it in ``public.txjoin_commits``. Then txjoin's own oracle
+(:mod:`txjoin.join.oracle`) checks every state the changelog passes through against the
+source's states rebuilt from ``public.txjoin_changes`` (:func:`state_violations`): SQL
+has no answer for "the job on some state of each source". ``VerifyResult.referees`` says
+which referee answered which check.
 
 Both the PostgreSQL sink and the Delta current table are compared, values by value
 (``Decimal("9.00")`` equals the JSON number ``9.0``; lists in order), and each sink's
@@ -26,6 +31,7 @@ changelog must not hold a key twice at one ``_commit_seq`` (exactly once).
 from __future__ import annotations
 
 import contextlib
+import io
 import itertools
 import json
 import os
@@ -46,10 +52,12 @@ import psycopg2.extensions
 import psycopg2.extras
 
 from txjoin.errors import ConfigError, TxjoinError
-from txjoin.ingest.types import column_kind, convert_value
+from txjoin.ingest.debezium import Modes
+from txjoin.ingest.types import ColumnValueError, column_kind, convert_value
 from txjoin.job import Collect, Job, Lookup
 from txjoin.scenarios.checks import RowDiff, diff_rows, show
 from txjoin.sinks import COMMIT_SEQ, XID, Sink, without_metadata
+from txjoin.stack.postgres import CHANGE_LOG, COMMIT_LOG
 from txjoin.stack.stack import DEFAULT_DIR, StackInfo, load_stack
 
 Row = dict[str, Any]
@@ -73,53 +81,87 @@ def _ref(ref: str) -> str:
     return f"{_ident(alias)}.{_ident(column)}"
 
 
-def _lateral(job: Job, lookup: Lookup, parent_expr: Mapping[str, str]) -> str:
-    """``[LEFT] JOIN LATERAL (one matching row) AS alias ON true`` for a non-array lookup."""
+Relations = Mapping[str, str]
+"""Table name -> the SQL relation the job's query reads it from (default: the table)."""
+
+
+def _relation(table: str, relations: Relations | None) -> str:
+    return relations[table] if relations is not None else _qualified(table)
+
+
+def _order(job: Job, table_name: str, column: str, direction: str) -> str:
+    # Text in code point order, as txjoin (Python) compares it, not the database's collation
+    # (an enum, declared as text, by its label as txjoin reads it, not its position).
+    if _kind_of(job.table(table_name).columns[column]) == "text":
+        return f"x.{_ident(column)}::text COLLATE \"C\" {direction}"
+    return f"x.{_ident(column)} {direction}"
+
+
+def _kind_of(sql_type: str) -> str | None:
+    try:  # array types have no kind: not ordered by collation
+        return column_kind(sql_type)[0]
+    except ValueError:
+        return None
+
+
+def _lateral(job: Job, lookup: Lookup, parent_expr: Mapping[str, str],
+             relations: Relations | None) -> str:
+    """``[LEFT] JOIN LATERAL (one matching row) AS alias ON true`` for a non-array lookup.
+
+    ``Pick``: the match with the greatest (least) value; a NULL only when every match has
+    one; ties to the greatest (least) key of the looked-up table (README, "Jobs").
+    """
     table = job.table(lookup.table)
     where = " AND ".join(f"x.{_ident(mine)} = {parent_expr[mine]}" for mine in lookup.on)
     order = ""
     if lookup.pick is not None:
         direction = "DESC" if lookup.pick.order == "max" else "ASC"
-        order = f" ORDER BY x.{_ident(lookup.pick.column)} {direction} NULLS LAST LIMIT 1"
+        terms = [f"{_order(job, lookup.table, lookup.pick.column, direction)} NULLS LAST"]
+        terms += [_order(job, lookup.table, k, direction) for k in table.key]
+        order = f" ORDER BY {', '.join(terms)} LIMIT 1"
     columns = ", ".join(f"x.{_ident(c)}" for c in table.columns)
     join = "LEFT JOIN" if lookup.how == "left" else "JOIN"
-    return (f"{join} LATERAL (SELECT {columns} FROM {_qualified(lookup.table)} AS x "
+    return (f"{join} LATERAL (SELECT {columns} FROM {_relation(lookup.table, relations)} AS x "
             f"WHERE {where}{order}) AS {_ident(lookup.alias)} ON true")
 
 
-def _joins_under(job: Job, alias: str) -> list[str]:
+def _joins_under(job: Job, alias: str, relations: Relations | None) -> list[str]:
     """The joins of every non-array lookup below ``alias`` (parents before children)."""
     joins = []
     for child in job.children(alias):
         if child.array:
             continue
         parent_expr = {mine: _ref(f"{alias}.{theirs}") for mine, theirs in child.on.items()}
-        joins.append(_lateral(job, child, parent_expr))
-        joins += _joins_under(job, child.alias)
+        joins.append(_lateral(job, child, parent_expr, relations))
+        joins += _joins_under(job, child.alias, relations)
     return joins
 
 
-def _collect(job: Job, collect: Collect) -> str:
+def _collect(job: Job, collect: Collect, relations: Relations | None) -> str:
     """A correlated subquery: the array lookup's elements as a JSON list, in array order."""
     lookup = job.lookup(collect.alias)
     ((mine, theirs),) = lookup.on.items()
     item = _ident(f"{lookup.alias}__item")
-    element = _lateral(job, lookup, {mine: f"{item}.v"})
-    nested = " ".join(_joins_under(job, lookup.alias))
+    element = _lateral(job, lookup, {mine: f"{item}.v"}, relations)
+    nested = " ".join(_joins_under(job, lookup.alias, relations))
     fields = ", ".join(f"'{name}', {_ref(ref)}" for name, ref in collect.fields.items())
-    return (f"(SELECT jsonb_agg(jsonb_build_object({fields}) ORDER BY {item}.ord) "
-            f"FROM unnest({_ref(f'{lookup.parent}.{theirs}')}) WITH ORDINALITY AS {item}(v, ord) "
-            f"{element} {nested})")
+    query = (f"(SELECT jsonb_agg(jsonb_build_object({fields}) ORDER BY {item}.ord) "
+             f"FROM unnest({_ref(f'{lookup.parent}.{theirs}')}) WITH ORDINALITY AS {item}(v, ord) "
+             f"{element} {nested})")
+    # No element: a left lookup collects an empty list (the engine's answer), where
+    # jsonb_agg of no rows is NULL; an inner one leaves no output row (filtered by the caller).
+    return f"coalesce({query}, '[]'::jsonb)" if lookup.how == "left" else query
 
 
-def job_query(job: Job) -> str:
+def job_query(job: Job, relations: Relations | None = None) -> str:
     """The job as one PostgreSQL query over the source tables (its ``current`` answer).
 
     Non-array lookups become ``LATERAL`` subqueries taking the one matching row (the
     ``pick``'s greatest/least when several match); an array lookup becomes
     ``unnest(...) WITH ORDINALITY`` aggregated in array order, duplicates kept (DESIGN §1:
     not the seed's ``= ANY(...)``, which loses both). An inner array lookup that matches no
-    element leaves no output row, as the engine does.
+    element leaves no output row, as the engine does. ``relations`` reads tables from
+    elsewhere (verify's copies of several databases' tables).
     """
     collected = {c.alias for c in job.output.columns.values() if isinstance(c, Collect)}
     for lookup in job.lookups:
@@ -136,13 +178,13 @@ def job_query(job: Job) -> str:
     required = []
     for name, projection in job.output.columns.items():
         if isinstance(projection, Collect):
-            select.append(f"{_collect(job, projection)} AS {_ident(name)}")
+            select.append(f"{_collect(job, projection, relations)} AS {_ident(name)}")
             if job.lookup(projection.alias).how == "inner":
                 required.append(f"q.{_ident(name)} IS NOT NULL")
         else:
             select.append(f"{_ref(projection)} AS {_ident(name)}")
-    query = (f"SELECT {', '.join(select)} FROM {_qualified(job.fact)} AS "
-             f"{_ident(job.fact_alias)} {' '.join(_joins_under(job, job.fact_alias))}")
+    query = (f"SELECT {', '.join(select)} FROM {_relation(job.fact, relations)} AS "
+             f"{_ident(job.fact_alias)} {' '.join(_joins_under(job, job.fact_alias, relations))}")
     if required:
         query = f"SELECT * FROM ({query}) AS q WHERE {' AND '.join(required)}"
     return query
@@ -248,30 +290,87 @@ def evaluate_on_states(job: Job, rows_by_table: Mapping[str, Sequence[Row]]) -> 
     return list(oracle.output.values())
 
 
-def expected_rows_sources(job: Job, source_dsns: Mapping[str, str]) -> list[Row]:
-    """The job evaluated on each source database's current state (read one by one)."""
-    rows: dict[str, list[Row]] = {}
-    for table in job.tables:
-        dsn = source_dsns.get(table.source or "")
-        if dsn is None:
-            raise ConfigError(f"job {job.name!r}: no database for source {table.source!r} "
-                              f"(table {table.name}); have {sorted(source_dsns)}: start the "
-                              f"stack with `txjoin up --job {job.source_file}` or pass "
-                              f"--source-dsn {table.source}=DSN")
-        columns = ", ".join(_ident(c) for c in table.columns)
-        with _connect(dsn, f"{table.source!r} source") as conn:
-            try:
-                rows[table.name] = _fetch(conn, f"SELECT {columns} FROM {_qualified(table.name)}")
-            except psycopg2.Error as exc:
-                raise ConfigError(f"cannot read {table.name} of source {table.source!r}: "
-                                  f"{str(exc).strip()}") from None
-    return evaluate_on_states(job, rows)
+def _scratch_type(sql_type: str) -> str:
+    """The PostgreSQL type of a declared column in verify's copy (money as numeric: its
+    text depends on each server's lc_monetary)."""
+    from txjoin.stack.postgres import pg_type
+
+    base, array = (sql_type[:-2], "[]") if sql_type.endswith("[]") else (sql_type, "")
+    return pg_type("numeric" if base == "money" else base) + array
+
+
+def _copied(column: str, sql_type: str) -> str:
+    if sql_type in ("money", "money[]"):
+        return f"{_ident(column)}::{sql_type.replace('money', 'numeric')}"
+    return _ident(column)
+
+
+def expected_rows_sources(job: Job, source_dsns: Mapping[str, str], scratch_dsn: str,
+                          scratch_name: str = "scratch"
+                          ) -> tuple[list[Row], set[tuple[Any, ...]], str]:
+    """PostgreSQL's answer for a job that declares its sources, as for :func:`expected_rows`.
+
+    One source: the job's query on it, as for a plain job. Several (no SQL spans two
+    databases): each source's tables are copied, at one snapshot per source (``REPEATABLE
+    READ``), into temporary tables of one session on ``scratch_dsn``, and the job's query
+    runs there. The session's transaction is rolled back: nothing stays in that database
+    (``scratch_name`` names it in errors).
+    """
+    missing = [s.name for s in job.sources if not source_dsns.get(s.name)]
+    if missing:
+        raise ConfigError(f"job {job.name!r}: no database for source(s) {missing}; have "
+                          f"{sorted(n for n, d in source_dsns.items() if d)}: start the stack "
+                          f"with `txjoin up --job {job.source_file}` or pass --source-dsn "
+                          f"{missing[0]}=DSN")
+    if len(job.sources) == 1:
+        (source,) = job.sources
+        return expected_rows(job, source_dsns[source.name])
+    copies = {t.name: f"pg_temp.{_ident(f'txjoin_verify_{n}')}"
+              for n, t in enumerate(job.tables)}
+    with _connect(scratch_dsn, scratch_name) as scratch, scratch.cursor() as into:
+        try:
+            for table in job.tables:
+                columns = ", ".join(f"{_ident(c)} {_scratch_type(t)}"
+                                    for c, t in table.columns.items())
+                into.execute(f"CREATE TEMPORARY TABLE {copies[table.name]} ({columns})")
+            for source in job.sources:
+                _copy_source(job, source.name, source_dsns[source.name], into, copies)
+            into.execute(job_query(job, copies))
+            names = [d[0] for d in into.description or ()]
+            rows = [dict(zip(names, row, strict=True)) for row in into.fetchall()]
+        except psycopg2.Error as exc:
+            raise ConfigError(f"job {job.name!r}: its query failed on verify's copy of the "
+                              f"sources' tables: {' '.join(str(exc).split())}") from None
+        finally:
+            scratch.rollback()
+    return rows, set(), ("the job's query on a copy of " + " and ".join(
+        f"{s.name}'s database" for s in job.sources) + " (one snapshot each)")
+
+
+def _copy_source(job: Job, source: str, dsn: str, into: Any, copies: Mapping[str, str]) -> None:
+    """Copy ``source``'s tables of ``job`` into ``copies``, all at one snapshot of it."""
+    with _connect(dsn, f"{source!r} source") as conn:
+        conn.commit()  # keep _connect's session settings; the copy is a transaction of its own
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                for table in job.tables_of(source):
+                    table_def = job.table(table)
+                    columns = ", ".join(_copied(c, t) for c, t in table_def.columns.items())
+                    buffer = io.BytesIO()
+                    cur.copy_expert(f"COPY (SELECT {columns} FROM {_qualified(table)}) TO STDOUT",
+                                    buffer)
+                    buffer.seek(0)
+                    into.copy_expert(f"COPY {copies[table]} FROM STDIN", buffer)
+        except psycopg2.Error as exc:
+            raise ConfigError(f"cannot copy the tables of source {source!r} for verify: "
+                              f"{' '.join(str(exc).split())}") from None
+        finally:
+            conn.rollback()
 
 
 def commit_order(dsn: str) -> dict[int, int] | None:
     """xid -> position in commit order, from the generator's log (None if there is none)."""
-    from txjoin.stack.postgres import COMMIT_LOG
-
     with _connect(dsn, "source") as conn:
         if not _fetch(conn, "SELECT to_regclass(%s) IS NOT NULL AS found",
                       (COMMIT_LOG,))[0]["found"]:
@@ -288,7 +387,7 @@ def prefix_violations(changelog: Sequence[Row],
     unknown, only the grouping is checked). A transaction's changes must share one
     ``_commit_seq`` and a ``_commit_seq`` must hold one transaction (never part of one);
     ordered by ``_commit_seq``, each source's transactions must follow its commit order
-    (its k never goes back). Rows without an xid (the snapshot) are not transactions.
+    (its k never goes back). The snapshot's rows (no ``_source``) are not transactions.
     """
     if changelog and SOURCE_COLUMN not in changelog[0]:
         return [f"the changelog has no {SOURCE_COLUMN} column: it is not a multi-source "
@@ -297,8 +396,8 @@ def prefix_violations(changelog: Sequence[Row],
     tx_seqs: dict[tuple[str, int], set[int]] = {}
     seq_txs: dict[int, set[tuple[str, int]]] = {}
     for row in changelog:
-        if row.get(XID) is None:
-            continue
+        if row.get(XID) is None or row.get(SOURCE_COLUMN) is None:
+            continue  # the snapshot: _source null (and _xid 0 as the engine writes it)
         tx = (str(row[SOURCE_COLUMN]), int(row[XID]))
         seq = int(row[COMMIT_SEQ])
         tx_seqs.setdefault(tx, set()).add(seq)
@@ -352,8 +451,6 @@ class SourceHistory:
 
 def read_history(dsn: str) -> SourceHistory | None:
     """The change log a ``txjoin up --job`` database keeps (None if it has none)."""
-    from txjoin.stack.postgres import CHANGE_LOG, COMMIT_LOG
-
     with _connect(dsn, "source") as conn:
         if not _fetch(conn, "SELECT to_regclass(%s) IS NOT NULL AS found",
                       (CHANGE_LOG,))[0]["found"]:
@@ -363,6 +460,72 @@ def read_history(dsn: str) -> SourceHistory | None:
         for r in _fetch(conn, f"SELECT xid, tbl, old_row, new_row FROM {CHANGE_LOG} ORDER BY id"):
             changes.setdefault(int(r["xid"]), []).append((r["tbl"], r["old_row"], r["new_row"]))
     return SourceHistory(order, changes)
+
+
+_PG_INTERVAL = re.compile(
+    r"(?:(?P<years>[-+]?\d+) years? ?)?(?:(?P<months>[-+]?\d+) mons? ?)?"
+    r"(?:(?P<days>[-+]?\d+) days? ?)?(?:(?P<sign>[-+])?(?P<hours>\d+):(?P<minutes>\d\d):"
+    r"(?P<seconds>\d\d(?:\.\d+)?))?")
+
+
+def _as_captured(value: Any, sql_type: str) -> Any:
+    """A value as ``to_jsonb`` wrote it into the change log, in the form Debezium sends it
+    (the readers' form), where the two differ: money with its currency sign, bytea as
+    ``\\x`` hex, an interval in the writer's ``postgres`` IntervalStyle."""
+    if value is None:
+        return None
+    if sql_type.endswith("[]"):
+        return ([_as_captured(v, sql_type[:-2]) for v in value] if isinstance(value, list)
+                else value)
+    if not isinstance(value, str):
+        return value
+    kind = _kind_of(sql_type)
+    if kind == "money":  # '-$1,234.50' (lc_monetary)
+        return re.sub(r"[^0-9.-]", "", value)
+    if kind == "bytea" and value.startswith("\\x"):
+        return bytes.fromhex(value[2:])
+    if kind == "interval" and not value.startswith(("P", "-P")):
+        m = _PG_INTERVAL.fullmatch(value.strip())
+        if m is None or not value.strip():
+            return value  # the reader says it cannot read it
+        sign = "-" if m["sign"] == "-" else ""
+        return (f"P{m['years'] or 0}Y{m['months'] or 0}M{m['days'] or 0}DT"
+                f"{sign}{m['hours'] or 0}H{sign}{m['minutes'] or 0}M{sign}{m['seconds'] or 0}S")
+    return value
+
+
+def _read_logged(job: Job, table: str, row: Row | None, where: str) -> Row | None:
+    """One row of the change log read by the job's column types."""
+    if row is None:
+        return None
+    declared = job.table(table)
+    captured = {c: _as_captured(v, declared.columns[c]) if c in declared.columns else v
+                for c, v in row.items()}
+    return declared.convert_row(captured, where=where, modes=Modes())
+
+
+def typed_history(job: Job, source: str, history: SourceHistory) -> SourceHistory:
+    """``history`` with every row read by the job's column types, as the oracle reads rows.
+
+    A value that does not read as its declared type is a ConfigError saying what verify was
+    reading: the job declares the column unlike the source database has it.
+    """
+    changes: dict[int, list[tuple[str, Row | None, Row | None]]] = {}
+    for xid, row_changes in history.changes.items():
+        where = f"verify, replaying {CHANGE_LOG} of source {source!r} (xid {xid}):"
+        typed = changes.setdefault(xid, [])
+        for table, old, new in row_changes:
+            if table not in job.table_names:
+                continue
+            try:
+                typed.append((table, _read_logged(job, table, old, where),
+                              _read_logged(job, table, new, where)))
+            except ColumnValueError as exc:
+                raise ConfigError(f"{exc.reason}; declare the column's type in the job's "
+                                  f"Table as that database has it, then verify again (verify "
+                                  f"read the database itself: the run is not affected)"
+                                  ) from None
+    return SourceHistory(history.order, changes)
 
 
 def _states_after_each(job: Job, history: SourceHistory) -> list[dict[str, list[Row]]]:
@@ -425,14 +588,16 @@ def state_violations(job: Job, changelog: Sequence[Row],
         for s in names:
             following = shown[s][nth[s]] if nth[s] < len(shown[s]) else len(states[s])
             ranges.append(range(at[s], max(at[s] + 1, following)))
-        actual = list(sink.values())
+        # By value, as the final rows are compared: a Delta real is a float32 widened.
+        actual = comparable_rows(job, list(sink.values()))
         best: RowDiff | None = None
         matched = False
         for combo in itertools.islice(itertools.product(*ranges), max_tries):
             tables: dict[str, list[Row]] = {}
             for s, k in zip(names, combo, strict=True):
                 tables.update(states[s][k])
-            diff = diff_rows(evaluate_on_states(job, tables), actual, keys)
+            diff = diff_rows(comparable_rows(job, evaluate_on_states(job, tables)), actual,
+                             keys)
             best = best or diff
             if diff.size == 0:
                 matched = True
@@ -485,6 +650,8 @@ class VerifyResult:
     sinks: list[SinkCheck]
     note: str | None = None
     """What verify could not check, and why (one line; not a mismatch)."""
+    referees: list[tuple[str, str]] = field(default_factory=list)
+    """(check, who answered it): PostgreSQL, or txjoin's own oracle for the state check."""
 
     @property
     def ok(self) -> bool:
@@ -504,6 +671,8 @@ class VerifyResult:
     def format(self, show_rows: int = 5) -> str:
         """The summary, then each sink's mismatches (the first ``show_rows`` of each kind)."""
         lines = [self.summary()]
+        if self.referees:
+            lines.append("  checked by: " + "; ".join(f"{c}: {r}" for c, r in self.referees))
         if self.note:
             lines.append(f"  note: {self.note}")
         for s in self.sinks:
@@ -636,12 +805,14 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
     """Compare ``job``'s PostgreSQL sink and Delta current table with PostgreSQL's answer.
 
     ``stack_or_dsns`` is a running stack, or ``(source_dsn, sink_dsn)`` (``sink_dsn``
-    None: check the Delta tables only). A job with several sources reads each source's
-    tables from ``source_dsns`` (source name -> DSN; default: the stack's source
-    databases) and checks per-source prefix consistency, and (``check_states``, when the
-    databases keep a change log) that every state the changelog passes through is the job
-    on some state of each source. Raises ConfigError when the
-    oracle or a database cannot be reached; mismatches are in the result, never raised.
+    None: check the Delta tables only). A job that declares its sources reads each one from
+    ``source_dsns`` (source name -> DSN; default: the stack's source databases); with
+    several, PostgreSQL answers on a copy of their tables in the sink database (else in
+    ``source_dsn``'s). Such a job's changelogs get the per-source prefix check, and
+    (``check_states``, when the databases keep a change log) txjoin's own check that every
+    state the changelog passes through is the job on some state of each source. Raises
+    ConfigError when the oracle or a database cannot be reached; mismatches are in the
+    result, never raised. ``VerifyResult.referees`` says who answered each check.
     """
     from txjoin.pipeline.pipeline import RunConfig, build_sinks
 
@@ -652,29 +823,44 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
     if job.sources:
         if source_dsns is None:
             if not isinstance(stack_or_dsns, StackInfo):
-                raise ConfigError(f"job {job.name!r} has several sources: give each one's "
+                raise ConfigError(f"job {job.name!r} declares its sources: give each one's "
                                   f"database (--source-dsn NAME=DSN)")
             source_dsns = {s.name: stack_or_dsns.source(s.name).dsn for s in job.sources}
-        expected = expected_rows_sources(job, source_dsns)
-        absent: set[tuple[Any, ...]] = set()
-        oracle = "the job evaluated on " + " and ".join(
-            f"{name}'s database" for name in source_dsns)
+        first = job.sources[0].name
+        scratch, scratch_name = ((sink_dsn, "sink") if sink_dsn else (source_dsn, "source")
+                                 if source_dsn else (source_dsns.get(first, ""),
+                                                     f"{first!r} source"))
+        expected, absent, oracle = expected_rows_sources(job, source_dsns, scratch, scratch_name)
         orders = {name: commit_order(dsn) for name, dsn in source_dsns.items()}
         found = {name: read_history(dsn) for name, dsn in source_dsns.items()}
-        histories = ({n: h for n, h in found.items() if h is not None}
-                     if check_states and all(h is not None for h in found.values()) else None)
-        unplaced = {n: h.unordered for n, h in (histories or {}).items() if h.unordered}
-        if unplaced:
+        lacking = sorted(n for n, h in found.items() if h is None)
+        unplaced = {n: h.unordered for n, h in found.items() if h is not None and h.unordered}
+        if not check_states:
+            unchecked = "states not checked: --no-state-check"
+        elif lacking:
+            unchecked = ("states not checked: " + ", ".join(lacking) + " keep(s) no change "
+                         f"log ({CHANGE_LOG}, which `txjoin up --job` databases keep); final "
+                         "rows and commit order are checked")
+        elif unplaced:
             # Their states cannot be rebuilt in order: say so instead of counting mismatches.
-            histories = None
             unchecked = ("states not checked: " + ", ".join(
                 f"{n} has {k} transaction(s) with no recorded commit order"
                 for n, k in sorted(unplaced.items()))
                 + " (its database predates txjoin's commit-order trigger: `txjoin down "
                   "--wipe` and `txjoin up --job` rebuild it); final rows and commit order "
                   "of the recorded ones are checked")
+        else:
+            histories = {n: typed_history(job, n, h) for n, h in found.items()
+                         if h is not None}
     else:
         expected, absent, oracle = expected_rows(job, source_dsn)
+    referees = [("rows", f"PostgreSQL: {oracle}"),
+                ("exactly once", "each changelog: no key twice at one _commit_seq")]
+    if orders is not None:
+        referees.append(("commit order", f"each source's {COMMIT_LOG} (its commit trigger)"))
+        referees.append(("every state", "txjoin's own oracle (txjoin/join/oracle.py) on each "
+                         f"source's {CHANGE_LOG}" if histories is not None
+                         else "not checked (see note)"))
     keys = list(job.output.key)
     config = RunConfig(output_dir=str(output_dir), postgres_dsn=sink_dsn)
     try:
@@ -701,7 +887,7 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
         for sink in sinks:
             sink.close()
     return VerifyResult(job.name, job.semantics, oracle, len(expected), len(absent), checks,
-                        unchecked)
+                        unchecked, referees)
 
 
 # -- the command --------------------------------------------------------------------------
@@ -725,7 +911,7 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
 @click.option("--show", "show_rows", type=int, default=5, show_default=True,
               help="Mismatched rows to print per kind and sink.")
 @click.option("--no-state-check", is_flag=True,
-              help="Job with several sources: skip replaying every state the changelog "
+              help="Job with sources: skip replaying every state the changelog "
                    "passes through (the job is evaluated once per _commit_seq; slow for "
                    "long workloads). The order and grouping checks still run.")
 def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
@@ -736,8 +922,10 @@ def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
     as_of_fact jobs are checked against <fact>_expected (written by `txjoin generate`),
     current jobs against the job's query on the source database: run this after
     `txjoin run --until-idle` once the writers stopped. A job with several sources is
-    evaluated on each source database's state, and each sink's changelog must keep every
-    source's commit order with no transaction split (per-source prefix consistency).
+    the job's query on a copy of each source's tables (one snapshot per database); each
+    sink's changelog must keep every source's commit order with no transaction split, and
+    txjoin's own oracle checks every state it passes through (the "checked by:" line says
+    who answered what).
     Exit code 0: every sink matches; 1: a mismatch; 2: wrong options, or a database or
     oracle table that is not there.
     """
