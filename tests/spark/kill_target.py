@@ -1,17 +1,25 @@
-"""A pipeline process for the kill -9 test: replays a schedule into both sinks.
+"""A pipeline process for the kill tests: replays a schedule into both sinks.
 
 Usage: python -m tests.spark.kill_target SCHEDULE WORKDIR PG_DSN JOB [--shards=N] [--until-idle]
 Without --until-idle it keeps triggering (one schedule batch per micro-batch)
-until it is killed.
+until it is killed: by the test, or by a crash point (``TXJOIN_CRASH_AT``,
+``txjoin.crashpoints``). After each micro-batch it prints
+``batch <id> done <what each sink wrote, as JSON>`` (``BatchReport.written``).
 """
 
+import json
 import sys
-import time
 
 from txjoin.ingest.spark.replay import SOURCE_NAME, ReplaySource
 from txjoin.job import load_job
-from txjoin.pipeline.pipeline import Pipeline, RunConfig, build_sinks
+from txjoin.pipeline.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
 from txjoin.pipeline.session import get_session
+
+
+def report(r: BatchReport) -> None:
+    print(f"batch {r.batch_id}: {r.records} records, {r.changes} changes, commit_seq "
+          f"{r.commit_seq}", flush=True)
+    print(f"batch {r.batch_id} done {json.dumps(r.written, sort_keys=True)}", flush=True)
 
 
 def main() -> None:
@@ -24,15 +32,10 @@ def main() -> None:
     config = RunConfig(checkpoint_dir=f"{workdir}/ckpt", output_dir=f"{workdir}/out",
                        postgres_dsn=dsn, trigger_interval="100 milliseconds", shards=shards)
     sinks = build_sinks(job, config, spark)
-    pipeline = Pipeline(spark, job, config, sinks,
-                        on_batch=lambda r: print(f"batch {r.batch_id} done", flush=True))
+    pipeline = Pipeline(spark, job, config, sinks, on_batch=report)
     source = spark.readStream.format(SOURCE_NAME).option("schedule", schedule).load()
     query = pipeline.start(source, available_now=until_idle)
-    if until_idle:
-        query.awaitTermination()
-    else:
-        while True:  # until killed
-            time.sleep(1)
+    query.awaitTermination()  # until the schedule is read (--until-idle), or killed
 
 
 if __name__ == "__main__":

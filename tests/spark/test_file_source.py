@@ -113,7 +113,7 @@ def test_pipeline_over_files_in_small_batches_resumes_and_matches_the_oracle(
         current = sink.read_current()
         result = check_final([without_metadata(r) for r in current], expected[-1], ["order_id"])
         assert result.ok, f"{sink.name} at the end: {result.message}"
-        once = check_exactly_once(sink.read_changelog(), ["order_id"], current)
+        once = check_exactly_once(sink.read_changelog(), ["order_id"], current, expected)
         assert once.ok, f"{sink.name}: {once.message}"
         sink.close()
 

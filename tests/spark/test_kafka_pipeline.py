@@ -75,7 +75,7 @@ def test_pipeline_over_kafka_in_small_batches_resumes_and_matches_the_oracle(
         rows = [without_metadata(r) for r in current]
         result = check_final(rows, expected[-1], ["order_id"])
         assert result.ok, f"{sink.name} at the end: {result.message}"
-        once = check_exactly_once(sink.read_changelog(), ["order_id"], current)
+        once = check_exactly_once(sink.read_changelog(), ["order_id"], current, expected)
         assert once.ok, f"{sink.name}: {once.message}"
         sink.close()
 

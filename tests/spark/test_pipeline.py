@@ -6,12 +6,15 @@ oracle; the changelog must hold every version exactly once.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,13 @@ import yaml
 from pyspark.sql import SparkSession
 
 from txjoin.bench import spread
+from txjoin.crashpoints import (
+    CRASH_ENV,
+    DELTA_BETWEEN_TABLES,
+    FIRST_SINK,
+    SHARD_APPLY,
+    SINKS_COMMITTED,
+)
 from txjoin.ingest.spark.replay import write_schedule
 from txjoin.job import load_job
 from txjoin.join.oracle import outputs_after_each
@@ -97,86 +107,219 @@ def test_restart_at_every_batch_boundary_changes_nothing(spark: SparkSession, pg
     assert report.batches == sum(1 for d in delivery if d != "restart")
 
 
-def _kill_schedule(tmp_path: Path, n_tx: int, partitions: int = 1
+WHOLE_TX_PER_BATCH = 2
+
+
+def _kill_schedule(tmp_path: Path, n_tx: int, whole: int, partitions: int
                    ) -> tuple[Path, dict, list]:
+    """Batch 0 the snapshot, then the first ``whole`` transactions two to a batch (each
+    released in its batch: the crash points know what a batch does), then the rest with
+    table topics over ``partitions`` partitions by key, topic-partitions interleaved at
+    random, each in its order (read with any lag between partitions)."""
     job = load_job(ORDERS)
     snapshot, txs = pizzeria_workload(n_tx, seed=11)
     synth = Synthesizer(job)
-    produced = list(synth.snapshot(snapshot))
-    for tx in txs:
-        produced.extend(synth.transaction(tx))
-    # table topics over `partitions` partitions by key; interleave topic-partitions at
-    # random, keeping each one's order; ~20 batches
+    groups = [list(synth.snapshot(snapshot))]
+    groups += [[r for tx in txs[i:i + WHOLE_TX_PER_BATCH] for r in synth.transaction(tx)]
+               for i in range(0, whole, WHOLE_TX_PER_BATCH)]
+    rest = [r for tx in txs[whole:] for r in synth.transaction(tx)]
+    rows = spread([r for g in groups for r in g] + rest, partitions,
+                  f"{synth.prefix}.transaction")
+    chunks: list[list] = []
+    for group in groups:
+        chunks.append(rows[:len(group)])
+        del rows[:len(group)]
     rnd = random.Random(5)
     queues: dict[tuple[str, int], list] = {}
-    for row in spread(produced, partitions, f"{synth.prefix}.transaction"):
+    for row in rows:
         queues.setdefault((row[0], row[1]), []).append(row)
-    batches: list[tuple[list, list]] = []
     while any(queues.values()):
-        rows = []
+        chunk = []
         for queue in queues.values():
-            take = rnd.randint(0, 60)
-            rows += queue[:take]
+            take = rnd.randint(0, 12)
+            chunk += queue[:take]
             del queue[:take]
-        done = {t for (t, _), q in queues.items() if not q}
-        done -= {t for (t, _), q in queues.items() if q}  # every partition read to its end
-        batches.append((rows, sorted(done)))
+        chunks.append(chunk)
+    # caught up: a topic read to its end as of the batch (in the first batches everything
+    # produced so far; then the topics with no record later)
+    last = {r[0]: i for i, chunk in enumerate(chunks) for r in chunk}
+    batches = [(chunk, sorted(t for t, at in last.items() if at <= i or i < len(groups)))
+               for i, chunk in enumerate(chunks)]
     path = tmp_path / "schedule.json"
     write_schedule(str(path), batches)
     return path, snapshot, txs
 
 
-def _wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> None:
+def _first_batch_with_changes(outputs: list[dict], after: int) -> int:
+    """The first whole-transaction batch after ``after`` whose transactions change the output."""
+    batch = after + 1
+    while outputs[WHOLE_TX_PER_BATCH * batch] == outputs[WHOLE_TX_PER_BATCH * (batch - 1)]:
+        batch += 1
+    return batch
+
+
+def _wait_for_line(proc: subprocess.Popen, log: Path, needle: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
     while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if needle in line:
+        if needle in log.read_text():
             return
-        if not line and proc.poll() is not None:
-            raise AssertionError(f"pipeline process exited with {proc.returncode}")
+        if proc.poll() is not None:
+            raise AssertionError(f"pipeline process exited with {proc.returncode}:\n"
+                                 + log.read_text()[-3000:])
+        time.sleep(0.05)
     raise AssertionError(f"no {needle!r} within {timeout}s")
 
 
-# More shards than cores, over partitioned topics read with any lag between partitions
-# (~2.5 min a run). Other shard counts are not killed here: the restart they would test is
-# the same checkpoint and sink protocol, which every scenario and the restart at every
-# batch boundary run at shards 1, 2 and 4 (this test ran at shards 4 and at shards 2 over
-# 3 partitions separately until the suite's time had to come down).
-@pytest.mark.parametrize("shards, partitions", [(4, 3)], ids=["shards4-partitions3"])
-def test_kill_9_and_restart_loses_nothing_and_applies_nothing_twice(
-        pg_dsn: str, shards: int, partitions: int, tmp_path: Path) -> None:
-    """partitions: table topics spread over that many partitions by key (declared by the
-    replay source), read with any lag between partitions."""
-    schedule, snapshot, txs = _kill_schedule(tmp_path, 150, partitions)
-    work = tmp_path / "work"
-    cmd = [sys.executable, "-m", "tests.spark.kill_target", str(schedule), str(work), pg_dsn,
-           str(ORDERS), f"--shards={shards}"]
+def _start(cmd: list[str], log: Path, crash_at: str | None = None) -> subprocess.Popen:
+    """A kill target in a process group of its own (what a crash point or the test kills),
+    its output in ``log``."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    for batch_marker in ("batch 2 done", "batch 9 done"):
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env=env, start_new_session=True)
-        try:
-            _wait_for_line(proc, batch_marker, timeout=240)
-            time.sleep(random.Random(batch_marker).uniform(0.0, 0.6))  # land mid-batch
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)  # the driver, its JVM and Python workers
-            proc.wait()
-    finish = subprocess.run([*cmd, "--until-idle"], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=600, check=False)
-    assert finish.returncode == 0, finish.stdout[-3000:] + finish.stderr[-3000:]
+    env.pop(CRASH_ENV, None)
+    if crash_at:
+        env[CRASH_ENV] = crash_at
+    with log.open("w") as out:
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                env=env, start_new_session=True)
 
-    job = load_job(ORDERS)
-    expected = outputs_after_each(job, snapshot, txs)[-1]
+
+def _stop(proc: subprocess.Popen, timeout: float | None) -> None:
+    """Wait ``timeout`` s for the process to die (None: kill it now), then kill its group."""
+    try:
+        if timeout is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver, its JVM and Python workers
+        proc.wait()
+
+
+def _batches_done(lines: list[str]) -> list[tuple[int, dict[str, bool]]]:
+    """(batch id, what each sink wrote) from a kill target's ``batch N done {...}`` lines."""
+    done = []
+    for line in lines:
+        if line.startswith("batch ") and " done " in line:
+            head, _, written = line.partition(" done ")
+            done.append((int(head.split()[1]), json.loads(written)))
+    return done
+
+
+def _logged(checkpoint: Path, log: str) -> int:
+    """The last batch id in the checkpoint's ``offsets`` or ``commits`` log (-1: none)."""
+    return max((int(p.name) for p in (checkpoint / log).glob("[0-9]*")), default=-1)
+
+
+@dataclass
+class Death:
+    """Where a pipeline process died: Spark's logs and what each sink held."""
+
+    offsets: int  # last batch in the offset log (planned)
+    commits: int  # last batch in the commit log (finished)
+    held: dict[str, int]  # sink -> last batch it holds (Delta: its current table)
+    delta_changelog: int  # the last batch the Delta changelog holds
+
+
+def _death(job: Any, work: Path, pg_dsn: str) -> Death:
     config = RunConfig(checkpoint_dir=str(work / "ckpt"), output_dir=str(work / "out"),
                        postgres_dsn=pg_dsn)
     sinks = build_sinks(job, config)
     assert isinstance(sinks[0], DeltaSink) and isinstance(sinks[1], PostgresSink)
+    checkpoint = work / "ckpt" / job.name
+    changelog = sinks[0]._held(sinks[0].changelog_path, "changelog")
+    death = Death(_logged(checkpoint, "offsets"), _logged(checkpoint, "commits"),
+                  {s.name: -1 if s.last_applied_batch() is None else s.last_applied_batch()
+                   for s in sinks},
+                  -1 if changelog is None else changelog.last_batch_id)
+    for sink in sinks:
+        sink.close()
+    return death
+
+
+def _check_replay(death: Death, lines: list[str]) -> None:
+    """After a restart: Spark re-ran the batch that died, and each sink wrote it only if it
+    did not hold it (``BatchReport.written``); a sink never holds a batch Spark did not plan."""
+    done = _batches_done(lines)
+    assert done, "the restarted pipeline finished no batch:\n" + "".join(lines[-30:])
+    assert all(death.commits <= held <= death.offsets for held in death.held.values()), death
+    if death.offsets == death.commits:  # died between batches: nothing to replay
+        assert done[0][0] == death.offsets + 1, (death, done[0])
+        return
+    batch, written = done[0]
+    assert batch == death.offsets, f"the restart began at batch {batch}, not the one that died"
+    assert written == {name: held < batch for name, held in death.held.items()}, (death, written)
+
+
+# The crash points (txjoin.crashpoints) in one checkpoint, one process each (JVM start and
+# the first batch are 10-20 s of each): each run dies at its point, the next one replays
+# that batch first, each sink writing it only if it did not hold it; then a kill at a random
+# moment (the seed printed), then a run to the end, checked against the source. More shards
+# than cores, the last transactions over partitioned topics read with any lag between them.
+def test_kill_9_at_each_crash_point_and_restart_loses_nothing_and_applies_nothing_twice(
+        pg_dsn: str, tmp_path: Path) -> None:
+    shards, partitions, n_tx, whole = 4, 3, 40, 20
+    schedule, snapshot, txs = _kill_schedule(tmp_path, n_tx, whole, partitions)
+    job = load_job(ORDERS)
+    outputs = outputs_after_each(job, snapshot, txs)
+    work = tmp_path / "work"
+    cmd = [sys.executable, "-m", "tests.spark.kill_target", str(schedule), str(work), pg_dsn,
+           str(ORDERS), f"--shards={shards}"]
+    delta_batch = _first_batch_with_changes(outputs, 5)
+    points = [(SINKS_COMMITTED, 2), (FIRST_SINK, 4), (DELTA_BETWEEN_TABLES, delta_batch),
+              (SHARD_APPLY, delta_batch + 2)]
+    assert WHOLE_TX_PER_BATCH * (delta_batch + 3) <= whole, "the points need whole batches"
+    deaths: list[Death] = []
+    for run, (point, batch) in enumerate(points):
+        log = tmp_path / f"run{run}.log"
+        proc = _start(cmd, log, f"{point}:{batch}")
+        _stop(proc, 300)
+        out = log.read_text()
+        lines = out.splitlines(keepends=True)
+        assert proc.returncode == -signal.SIGKILL, f"{point}: exit {proc.returncode}\n{out[-3000:]}"
+        if deaths:
+            _check_replay(deaths[-1], lines)
+        death = _death(job, work, pg_dsn)
+        # where it died: Spark planned the batch and did not commit it; the sinks
+        assert (death.offsets, death.commits) == (batch, batch - 1), (point, death)
+        delta, pg = death.held.values()
+        if point == SINKS_COMMITTED:
+            assert (delta, pg) == (batch, batch), death
+        elif point == FIRST_SINK:
+            assert sorted((delta, pg)) == [batch - 1, batch], death
+        elif point == DELTA_BETWEEN_TABLES:
+            assert (death.delta_changelog, delta) == (batch, batch - 1), death
+        else:
+            assert (delta, pg) == (batch - 1, batch - 1), death
+        deaths.append(death)
+
+    seed = time.time_ns()
+    print(f"random kill seed {seed}")
+    log = tmp_path / "random.log"
+    proc = _start(cmd, log)
+    try:
+        _wait_for_line(proc, log, f"batch {points[-1][1] + 1} done", 300)
+        time.sleep(random.Random(seed).uniform(0.0, 3.0))
+    finally:
+        _stop(proc, None)
+    lines = log.read_text().splitlines(keepends=True)
+    _check_replay(deaths[-1], lines)
+    deaths.append(_death(job, work, pg_dsn))
+    print(f"random kill landed at {deaths[-1]}")
+
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+    finish = subprocess.run([*cmd, "--until-idle"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=600, check=False)
+    assert finish.returncode == 0, finish.stdout[-3000:] + finish.stderr[-3000:]
+    _check_replay(deaths[-1], finish.stdout.splitlines(keepends=True))
+
+    config = RunConfig(checkpoint_dir=str(work / "ckpt"), output_dir=str(work / "out"),
+                       postgres_dsn=pg_dsn)
+    sinks = build_sinks(job, config)
     for sink in sinks:
         current = [without_metadata(r) for r in sink.read_current()]
-        result = check_final(current, expected, ["order_id"])
+        result = check_final(current, outputs[-1], ["order_id"])
         assert result.ok, f"{sink.name}: {result.message}"
-        once = check_exactly_once(sink.read_changelog(), ["order_id"], sink.read_current())
+        once = check_exactly_once(sink.read_changelog(), ["order_id"], sink.read_current(),
+                                  outputs)
         assert once.ok, f"{sink.name}: {once.message}"
         sink.close()
-    assert len(expected) > 50
+    assert len(outputs[-1]) > 10

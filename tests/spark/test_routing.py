@@ -35,7 +35,7 @@ def _routed(spark: SparkSession, records: list[tuple[str, int, int, Any]],
 def test_every_shard_reads_each_record_once_and_a_fact_row_lives_in_one_shard(
         spark: SparkSession) -> None:
     job, _ = JOB_VARIANTS["orders/current"]
-    records = pizzeria_rows(job, 60, seed=3)
+    records = pizzeria_rows(job, 60, seed=3, key_changes=12)
     by_shard = _routed(spark, records)
     n = len(LABELS)
     items = {label: routed_items(job, n, frame) for label, frame in by_shard.items()}
@@ -72,24 +72,37 @@ def test_every_shard_reads_each_record_once_and_a_fact_row_lives_in_one_shard(
 
 def test_a_key_change_goes_to_both_owners_and_only_the_new_one_inserts(
         spark: SparkSession) -> None:
-    def update(before: int, after: int, offset: int) -> tuple[str, int, int, str]:
-        doc = {"op": "u", "before": {"id": before}, "after": {"id": after, "x": 1},
+    def event(op: str, before: int | None, after: int, offset: int
+              ) -> tuple[str, int, int, str]:
+        doc = {"op": op, "before": None if before is None else {"id": before},
+               "after": {"id": after, "x": 1},
                "source": {"schema": "public", "table": "orders", "txId": 9, "lsn": 50,
                           "ts_ms": 1},
                "transaction": {"id": "9:50", "total_order": 1, "data_collection_order": 1}}
         return "shop.public.orders", 0, offset, json.dumps(doc)
 
-    records = [update(b, a, i) for i, (b, a) in enumerate([(1, 2), (3, 4), (5, 6), (7, 8),
-                                                           (9, 10), (11, 12)])]
-    by_shard = _routed(spark, records)
-    for offset in range(len(records)):
+    # which shard owns each key, by the JVM's own hash: where its insert goes
+    ids = range(1, 40)
+    inserts = _routed(spark, [event("c", None, i, i) for i in ids])
+    owner = {int(r["offset"]): label for label, f in inserts.items()
+             for _, r in f.iterrows() if r["value"] is not None}
+    assert sorted(owner) == list(ids)
+    # old and new key on different shards, every ordered pair of shards
+    chosen: dict[tuple[int, int], tuple[int, int]] = {}
+    for b in ids:
+        for a in ids:
+            if owner[b] != owner[a]:
+                chosen.setdefault((owner[b], owner[a]), (b, a))
+    assert len(chosen) == len(LABELS) * (len(LABELS) - 1)
+    pairs = list(chosen.values())
+    by_shard = _routed(spark, [event("u", b, a, i) for i, (b, a) in enumerate(pairs)])
+    for offset, (before, after) in enumerate(pairs):
         rows = [(label, f.loc[f["offset"] == offset].iloc[0]) for label, f in by_shard.items()]
-        holding = [(label, bool(r["after_elsewhere"])) for label, r in rows
-                   if r["value"] is not None]
-        assert 1 <= len(holding) <= 2
-        # exactly one holder inserts the new row; a second holder only removes the old one
-        assert sorted(elsewhere for _, elsewhere in holding) == \
-            ([False] if len(holding) == 1 else [False, True])
+        holding = {label: bool(r["after_elsewhere"]) for label, r in rows
+                   if r["value"] is not None}
+        # exactly two holders: the new key's owner inserts the row, the old key's owner
+        # only removes it (after_elsewhere)
+        assert holding == {owner[after]: False, owner[before]: True}, (before, after, holding)
 
 
 def test_a_record_routing_cannot_read_goes_whole_to_every_shard_and_fails_there(

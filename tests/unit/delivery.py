@@ -176,13 +176,26 @@ class Pipeline:
         return self.output == self.expected()[self.engine.commit_seq]
 
 
-def pizzeria_rows(job: Job, transactions: int, seed: int
+def pizzeria_rows(job: Job, transactions: int, seed: int, key_changes: int = 0
                   ) -> list[tuple[str, int, int, str | None]]:
     """The generated pizzeria workload (snapshot, then ``transactions``) as the records a
-    one-partition source reads: (topic, partition, offset, value)."""
+    one-partition source reads: (topic, partition, offset, value); then ``key_changes``
+    transactions that each move an order to a new key (``strategies.key_change``)."""
+    from tests.unit.strategies import key_change
     from txjoin.scenarios.workload import pizzeria_workload
 
     snapshot, txs = pizzeria_workload(transactions, seed=seed)
+    orders = {r["id"]: dict(r) for r in snapshot.get("public.orders", [])}
+    for tx in txs:
+        for change in tx.changes:
+            if change.table == "public.orders" and change.op == "delete":
+                orders.pop(change.row["id"], None)
+            elif change.table == "public.orders":
+                orders[change.row["id"]] = {**orders.get(change.row["id"], {}), **change.row}
+    next_id = max(orders, default=0) + 1
+    for n, old in enumerate(sorted(orders)[:key_changes]):
+        txs.append(SourceTransaction(f"move{n}", key_change("public.orders", orders[old],
+                                                            next_id + n)))
     synth = Synthesizer(job)
     records = list(synth.snapshot(snapshot))
     for tx in txs:

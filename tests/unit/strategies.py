@@ -45,6 +45,15 @@ class Workload:
     transactions: list[SourceTransaction]
     restarts: dict[int, tuple[int, int]] = field(default_factory=dict)  # tx index -> (i, j)
     resends: dict[int, int] = field(default_factory=dict)  # tx index -> resend last n records
+    key_changes: list[tuple[int, str, int, int]] = field(default_factory=list)
+    """(tx index, table, old id, new id): primary-key updates (:func:`key_change`)."""
+
+
+def key_change(table: str, row: dict[str, Any], new_id: int) -> list[RowChange]:
+    """A primary-key update of ``row`` to ``new_id`` as PostgreSQL's Debezium connector
+    sends it: a delete of the old key, then a create of the new one, in one transaction."""
+    return [RowChange("delete", table, {"id": row["id"]}),
+            RowChange("insert", table, {**row, "id": new_id})]
 
 
 @st.composite
@@ -63,6 +72,7 @@ def workloads(draw: Any, rows: dict[str, Any], max_tx: int = 12,
     txs: list[SourceTransaction] = []
     restarts: dict[int, tuple[int, int]] = {}
     resends: dict[int, int] = {}
+    key_changes: list[tuple[int, str, int, int]] = []
     for n in range(draw(st.integers(1, max_tx))):
         changes: list[RowChange] = []
         source = None
@@ -74,7 +84,15 @@ def workloads(draw: Any, rows: dict[str, Any], max_tx: int = 12,
         for _ in range(draw(st.integers(0, 4))):
             t = draw(st.sampled_from(choices))
             i = draw(st.integers(1, KEY_SPACE))
-            if i in db[t] and draw(st.booleans()):
+            free = [j for j in range(1, KEY_SPACE + 1) if j not in db[t]]
+            if i in db[t] and free and draw(st.integers(0, 3)) == 0:
+                # UPDATE ... SET id = j: Debezium sends the old key's delete, then the new
+                # key's create with the row's other columns as they were
+                j = draw(st.sampled_from(free))
+                changes.extend(key_change(t, db[t][i], j))
+                key_changes.append((n, t, i, j))
+                db[t][j] = {**db[t].pop(i), "id": j}
+            elif i in db[t] and draw(st.booleans()):
                 changes.append(RowChange("delete", t, {"id": i}))
                 del db[t][i]
             else:
@@ -87,7 +105,7 @@ def workloads(draw: Any, rows: dict[str, Any], max_tx: int = 12,
             restarts[n] = (i, draw(st.integers(0, i)))
         elif draw(st.integers(0, 6)) == 0:
             resends[n] = draw(st.integers(1, 4))
-    return Workload(snapshot, txs, restarts, resends)
+    return Workload(snapshot, txs, restarts, resends, key_changes)
 
 
 @dataclass

@@ -391,15 +391,67 @@ def test_frontier_check() -> None:
 
 
 def test_exactly_once_check() -> None:
-    log: list[dict[str, Any]] = [{"id": 1, "v": "a", "_op": "c", "_commit_seq": 1},
-           {"id": 1, "v": "b", "_op": "u", "_commit_seq": 2},
-           {"id": 2, "v": "c", "_op": "c", "_commit_seq": 2},
-           {"id": 2, "v": None, "_op": "d", "_commit_seq": 3}]
+    log: list[dict[str, Any]] = [
+        {"id": 1, "v": "a", "_op": "c", "_commit_seq": 1, "_xid": 101},
+        {"id": 1, "v": "b", "_op": "u", "_commit_seq": 2, "_xid": 102},
+        {"id": 2, "v": "c", "_op": "c", "_commit_seq": 2, "_xid": 102},
+        {"id": 2, "v": None, "_op": "d", "_commit_seq": 3, "_xid": 103}]
     assert check_exactly_once(log, ["id"], [{"id": 1, "v": "b"}]).ok
     twice = check_exactly_once([*log, log[1]], ["id"], [{"id": 1, "v": "b"}])
     assert not twice.ok and "twice" in twice.message
     wrong = check_exactly_once(log, ["id"], [{"id": 1, "v": "a"}])
     assert not wrong.ok and "different" in wrong.message
+    no_xid = check_exactly_once([{k: v for k, v in r.items() if k != "_xid"} for r in log],
+                                ["id"], [{"id": 1, "v": "b"}])
+    assert not no_xid.ok and "_xid" in no_xid.message
+
+
+# The source: T1 creates 1=a, T2 sets 1=b and creates 2=c, T3 deletes 2, T4 sets 1=a again.
+SOURCE_OUTPUTS = [{}, {(1,): {"id": 1, "v": "a"}},
+          {(1,): {"id": 1, "v": "b"}, (2,): {"id": 2, "v": "c"}},
+          {(1,): {"id": 1, "v": "b"}},
+          {(1,): {"id": 1, "v": "a"}}]
+SINK_LOG: list[dict[str, Any]] = [
+    {"id": 1, "v": "a", "_op": "c", "_commit_seq": 1, "_xid": 101},
+    {"id": 1, "v": "b", "_op": "u", "_commit_seq": 2, "_xid": 102},
+    {"id": 2, "v": "c", "_op": "c", "_commit_seq": 2, "_xid": 102},
+    {"id": 2, "v": None, "_op": "d", "_commit_seq": 3, "_xid": 103},
+    {"id": 1, "v": "a", "_op": "u", "_commit_seq": 4, "_xid": 104}]
+
+
+def test_exactly_once_check_holds_a_changelog_that_replays_the_source() -> None:
+    assert check_exactly_once(SINK_LOG, ["id"], [{"id": 1, "v": "a"}], SOURCE_OUTPUTS).ok
+    # a sink whose frontier is T2: the changelog up to T2, checked up to T2
+    assert check_exactly_once(SINK_LOG[:3], ["id"], [{"id": 1, "v": "b"}, {"id": 2, "v": "c"}],
+                              SOURCE_OUTPUTS, upto=2).ok
+
+
+def test_exactly_once_check_fails_a_transaction_applied_again_under_a_new_commit_seq() -> None:
+    # T2's change to key 2 applied again as if it were a new transaction, after T4: the
+    # (key, _commit_seq) pairs are all distinct and the current rows are what it replays to
+    again = [*SINK_LOG, {"id": 2, "v": "c", "_op": "c", "_commit_seq": 5, "_xid": 102}]
+    current = [{"id": 1, "v": "a"}, {"id": 2, "v": "c"}]
+    result = check_exactly_once(again, ["id"], current)
+    assert not result.ok and "twice" in result.message and "_xid 102" in result.message
+    # the same transaction's other key under the new sequence: no (key, _xid) twice, but
+    # one source transaction under two commit sequences
+    moved = [*SINK_LOG[:4], {"id": 3, "v": "x", "_op": "c", "_commit_seq": 4, "_xid": 102}]
+    result = check_exactly_once(moved, ["id"], [{"id": 1, "v": "b"}, {"id": 3, "v": "x"}])
+    assert not result.ok and "several commit sequences" in result.message
+
+
+def test_exactly_once_check_fails_a_lost_intermediate_version() -> None:
+    # T2's update of key 1 lost: T4 sets the same value T1 did, so the sink's current rows
+    # still equal the changelog's replay and the oracle's final output
+    lost = [r for r in SINK_LOG if not (r["id"] == 1 and r["_commit_seq"] == 2)]
+    assert check_exactly_once(lost, ["id"], [{"id": 1, "v": "a"}]).ok  # the sink vs itself
+    result = check_exactly_once(lost, ["id"], [{"id": 1, "v": "a"}], SOURCE_OUTPUTS,
+                                tx_names=["t1", "t2", "t3", "t4"])
+    assert not result.ok and "after t2 (#2)" in result.message, result.message
+    # the last transaction's change lost while the sink's frontier is T4
+    short = SINK_LOG[:4]
+    result = check_exactly_once(short, ["id"], [{"id": 1, "v": "b"}], SOURCE_OUTPUTS)
+    assert not result.ok and "_commit_seq 4" in result.message
 
 
 def test_expect_final_without_key_columns_matches_rows_in_any_order() -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 import pandas as pd
 
+from txjoin import crashpoints
 from txjoin.errors import DecodeError, JobError
 from txjoin.ingest.debezium import (
     ChangeEvent,
@@ -285,6 +286,7 @@ class Engine:
         self.stats.transactions_released += 1
         started = time.perf_counter()
         out = self.join.apply(tx)
+        crashpoints.in_shard()  # tests only: the transaction applied, the batch not saved
         self.batch_join_s += time.perf_counter() - started
         self.stats.changes_emitted += len(out)
         return out

@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from txjoin import crashpoints
 from txjoin.errors import RECOVER, ConfigError
 from txjoin.ingest.debezium import DEFAULT_TOPIC_PREFIX
 from txjoin.ingest.spark.kafka import KafkaFacts
@@ -314,6 +315,7 @@ class Pipeline:
         def write(sink: Sink) -> tuple[bool, float]:
             before = time.monotonic()
             applied = sink.write(batch_id, table, lineage=lineage)
+            crashpoints.reached(crashpoints.FIRST_SINK, batch_id)  # tests only
             return applied, time.monotonic() - before
 
         with ThreadPoolExecutor(max_workers=len(self.sinks) or 1,
@@ -344,6 +346,7 @@ class Pipeline:
         self.reports.append(report)
         if self.on_batch is not None:
             self.on_batch(report)
+        crashpoints.reached(crashpoints.SINKS_COMMITTED, batch_id)  # tests only
 
     def start(self, source: DataFrame, *, available_now: bool = False,
               query_name: str | None = None) -> StreamingQuery:

@@ -407,23 +407,112 @@ def _frontier_text(name: str | None) -> str:
 
 
 def check_exactly_once(changelog: Sequence[Mapping[str, Any]], key_columns: Sequence[str],
-                       current: Sequence[Mapping[str, Any]]) -> CheckResult:
-    """No (key, ``_commit_seq``) twice; the changelog replayed reproduces the current rows.
+                       current: Sequence[Mapping[str, Any]],
+                       oracle_prefixes: Sequence[Mapping[Any, Row]] | None = None,
+                       upto: int | None = None,
+                       tx_names: Sequence[str] | None = None) -> CheckResult:
+    """Each change applied once, checked against the source when the oracle is given.
+
+    - no (key, ``_xid``) twice and no (key, ``_commit_seq``) twice (a transaction is its
+      ``_xid`` in its ``_source`` where the changelog has that column);
+    - each source transaction (``_xid``) under one ``_commit_seq``, and one ``_xid`` per
+      ``_commit_seq`` (a transaction applied again under a new sequence fails);
+    - with ``oracle_prefixes`` (the oracle's output after the snapshot, T1, T2, ...): the
+      changelog replayed in ``_commit_seq`` order up to each k in ``0..upto`` equals the
+      oracle's output after T_k (a lost intermediate version fails, even when a later
+      change to the key hides it in the current rows). ``upto`` defaults to the last
+      oracle prefix: pass the sink's frontier when it is not at the end;
+    - the changelog replayed to its end gives ``current`` (the sink's own current rows).
 
     Changelog rows carry ``_op`` (``c``/``u``/``d``; ``insert``/``update``/
-    ``delete`` accepted), ``_commit_seq`` and the output columns.
+    ``delete`` accepted), ``_commit_seq``, ``_xid`` and the output columns.
     """
-    seen: Counter[tuple[Any, ...]] = Counter()
+    if any(row.get("_xid") is None for row in changelog):
+        return CheckResult(False, "exactly_once failed: a changelog row has no _xid (the "
+                                  "source transaction), so a replay cannot be told apart")
+    by_xid: Counter[tuple[Any, ...]] = Counter()
+    by_seq: Counter[tuple[Any, ...]] = Counter()
+    seqs_of: dict[Any, set[int]] = {}
+    xids_of: dict[int, set[Any]] = {}
     for row in changelog:
-        seen[(*_key(row, key_columns), canonical(row.get("_commit_seq")))] += 1
-    twice = [k for k, n in seen.items() if n > 1]
+        key = _key(row, key_columns)
+        seq = int(row.get("_commit_seq") or 0)
+        # a transaction is its xid in its source database (xids of two databases collide)
+        xid = canonical(row["_xid"]) if row.get("_source") is None \
+            else f"{row['_source']}:{canonical(row['_xid'])}"
+        by_xid[(*key, xid)] += 1
+        by_seq[(*key, seq)] += 1
+        seqs_of.setdefault(xid, set()).add(seq)
+        xids_of.setdefault(seq, set()).add(xid)
+    twice = [k for k, n in by_xid.items() if n > 1]
+    if twice:
+        shown = ", ".join(f"key {show(list(k[:-1]))} of _xid {k[-1]}" for k in twice[:5])
+        return CheckResult(False, f"exactly_once failed: the changelog holds a change twice for "
+                                  f"{shown} (a transaction's effect applied twice)")
+    twice = [k for k, n in by_seq.items() if n > 1]
     if twice:
         shown = ", ".join(f"key {show(list(k[:-1]))} at _commit_seq {k[-1]}" for k in twice[:5])
         return CheckResult(False, f"exactly_once failed: the changelog holds a change twice for "
                                   f"{shown} (a transaction's effect applied twice)")
+    again = {x: sorted(s) for x, s in seqs_of.items() if len(s) > 1}
+    if again:
+        shown = ", ".join(f"_xid {x} at _commit_seq {s}" for x, s in list(again.items())[:5])
+        return CheckResult(False, f"exactly_once failed: a source transaction is in the "
+                                  f"changelog under several commit sequences: {shown} (applied "
+                                  f"again as a new transaction)")
+    shared = {q: sorted(map(str, x)) for q, x in xids_of.items() if len(x) > 1}
+    if shared:
+        shown = ", ".join(f"_commit_seq {q}: _xid {x}" for q, x in list(shared.items())[:5])
+        return CheckResult(False, f"exactly_once failed: several source transactions under one "
+                                  f"commit sequence: {shown}")
+    ordered = [row for _, row in sorted(enumerate(changelog), key=lambda p: (
+        int(p[1].get("_commit_seq") or 0), p[0]))]
     replayed: dict[tuple[Any, ...], Row] = {}
-    ordered = sorted(enumerate(changelog), key=lambda p: (int(p[1].get("_commit_seq") or 0), p[0]))
-    for _, row in ordered:
+    at = 0  # next changelog row to replay
+    if oracle_prefixes is not None:
+        if not key_columns:
+            raise ValueError("check_exactly_once: the oracle replay needs the output's key")
+        last = len(oracle_prefixes) - 1 if upto is None else upto
+        if last >= len(oracle_prefixes):
+            return CheckResult(False, f"exactly_once failed: the sink's frontier T{last} is past "
+                                      f"the source's last transaction T{len(oracle_prefixes) - 1}")
+        beyond = [int(r.get("_commit_seq") or 0) for r in ordered[-1:]
+                  if int(r.get("_commit_seq") or 0) > last]
+        if beyond:
+            return CheckResult(False, f"exactly_once failed: the changelog holds _commit_seq "
+                                      f"{beyond[0]}, past the frontier T{last}")
+        oracle_keyed = [{_key(r, key_columns): r for r in _oracle_rows(p)}
+                        for p in oracle_prefixes[:last + 1]]
+        for k in range(last + 1):
+            touched: set[tuple[Any, ...]] = set()
+            while at < len(ordered) and int(ordered[at].get("_commit_seq") or 0) <= k:
+                row = ordered[at]
+                key = _key(row, key_columns)
+                touched.add(key)
+                if str(row.get("_op", "")).lower() in ("d", "delete"):
+                    replayed.pop(key, None)
+                else:
+                    replayed[key] = without_metadata(dict(row))
+                at += 1
+            want, before = oracle_keyed[k], oracle_keyed[k - 1] if k else {}
+            # Keys neither the changelog nor the oracle changed at k were checked at k-1.
+            if k:
+                touched |= {key for key in want.keys() | before.keys()
+                            if key not in want or key not in before
+                            or (want[key] is not before[key] and want[key] != before[key])}
+            else:
+                touched |= want.keys() | replayed.keys()
+            wrong = [key for key in touched if (key in want) != (key in replayed) or (
+                key in want and not rows_match(want[key], replayed[key]))]
+            if wrong:
+                diff = diff_rows([want[key] for key in wrong if key in want],
+                                 [replayed[key] for key in wrong if key in replayed],
+                                 key_columns)
+                return CheckResult(False, f"exactly_once failed: the changelog replayed up to "
+                                          f"_commit_seq {k} is not the source's output after "
+                                          f"{_prefix_name(k, tx_names)}; oracle vs changelog "
+                                          f"replay:\n" + diff.format())
+    for row in ordered[at:]:
         key = _key(row, key_columns)
         if str(row.get("_op", "")).lower() in ("d", "delete"):
             replayed.pop(key, None)
@@ -540,7 +629,12 @@ def check_scenario(scenario: Scenario, schedule: Schedule, seen: RunObservation)
                 failures.append((end, result_c.message.replace(
                     "expect.final failed", f"expect.final ({where}) failed", 1)))
     if "exactly_once" in invariants:
-        result_c = check_exactly_once(seen.changelog, key_columns, final)
+        # Against the source up to the frontier the run reached (several sources: their
+        # commit sequences interleave, and the prefix check covers them).
+        upto = seen.released[-1] if seen.released else max(
+            (int(r.get("_commit_seq") or 0) for r in seen.changelog), default=None)
+        against = oracle if grid is None and upto is not None else None
+        result_c = check_exactly_once(seen.changelog, key_columns, final, against, upto, names)
         if not result_c.ok:
             failures.append((end, result_c.message))
     failures.sort(key=lambda f: f[0])

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from txjoin import crashpoints
 from txjoin.delta_tables import read_table
 from txjoin.errors import ConfigError, LineageError
 from txjoin.sinks import (
@@ -323,6 +324,7 @@ class DeltaSink:
             self._save(self._frame(changes), changelog_path, "append",
                        self.app_id("changelog", checkpoint), batch_id, metadata)
             wrote = True
+            crashpoints.reached(crashpoints.DELTA_BETWEEN_TABLES, batch_id)  # tests only
         if self._applied(current_path, "current", checkpoint) < batch_id:
             self._create(current_path, current_schema(self.stored))
             self._merge_current(current_path, self.app_id("current", checkpoint), batch_id,

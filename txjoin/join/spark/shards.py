@@ -35,6 +35,7 @@ from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
+from txjoin import crashpoints
 from txjoin.errors import DecodeError
 from txjoin.ingest.debezium import ChangeEvent, Position, decode
 from txjoin.ingest.spark.kafka import KafkaFacts
@@ -197,7 +198,10 @@ class ShardProcessor(StatefulProcessor):
         if self._spec is None:
             spec = {k: v for k, v in vars(self).items() if k not in ("store", "_spec")}
             self._spec = cloudpickle.dumps(spec)
-        request = (self._spec, shard, frame, started)
+        # tests only (txjoin.crashpoints): the host has no task context to tell the batch
+        batch = crashpoints.task_batch_id() if crashpoints.armed(crashpoints.SHARD_APPLY) \
+            else None
+        request = (self._spec, shard, frame, started, batch)
         if not host.available():
             yield from run_batch(request, self.store)
             return
@@ -264,11 +268,14 @@ class ShardProcessor(StatefulProcessor):
         pass
 
 
-def run_batch(request: tuple[bytes, int, pd.DataFrame, float], store: Any) -> list[pd.DataFrame]:
+def run_batch(request: tuple[bytes, int, pd.DataFrame, float, int | None],
+              store: Any) -> list[pd.DataFrame]:
     """Run a shard's batch in this process (a Python worker, or the shard's host):
-    ``request`` is what :meth:`ShardProcessor.handleInputRows` sends, ``store`` the shard's
+    ``request`` is what :meth:`ShardProcessor.handleInputRows` sends (the last field: the
+    micro-batch, known only when a crash point needs it), ``store`` the shard's
     state store (Spark's, or the task's over the host's connection)."""
-    spec, shard, frame, started = request
+    spec, shard, frame, started, batch = request
+    crashpoints.shard_batch(batch)
     processor = _PROCESSORS.get(spec)
     if processor is None:
         processor = ShardProcessor.__new__(ShardProcessor)

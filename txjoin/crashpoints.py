@@ -1,0 +1,115 @@
+"""Crash points: a test-only hook that kills the pipeline at a named point, as kill -9 would.
+
+Set ``TXJOIN_CRASH_AT=<point>[:<batch>]`` in the environment of a pipeline process
+(the driver; Spark's Python workers and the shard hosts inherit it) and the process
+group dies with SIGKILL when the point is reached, in micro-batch ``<batch>`` if given
+(else the first time). Unset (the only setting outside tests), every call is one
+comparison with None. This module is the only reader of the variable.
+
+Points (in a micro-batch's order):
+
+- ``shard_apply``: in a shard, after the engine applied a released transaction to its
+  state and before the batch's state is saved (an executor-side point: the shard's
+  host or Python worker kills the group);
+- ``first_sink``: the first sink to finish has committed the batch, the other has not
+  (the sinks write at the same time: whichever finishes first);
+- ``delta_between_tables``: inside the Delta sink's write, after the changelog append
+  and before the MERGE into the current table (only a batch with changes appends);
+- ``sinks_committed``: every sink committed the batch, Spark has not written its commit
+  log (``commits/<batch>`` in the checkpoint).
+
+The driver's process group is killed (the driver, its JVM, and so on), so a process
+started with this variable must lead its own group (the tests start it with
+``start_new_session=True``). PySpark's daemon puts the Python workers (and the shard
+hosts they start) in a group of their own: an executor-side point kills that group and
+the group of the JVM above it (in local mode, the driver's; on a cluster, the executor's).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from txjoin.errors import ConfigError
+
+CRASH_ENV = "TXJOIN_CRASH_AT"
+
+SHARD_APPLY = "shard_apply"
+FIRST_SINK = "first_sink"
+DELTA_BETWEEN_TABLES = "delta_between_tables"
+SINKS_COMMITTED = "sinks_committed"
+POINTS = (SHARD_APPLY, FIRST_SINK, DELTA_BETWEEN_TABLES, SINKS_COMMITTED)
+
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+"""The local property Spark's micro-batch execution sets on a batch's jobs (its tasks see it)."""
+
+
+def _parse(spec: str | None) -> tuple[str, int | None] | None:
+    if not spec:
+        return None
+    point, _, batch = spec.partition(":")
+    if point not in POINTS or (batch and not batch.isdigit()):
+        raise ConfigError(f"{CRASH_ENV}={spec!r}: expected <point>[:<batch>] with a point "
+                         f"among {', '.join(POINTS)} and a batch id >= 0; unset it outside tests")
+    return point, int(batch) if batch else None
+
+
+_ARMED = _parse(os.environ.get(CRASH_ENV))
+
+
+def reached(point: str, batch_id: int | None) -> None:
+    """Kill the process group if ``TXJOIN_CRASH_AT`` names ``point`` (at ``batch_id``)."""
+    if _ARMED is None or _ARMED[0] != point:
+        return
+    if _ARMED[1] is not None and _ARMED[1] != batch_id:
+        return
+    if point == SHARD_APPLY:
+        jvm = _spark_jvm()
+        if jvm is not None:
+            os.killpg(os.getpgid(jvm), signal.SIGKILL)
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _spark_jvm() -> int | None:
+    """The JVM above a Spark Python worker (or a shard's host), if any: PySpark's daemon
+    leads a process group of its own, so the JVM's group is not the worker's."""
+    pid = os.getpid()
+    try:
+        while pid > 1:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])  # the parent
+            with open(f"/proc/{pid}/comm", encoding="ascii") as fh:
+                if fh.read().strip() == "java":
+                    return pid
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+_SHARD_BATCH: int | None = None
+
+
+def shard_batch(batch_id: int | None) -> None:
+    """Record the micro-batch a shard runs now (set by the shard, read by :func:`in_shard`)."""
+    global _SHARD_BATCH
+    _SHARD_BATCH = batch_id
+
+
+def in_shard() -> None:
+    """The ``shard_apply`` point, at the batch :func:`shard_batch` recorded."""
+    if _ARMED is not None:
+        reached(SHARD_APPLY, _SHARD_BATCH)
+
+
+def armed(point: str) -> bool:
+    """Whether ``TXJOIN_CRASH_AT`` names ``point`` (callers skip gathering its batch id)."""
+    return _ARMED is not None and _ARMED[0] == point
+
+
+def task_batch_id() -> int | None:
+    """The micro-batch id of the Spark task running in this Python worker, if any."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    value = None if context is None else context.getLocalProperty(BATCH_ID_PROPERTY)
+    return None if value is None else int(value)
