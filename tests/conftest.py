@@ -68,3 +68,14 @@ def pg_server() -> Iterator[str]:
 
     with running_postgres() as dsn:
         yield dsn
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[str]:
+    """One throwaway Kafka broker for the whole session (its bootstrap servers), started when a
+    test first asks for it; tests keep apart with their own topic names or prefixes. The
+    stacks (tests/e2e) have their own."""
+    from tests.fixtures.broker import running_broker
+
+    with running_broker() as bootstrap:
+        yield bootstrap
