@@ -12,6 +12,7 @@ log (the checkpoint) behaves exactly like one that never stopped.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from pathlib import Path
 from typing import Any
@@ -221,6 +222,7 @@ def test_state_of_one_attempt_continues_with_another_attempts_log(data: Any) -> 
         assert engine.outputs() == second.engines()[shard].outputs()
 
 
+@functools.cache  # both tests below read the same 200k events (~7 s CPU to build)
 def _big_transaction(events: int) -> tuple[Any, list[tuple[str, int, int, str | None]], int]:
     """A snapshot of 20 orders, then one transaction updating them ``events`` times."""
     from txjoin.join.oracle import RowChange, SourceTransaction
