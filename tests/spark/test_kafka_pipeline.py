@@ -7,13 +7,12 @@ more records were written.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.fixtures.broker import create_topics, running_broker
+from tests.fixtures.broker import create_topics
 from txjoin.bench import produce
 from txjoin.job import load_job
 from txjoin.join.oracle import outputs_after_each
@@ -29,9 +28,9 @@ ORDERS = Path(__file__).resolve().parents[2] / "jobs" / "orders.py"
 
 
 @pytest.fixture(scope="module")
-def bootstrap() -> Iterator[str]:
-    with running_broker() as servers:
-        yield servers
+def bootstrap(kafka_broker: str) -> str:
+    """The session's broker (tests/conftest.py); this module's topics have their own names."""
+    return kafka_broker
 
 
 def test_pipeline_over_kafka_in_small_batches_resumes_and_matches_the_oracle(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 
-from tests.fixtures.broker import create_topics, running_broker
+from tests.fixtures.broker import create_topics
 from txjoin.errors import CheckpointError, ConfigError, ServiceError
 from txjoin.ingest.spark.kafka import KafkaTopics, last_offsets, read_stream
 
@@ -20,9 +19,9 @@ pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")
-def bootstrap() -> Iterator[str]:
-    with running_broker() as servers:
-        yield servers
+def bootstrap(kafka_broker: str) -> str:
+    """The session's broker (tests/conftest.py); this module's topics have their own names."""
+    return kafka_broker
 
 
 def _topics(bootstrap: str, count: int = 2, partitions: int = 1) -> list[str]:

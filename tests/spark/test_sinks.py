@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from tests.fixtures import restartable_postgres
-from tests.fixtures.postgres import free_port, running_postgres
+from tests.fixtures.postgres import free_port, new_database
 from txjoin.errors import ConfigError, LineageError, ServiceError, SinkSchemaError
 from txjoin.sinks import Sink
 from txjoin.sinks.delta import CHECKPOINT_INTERVAL, DeltaSink
@@ -72,9 +72,9 @@ def current_of(row: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def dsn() -> Iterator[str]:
-    with running_postgres() as url:
-        yield url
+def dsn(pg_server: str) -> str:
+    """A database of its own on the session's PostgreSQL server (tests/conftest.py)."""
+    return new_database(pg_server, "sinks")
 
 
 _tables = iter(range(1_000_000))

@@ -12,7 +12,9 @@ log (the checkpoint) behaves exactly like one that never stopped.
 
 from __future__ import annotations
 
+import functools
 import zlib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,12 +23,16 @@ from hypothesis import strategies as st
 
 from tests.unit.strategies import deliveries, produce, split_partitions, workloads
 from tests.unit.test_properties import JOB_VARIANTS
-from txjoin.errors import ConfigError, TransactionTooLargeError
+from txjoin.errors import ConfigError, TransactionTooLargeError, TxjoinError
 from txjoin.ingest.debezium import ChangeEvent, Position
 from txjoin.join.oracle import outputs_after_each
 from txjoin.join.routing import METADATA_SIZE, Router, metadata_only, shard_of
 from txjoin.join.sharded import ShardedEngine
 from txjoin.join.state_log import LAYOUT_VERSION, MemoryStore, ShardLog
+from txjoin.scenarios.checks import RunObservation, check_scenario
+from txjoin.scenarios.core_runner import changelog_row, observe_core
+from txjoin.scenarios.schedule import Restart, compile_schedule
+from txjoin.scenarios.spec import load_scenario
 from txjoin.sequence.assembly import TopicPartitions
 
 
@@ -216,6 +222,7 @@ def test_state_of_one_attempt_continues_with_another_attempts_log(data: Any) -> 
         assert engine.outputs() == second.engines()[shard].outputs()
 
 
+@functools.cache  # both tests below read the same 200k events (~7 s CPU to build)
 def _big_transaction(events: int) -> tuple[Any, list[tuple[str, int, int, str | None]], int]:
     """A snapshot of 20 orders, then one transaction updating them ``events`` times."""
     from txjoin.join.oracle import RowChange, SourceTransaction
@@ -325,3 +332,90 @@ def test_a_snapshot_loaded_over_many_batches_is_compacted_a_few_times(
     # per shard about log2(rows / 50) compactions; counting only the join's rows: ~25
     assert 0 < len(snapshots) <= 14, snapshots
     assert engine.outputs() == outputs_after_each(job, snapshot, txs)[-1]
+
+
+# -- shard-count invariance: every scenario at 1, 2, 3 and 4 shards, without Spark ---------------
+# tests/spark/test_pipeline.py runs every scenario through Spark at one shard count (and a few
+# at the others): what the shard count could change is checked here, on the same schedules.
+
+SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "scenarios").glob("*.yaml"))
+
+
+def observe_sharded(scenario: Any, schedule: Any, n_shards: int) -> RunObservation:
+    """:func:`observe_core` with the job split over ``n_shards`` shard logs; a ``restart``
+    drops every shard's cached engine, so each goes on from its log (the checkpoint)."""
+    job = scenario.job
+    engine = ShardedEngine(job, n_shards)
+    current: dict[Any, Any] = {}
+    seen = RunObservation(outputs=[], changelog=[], released=[])
+    assert seen.released is not None
+    drop: list[int] = []
+    for step in schedule.steps:
+        if isinstance(step, Restart):
+            drop = list(range(n_shards))
+            continue
+        records = [(r.topic, 0, r.offset, r.value) for r in step.records]
+        try:
+            changes = engine.process(records, schedule.caught_up_tables(step), drop_cache=drop)
+        except TxjoinError as exc:
+            seen.error = f"{type(exc).__name__}: {exc}"
+            break
+        drop = []
+        for change in changes:
+            seen.changelog.append(changelog_row(job, change))
+            if change.row is None:
+                current.pop(change.key, None)
+            else:
+                current[change.key] = dict(change.row)
+        seen.outputs.append([dict(r) for r in current.values()])
+        first = engine.engines()[0]
+        seq = engine.commit_seq  # asserts every shard released the same prefix
+        seen.released.append(seq if seq > 0 else (0 if first.snapshot_released else None))
+    return seen
+
+
+def _changelog_key(row: dict[str, Any]) -> tuple[int, str]:
+    return row["_commit_seq"], repr(sorted(row.items()))
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_every_scenario_gives_the_same_changes_at_every_shard_count(path: Path) -> None:
+    """The scenario's own checks hold at 1-4 shards, and every shard count produces the
+    unsharded core's change stream: the same rows, the same (key, commit) versions, batch
+    for batch."""
+    scenario = load_scenario(path)
+    schedule = compile_schedule(scenario)
+    unsharded = observe_core(scenario, schedule)
+    assert not check_scenario(scenario, schedule, unsharded)
+    for n_shards in (1, 2, 3, 4):
+        seen = observe_sharded(scenario, schedule, n_shards)
+        failures = check_scenario(scenario, schedule, seen)
+        assert not failures, f"shards {n_shards}:\n" + "\n".join(failures)
+        assert seen.error == unsharded.error, f"shards {n_shards}"
+        assert seen.released == unsharded.released, f"shards {n_shards}"
+        assert sorted(seen.changelog, key=_changelog_key) == sorted(
+            unsharded.changelog, key=_changelog_key), f"shards {n_shards}"
+        for n, (a, b) in enumerate(zip(seen.outputs, unsharded.outputs, strict=True)):
+            assert sorted(map(repr, a)) == sorted(map(repr, b)), f"shards {n_shards}, batch {n}"
+
+
+@given(data=st.data())
+def test_the_change_stream_does_not_depend_on_the_shard_count(data: Any) -> None:
+    """One workload and delivery through 1 to 4 shards (any cache losses): batch for batch,
+    the same changes (key, commit, row) come out."""
+    job, rows = JOB_VARIANTS["orders/current"]
+    workload = data.draw(workloads(rows), label="workload")
+    batches = data.draw(deliveries(produce(job, workload)), label="delivery")
+    streams = []
+    for n_shards in (1, 2, 3, 4):
+        engine = ShardedEngine(job, n_shards)
+        stream = []
+        for n, batch in enumerate(batches):
+            drop = data.draw(st.sets(st.integers(0, n_shards - 1)),
+                             label=f"drop cache {n_shards}/{n}")
+            records = [(r.topic, 0, r.offset, r.value) for r in batch.records]
+            caught = {t.removeprefix("shop.") for t in batch.caught_up}
+            changes = engine.process(records, caught, drop_cache=drop)
+            stream.append(sorted((repr(ch.key), ch.commit_seq, repr(ch.row)) for ch in changes))
+        streams.append(stream)
+    assert all(stream == streams[0] for stream in streams[1:])

@@ -45,7 +45,7 @@ from pyspark.sql.streaming import StreamingQuery
 from txjoin import crashpoints
 from txjoin.errors import RECOVER, ConfigError
 from txjoin.ingest.debezium import DEFAULT_TOPIC_PREFIX
-from txjoin.ingest.spark.kafka import KafkaFacts
+from txjoin.ingest.spark.kafka import KafkaFacts, KafkaTopics
 from txjoin.job import Job
 from txjoin.join.output import output_schema
 from txjoin.join.spark.routing import route
@@ -196,12 +196,13 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 LAYOUT_FILE = "txjoin-layout.json"
 
 
-def check_layout(checkpoint: Path, n_shards: int) -> int:
+def check_layout(checkpoint: Path, n_shards: int | None, record: bool = True) -> int:
     """Check (or record) the checkpoint's state layout and shard count; its shuffle partitions.
 
     A checkpoint written by txjoin 0.1 (one engine value per query) has Spark
     state but no layout file: refused with what to do, like one with another
-    shard count (the state is split by shard).
+    shard count (the state is split by shard). ``n_shards`` None: whatever the
+    checkpoint recorded; ``record=False`` only checks (``txjoin run`` before Spark).
     """
     marker = checkpoint / LAYOUT_FILE
     if marker.exists():
@@ -210,20 +211,39 @@ def check_layout(checkpoint: Path, n_shards: int) -> int:
             raise ConfigError(
                 f"checkpoint {checkpoint} has state layout {recorded.get('layout')}, this txjoin "
                 f"needs {LAYOUT_VERSION}: {RECOVER}")
-        if recorded.get("shards") != n_shards:
+        if n_shards is not None and recorded.get("shards") != n_shards:
             raise ConfigError(
                 f"checkpoint {checkpoint} was written with --shards {recorded.get('shards')}, "
                 f"not {n_shards}: run with --shards {recorded.get('shards')} (the state is split "
                 f"by shard), or start from a new checkpoint")
-        return int(recorded.get("partitions", n_shards))
+        return int(recorded.get("partitions", recorded.get("shards")))
     if (checkpoint / "offsets").exists() or (checkpoint / "state").exists():
         raise ConfigError(
             f"checkpoint {checkpoint} was written by an older txjoin (state layout 1: one "
             f"engine value); this txjoin needs layout {LAYOUT_VERSION}: {RECOVER}")
+    if not record or n_shards is None:
+        return n_shards or 0
     checkpoint.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps({"layout": LAYOUT_VERSION, "shards": n_shards,
                                   "partitions": n_shards}) + "\n")
     return n_shards
+
+
+def check_kafka(job: Job, config: RunConfig, prefixes: dict[str, str],
+                checkpoint: Path | None) -> tuple[KafkaTopics, KafkaFacts]:
+    """The job's topics on ``config``'s broker, checked (reachable, every topic there, the
+    ``checkpoint``'s partitions as the topics', unless None), and what the shards learn from
+    them. No Spark: ``txjoin run`` calls it before starting the session too."""
+    if not config.bootstrap_servers:
+        raise ConfigError("no bootstrap servers: pass --bootstrap-servers (or set "
+                          "TXJOIN_BOOTSTRAP_SERVERS), or start the local stack with "
+                          "`txjoin up`")
+    transaction_topics = list(job.transaction_topics(prefixes).values())
+    topics = KafkaTopics(config.bootstrap_servers, job.all_topics(prefixes), transaction_topics)
+    counts = topics.partitions()
+    if checkpoint is not None:
+        topics.check_checkpoint(checkpoint, counts)
+    return topics, KafkaFacts(counts, config.max_events_per_trigger)
 
 
 class Pipeline:
@@ -250,18 +270,11 @@ class Pipeline:
         """Spark's own ``kafka`` source over the job's topics, after checking them and the
         checkpoint (``txjoin.ingest.spark.kafka``); the shards learn the partition
         counts and the read limit from :attr:`kafka_facts`."""
-        from txjoin.ingest.spark.kafka import KafkaTopics, read_stream
+        from txjoin.ingest.spark.kafka import read_stream
 
-        if not self.config.bootstrap_servers:
-            raise ConfigError("no bootstrap servers: pass --bootstrap-servers (or set "
-                              "TXJOIN_BOOTSTRAP_SERVERS), or start the local stack with "
-                              "`txjoin up`")
-        transaction_topics = list(self.job.transaction_topics(self.prefixes).values())
-        topics = KafkaTopics(self.config.bootstrap_servers, self.job.all_topics(self.prefixes),
-                             transaction_topics)
-        counts = topics.partitions()
-        topics.check_checkpoint(Path(self.checkpoint), counts)
-        self.kafka_facts = KafkaFacts(counts, self.config.max_events_per_trigger)
+        topics, self.kafka_facts = check_kafka(self.job, self.config, self.prefixes,
+                                               Path(self.checkpoint))
+        assert self.config.bootstrap_servers is not None
         return read_stream(self.spark, self.config.bootstrap_servers, topics.topics,
                            starting_offsets=self.config.starting_offsets,
                            max_events=self.config.max_events_per_trigger)

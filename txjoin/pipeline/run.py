@@ -1,10 +1,13 @@
-"""``txjoin run``: start the Spark session, wire the Kafka source, sinks and pipeline, wait.
+"""``txjoin run``: check, start the Spark session, wire the source, sinks and pipeline, wait.
 
-Before the query starts, every sink's lineage is compared with the job's
-checkpoint (``txjoin.sinks.lineage``): a sink written from another checkpoint,
-or behind this one, stops the run (exit 2) instead of having batches silently
-skipped. ``rebuild`` starts a new checkpoint, drains the source into the sinks'
-shadow tables, swaps them in atomically, then goes on as a normal run.
+Before the Spark session starts (a JVM, 5-13 s), everything that can refuse the
+run without Spark is checked (:func:`preflight`): every sink's lineage against
+the job's checkpoint (``txjoin.sinks.lineage``: a sink written from another
+checkpoint, or behind this one, stops the run, exit 2, instead of having
+batches silently skipped), the broker and the job's topics against the
+checkpoint, and the checkpoint's state layout and shard count. ``rebuild``
+starts a new checkpoint, drains the source into the sinks' shadow tables, swaps
+them in atomically, then goes on as a normal run.
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ from pyspark.sql.streaming import StreamingQuery
 
 from txjoin.job import Job
 from txjoin.pipeline.metrics import Metrics, MetricsServer
-from txjoin.pipeline.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
+from txjoin.pipeline.pipeline import (
+    BatchReport,
+    Pipeline,
+    RunConfig,
+    build_sinks,
+    check_kafka,
+    check_layout,
+)
 from txjoin.pipeline.session import get_session
 from txjoin.sinks import Sink
 from txjoin.sinks.lineage import Checkpoint, check_lineage, short
@@ -152,9 +162,34 @@ def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None]
             server.close()
 
 
+def preflight(job: Job, config: RunConfig) -> None:
+    """Every refusal that needs no Spark, in the order the run would meet them: the sinks'
+    lineage (unless rebuilding), the broker and topics (a Kafka source), the checkpoint's
+    layout and shard count. Raises the run's own one-line errors; writes nothing but the
+    checkpoint's identity (as the run would)."""
+    prefixes = config.prefixes(job)
+    checkpoint = Path(config.checkpoint_dir) / job.with_source_prefixes(prefixes).name
+    if not config.rebuild:
+        sinks = build_sinks(job, config)  # without Spark: for reading their lineage only
+        try:
+            check_lineage(sinks, Checkpoint.open(checkpoint))
+        finally:
+            for sink in sinks:
+                sink.close()
+    from txjoin.ingest.spark.files import parse_source
+
+    if parse_source(config.source) is None:
+        # A rebuild starts a new checkpoint: only the broker and topics are checked.
+        check_kafka(job.with_source_prefixes(prefixes), config, prefixes,
+                    None if config.rebuild else checkpoint)
+    if not config.rebuild:  # shards as Pipeline.n_shards takes them (0/None: not given)
+        check_layout(checkpoint, config.shards or None, record=False)
+
+
 def _run(job: Job, config: RunConfig, metrics: Metrics,
          on_batch: Callable[[BatchReport], None] | None, stop: threading.Event | None,
          quiet: bool, say: Callable[[str], None]) -> list[BatchReport]:
+    preflight(job, config)
     spark = get_session(config.master, app_name=f"txjoin-{job.name}",
                         extra_conf=config.spark_conf)
     sinks = build_sinks(job, config, spark)

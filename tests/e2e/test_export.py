@@ -4,25 +4,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.fixtures.broker import create_topics, running_broker
+from tests.fixtures.broker import create_topics
 from txjoin.bench import produce
 from txjoin.ingest.spark.files import Catalog, read_lines
 from txjoin.stack.export import export_topics
 
 
 def test_export_archives_every_record_in_offset_order_and_appends_on_rerun(
-        tmp_path: Path) -> None:
+        kafka_broker: str, tmp_path: Path) -> None:
     topics = ["eshop.public.orders", "eshop.transaction"]
     first = [(topics[0], "k", '{"n":1}'), (topics[0], "k", None), (topics[1], None, '{"s":1}'),
              (topics[0], "k", '{"n":2}'), (topics[0], "k", '{"n":3}')]
-    with running_broker() as bootstrap:
-        create_topics(bootstrap, topics)
-        produce(bootstrap, first)
-        counts = export_topics(bootstrap, topics, tmp_path, records_per_file=2)
-        assert counts == {topics[0]: 4, topics[1]: 1}
-        produce(bootstrap, [(topics[0], "k", '{"n":4}')])
-        assert export_topics(bootstrap, topics, tmp_path, records_per_file=2) == {
-            topics[0]: 1, topics[1]: 0}
+    bootstrap = kafka_broker  # the session's (tests/conftest.py); eshop.* are this test's
+    create_topics(bootstrap, topics)
+    produce(bootstrap, first)
+    counts = export_topics(bootstrap, topics, tmp_path, records_per_file=2)
+    assert counts == {topics[0]: 4, topics[1]: 1}
+    produce(bootstrap, [(topics[0], "k", '{"n":4}')])
+    assert export_topics(bootstrap, topics, tmp_path, records_per_file=2) == {
+        topics[0]: 1, topics[1]: 0}
 
     segments = Catalog(str(tmp_path), topics).segments(topics[0], 0)
     assert [(Path(s.path).name, s.start, s.count) for s in segments] == [

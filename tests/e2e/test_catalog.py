@@ -9,12 +9,12 @@ written job is loaded and run through the pure core against the oracle.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from tests.fixtures.postgres import new_database
 from tests.unit.strategies import Workload, produce
 from txjoin.cli import main
 from txjoin.job import Job, load_job
@@ -57,17 +57,16 @@ CREATE TABLE shop2.audit (at timestamptz, what text);
 
 
 @pytest.fixture(scope="module")
-def dsn() -> Iterator[str]:
-    from tests.fixtures.postgres import running_postgres
-
-    with running_postgres() as url:
-        conn = psycopg2.connect(url)
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute((ROOT / "txjoin/stack/schema.sql").read_text())
-            cur.execute(OWN_SCHEMA)
-        conn.close()
-        yield url
+def dsn(pg_server: str) -> str:
+    """A database of its own on the session's PostgreSQL server (tests/conftest.py)."""
+    url = new_database(pg_server, "catalog")
+    conn = psycopg2.connect(url)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute((ROOT / "txjoin/stack/schema.sql").read_text())
+        cur.execute(OWN_SCHEMA)
+    conn.close()
+    return url
 
 
 def _init(dsn: str, tables: list[str], tmp_path: Path, *extra: str) -> Job:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import pytest
 
+from tests.fixtures.postgres import new_database
 from txjoin.job import Job, Output, Table
 from txjoin.join.output import changes_to_table, output_schema
 from txjoin.join.temporal import OutputChange
@@ -66,11 +66,9 @@ def _pg_type(sql_type: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def dsn() -> Iterator[str]:
-    from tests.fixtures.postgres import running_postgres
-
-    with running_postgres() as url:
-        yield url
+def dsn(pg_server: str) -> str:
+    """A database of its own on the session's PostgreSQL server (tests/conftest.py)."""
+    return new_database(pg_server, "verify_types")
 
 
 @pytest.fixture(scope="module")

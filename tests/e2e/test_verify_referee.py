@@ -64,38 +64,34 @@ def ranked_job(sources: list[str]) -> Job:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[dict[str, str]]:
-    """One PostgreSQL with databases users_db, colors_db (one table each) and shop_db (both)."""
-    from tests.fixtures.postgres import running_postgres
+def cluster(pg_server: str) -> Iterator[dict[str, str]]:
+    """Databases users_db, colors_db (one table each) and shop_db (both) on the session's
+    PostgreSQL server, and a sink database."""
+    from tests.fixtures.postgres import new_database
 
     two = ranked_job(["users", "colors"])
-    with running_postgres() as dsn:
-        with contextlib.closing(psycopg2.connect(dsn)) as conn:
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                for db in ("users_db", "colors_db", "shop_db"):
-                    cur.execute(f"CREATE DATABASE {db}")
-        dsns = {db: dsn.rsplit("/", 1)[0] + f"/{db}" for db in ("users_db", "colors_db",
-                                                               "shop_db")}
-        for db, tables in (("users_db", [USERS]), ("colors_db", [COLOURS]),
-                           ("shop_db", [USERS, COLOURS])):
-            with contextlib.closing(psycopg2.connect(dsns[db])) as conn, conn, \
-                    conn.cursor() as cur:
-                for rows in tables:
-                    table = two.tables[0] if rows is USERS else two.tables[1]
-                    cur.execute(table_ddl(table))
-                    columns = list(table.columns)
-                    for row in rows:
-                        cur.execute(f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES "
-                                    f"({', '.join(['%s'] * len(columns))})",
-                                    [row[c] for c in columns])
-        with contextlib.closing(psycopg2.connect(dsns["shop_db"])) as conn, conn, \
+    dsn = new_database(pg_server, "referee_sink")
+    dsns = {db: new_database(pg_server, f"referee_{db}")
+            for db in ("users_db", "colors_db", "shop_db")}
+    for db, tables in (("users_db", [USERS]), ("colors_db", [COLOURS]),
+                       ("shop_db", [USERS, COLOURS])):
+        with contextlib.closing(psycopg2.connect(dsns[db])) as conn, conn, \
                 conn.cursor() as cur:
-            cur.execute(table_ddl(FANS_TABLE))
-            for fan in FANS:
-                cur.execute("INSERT INTO public.fans (id, likes) VALUES (%s, %s)",
-                            (fan["id"], fan["likes"]))
-        yield {"sink": dsn, **dsns}
+            for rows in tables:
+                table = two.tables[0] if rows is USERS else two.tables[1]
+                cur.execute(table_ddl(table))
+                columns = list(table.columns)
+                for row in rows:
+                    cur.execute(f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES "
+                                f"({', '.join(['%s'] * len(columns))})",
+                                [row[c] for c in columns])
+    with contextlib.closing(psycopg2.connect(dsns["shop_db"])) as conn, conn, \
+            conn.cursor() as cur:
+        cur.execute(table_ddl(FANS_TABLE))
+        for fan in FANS:
+            cur.execute("INSERT INTO public.fans (id, likes) VALUES (%s, %s)",
+                        (fan["id"], fan["likes"]))
+    yield {"sink": dsn, **dsns}
 
 
 FANS_TABLE = Table("public.fans", {"id": "int", "likes": "int[]"}, source="shop")

@@ -1,0 +1,89 @@
+"""``txjoin run`` refuses what needs no Spark before starting the Spark session (issue 34).
+
+A sink written from another checkpoint, a checkpoint of another shard count or state
+layout: one line, exit 2, and no JVM (tests/unit refuses to start a Spark session,
+tests/unit/conftest.py); an unreachable broker: tests/spark/test_cli_process.py. Until
+issue 34 each of these started Spark first (5-13 s, ~30 s on a loaded machine), and these
+tests failed on that refusal.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+from deltalake import CommitProperties, Transaction, write_deltalake
+
+from txjoin.cli import main
+from txjoin.errors import VERBOSE_ENV
+from txjoin.job import load_job
+from txjoin.join.output import output_schema
+from txjoin.join.state_log import LAYOUT_VERSION
+from txjoin.pipeline.pipeline import LAYOUT_FILE
+from txjoin.sinks.delta import DeltaSink, stored_schema
+
+ROOT = Path(__file__).resolve().parents[2]
+ORDERS = ROOT / "jobs" / "orders.py"
+
+
+@pytest.fixture(autouse=True)
+def _not_verbose(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(VERBOSE_ENV, raising=False)
+
+
+def run(tmp_path: Path, *args: str) -> tuple[int, str, float]:
+    """``txjoin run jobs/orders.py`` over an empty file archive, Delta sink only."""
+    archive = tmp_path / "archive"
+    archive.mkdir(exist_ok=True)
+    started = time.monotonic()
+    result = CliRunner().invoke(main, [
+        "run", str(ORDERS), "--dir", str(tmp_path), "--source", f"files:{archive}",
+        "--topic-prefix", "fshop", "--no-postgres", "--until-idle", *args])
+    return result.exit_code, result.stderr, time.monotonic() - started
+
+
+def one_line(err: str) -> str:
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    return err
+
+
+def test_a_sink_of_another_checkpoint_is_refused_before_spark(tmp_path: Path) -> None:
+    job = load_job(ORDERS)
+    sink = DeltaSink(str(tmp_path / "output"), job.output.table, job.name,
+                     list(job.output.key), output_schema(job))
+    # What a run from checkpoint "0123456789abcdef" left: its last batch 4 in the lineage.
+    empty = pa.Table.from_pylist([], schema=stored_schema(output_schema(job)))
+    write_deltalake(sink.current_path, empty, commit_properties=CommitProperties(
+        app_transactions=[Transaction(sink.app_id("current", None), 4)],
+        custom_metadata={"txjoin.job": job.name, "txjoin.batch_id": 4,
+                         "txjoin.checkpoint": "0123456789abcdef",
+                         "txjoin.frontier_commit_seq": 7}))
+    (tmp_path / "checkpoints" / job.name / "commits").mkdir(parents=True)
+    (tmp_path / "checkpoints" / job.name / "commits" / "0").write_text("v1\n{}\n")
+    code, err, seconds = run(tmp_path)
+    assert code == 2
+    assert "holds batch 4, frontier commit_seq 7 of checkpoint 01234567" in one_line(err)
+    assert "run with --rebuild" in err
+    print(f"refused in {seconds:.2f} s")
+
+
+def test_a_checkpoint_of_another_shard_count_is_refused_before_spark(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "checkpoints" / "orders"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / LAYOUT_FILE).write_text(json.dumps(
+        {"layout": LAYOUT_VERSION, "shards": 2, "partitions": 2}))
+    code, err, _ = run(tmp_path, "--shards", "4")
+    assert code == 2
+    assert "was written with --shards 2, not 4: run with --shards 2" in one_line(err)
+
+
+def test_a_checkpoint_of_an_older_layout_is_refused_before_spark(tmp_path: Path) -> None:
+    (tmp_path / "checkpoints" / "orders" / "offsets").mkdir(parents=True)
+    code, err, _ = run(tmp_path)
+    assert code == 2
+    assert "was written by an older txjoin (state layout 1" in one_line(err)
+
