@@ -135,15 +135,24 @@ def _wait(query: StreamingQuery, stop: threading.Event) -> bool:
             time.sleep(0.05)
     except KeyboardInterrupt:
         stopped = True
+    except Exception:
+        # The query failed. After a Ctrl-C that is expected: the terminal sends SIGINT to
+        # the whole process group, Spark's Python workers too, which can fail the batch in
+        # progress. Nothing of it is committed; the next run replays it (a real error then
+        # shows again).
+        if not stop.is_set():
+            raise
+        stopped = True
     finally:
         if query.isActive:
             query.stop()
     return stopped
 
 
-def _raise_failure(query: StreamingQuery) -> None:
+def _raise_failure(query: StreamingQuery, stop: threading.Event | None = None) -> None:
+    """Raise the query's error, unless a stop was asked for (see :func:`_wait`)."""
     exc = query.exception()
-    if exc is not None:
+    if exc is not None and not (stop is not None and stop.is_set()):
         raise exc
 
 
@@ -189,6 +198,7 @@ def preflight(job: Job, config: RunConfig) -> None:
 def _run(job: Job, config: RunConfig, metrics: Metrics,
          on_batch: Callable[[BatchReport], None] | None, stop: threading.Event | None,
          quiet: bool, say: Callable[[str], None]) -> list[BatchReport]:
+    stop = stop or threading.Event()  # set by Ctrl-C too (_ctrl_c_stops)
     preflight(job, config)
     spark = get_session(config.master, app_name=f"txjoin-{job.name}",
                         extra_conf=config.spark_conf)
@@ -217,7 +227,7 @@ def _run(job: Job, config: RunConfig, metrics: Metrics,
         if config.rebuild:
             query = pipeline.start(source, available_now=True, query_name=f"txjoin_{job.name}")
             finished = _await(query, True, stop, say)
-            _raise_failure(query)
+            _raise_failure(query, stop)
             if not finished:
                 return pipeline.reports  # the rebuild stays unswapped; run --rebuild again
             for sink in sinks:
@@ -231,7 +241,7 @@ def _run(job: Job, config: RunConfig, metrics: Metrics,
         query = pipeline.start(source, available_now=config.until_idle,
                                query_name=f"txjoin_{job.name}")
         _await(query, config.until_idle, stop, say)
-        _raise_failure(query)
+        _raise_failure(query, stop)
         say(summary_line(pipeline.reports, sinks))
     finally:
         for sink in sinks:
