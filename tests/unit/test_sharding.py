@@ -30,7 +30,7 @@ from txjoin.join.routing import METADATA_SIZE, Router, metadata_only, shard_of
 from txjoin.join.sharded import ShardedEngine
 from txjoin.join.state_log import LAYOUT_VERSION, MemoryStore, ShardLog
 from txjoin.scenarios.checks import RunObservation, check_scenario
-from txjoin.scenarios.core_runner import changelog_row, observe_core
+from txjoin.scenarios.core_runner import observe_batch, observe_core
 from txjoin.scenarios.schedule import Restart, compile_schedule
 from txjoin.scenarios.spec import load_scenario
 from txjoin.sequence.assembly import TopicPartitions
@@ -361,13 +361,7 @@ def observe_sharded(scenario: Any, schedule: Any, n_shards: int) -> RunObservati
             seen.error = f"{type(exc).__name__}: {exc}"
             break
         drop = []
-        for change in changes:
-            seen.changelog.append(changelog_row(job, change))
-            if change.row is None:
-                current.pop(change.key, None)
-            else:
-                current[change.key] = dict(change.row)
-        seen.outputs.append([dict(r) for r in current.values()])
+        observe_batch(seen, job, current, changes)
         first = engine.engines()[0]
         seq = engine.commit_seq  # asserts every shard released the same prefix
         seen.released.append(seq if seq > 0 else (0 if first.snapshot_released else None))

@@ -48,6 +48,19 @@ def changelog_row(job: Job, change: OutputChange) -> Row:
     return row
 
 
+def observe_batch(seen: RunObservation, job: Job, current: dict[Any, Row],
+                  changes: list[OutputChange]) -> None:
+    """Record one batch's ``changes``: its changelog rows, and the output after it
+    (``current``, the output by key, is updated in place)."""
+    for change in changes:
+        seen.changelog.append(changelog_row(job, change))
+        if change.row is None:
+            current.pop(change.key, None)
+        else:
+            current[change.key] = dict(change.row)
+    seen.outputs.append([dict(r) for r in current.values()])
+
+
 def observe_core(scenario: Scenario, schedule: Schedule) -> RunObservation:
     """Replay ``schedule`` through the engine; the output after every batch and the changelog."""
     job = scenario.job
@@ -66,13 +79,7 @@ def observe_core(scenario: Scenario, schedule: Schedule) -> RunObservation:
         except TxjoinError as exc:
             seen.error = f"{type(exc).__name__}: {exc}"
             break
-        for change in changes:
-            seen.changelog.append(changelog_row(job, change))
-            if change.row is None:
-                current.pop(change.key, None)
-            else:
-                current[change.key] = dict(change.row)
-        seen.outputs.append([dict(r) for r in current.values()])
+        observe_batch(seen, job, current, changes)
         seq = engine.commit_seq
         seen.released.append(seq if seq > 0 else (0 if engine.snapshot_released else None))
     return seen
