@@ -35,6 +35,7 @@ from deltalake import DeltaTable
 
 from tests.e2e.conftest import E2EStack, restart_debezium
 from txjoin.cli import main
+from txjoin.crashpoints import CRASH_ENV, SINKS_COMMITTED
 from txjoin.job import Job, load_job
 from txjoin.pipeline.pipeline import RunConfig, build_sinks
 from txjoin.scenarios.checks import canonical, check_exactly_once, show
@@ -65,11 +66,15 @@ def txjoin_command(*args: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def streaming_run(log: Path, *args: str) -> Any:
-    """``txjoin run`` in the background (its own process group); stopped on the way out."""
+def streaming_run(log: Path, *args: str, crash_at: str | None = None) -> Any:
+    """``txjoin run`` in the background (its own process group); stopped on the way out.
+    ``crash_at``: die (SIGKILL) at that crash point (``txjoin.crashpoints``)."""
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+    if crash_at is not None:
+        env[CRASH_ENV] = crash_at
     with open(log, "ab") as out:
         proc = subprocess.Popen(txjoin_command("run", *args), stdout=out, stderr=out,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     try:
         yield proc
     finally:
@@ -283,14 +288,17 @@ def test_kill_9_and_debezium_restart_midstream_change_nothing(e2e_stack: E2EStac
     started = time.monotonic()
     workload.start()
 
-    with streaming_run(log, *args) as first:
-        wait_for_first_commit(tmp_path, first, log)
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait(30)
+    # The first run dies (SIGKILL) after both sinks committed batch 2 and before Spark's
+    # commit log records it: the restart must replay batch 2, and both sinks skip it.
+    with streaming_run(log, *args, crash_at=f"{SINKS_COMMITTED}:2") as first:
+        assert first.wait(RUN_TIMEOUT_S) == -signal.SIGKILL, tail(log)
     killed_at = time.monotonic() - started
     assert workload.is_alive(), "the workload ended before the kill: lengthen it"
-    print(f"\n[e2e] killed txjoin run (SIGKILL) at {killed_at:.0f}s, Delta changelog at "
-          f"version {DeltaTable(str(changelog)).version()}")
+    checkpoint = tmp_path / "checkpoints" / "orders"
+    assert (checkpoint / "offsets" / "2").exists(), sorted(os.listdir(checkpoint / "offsets"))
+    assert not (checkpoint / "commits" / "2").exists(), "died after Spark's commit log"
+    print(f"\n[e2e] txjoin run killed at {SINKS_COMMITTED}:2 at {killed_at:.0f}s, Delta "
+          f"changelog at version {DeltaTable(str(changelog)).version()}")
 
     with streaming_run(log, *args) as second:
         time.sleep(5)
@@ -307,6 +315,11 @@ def test_kill_9_and_debezium_restart_midstream_change_nothing(e2e_stack: E2EStac
         with contextlib.suppress(subprocess.TimeoutExpired):
             second.wait(60)
     print(f"[e2e] workload: {result.transactions} tx, {result.events} events")
+    replayed = [line for line in log.read_text(errors="replace").splitlines()
+                if line.startswith("batch 2: ")]
+    assert len(replayed) == 2 and "delta+postgres" in replayed[0], replayed
+    assert "delta(replayed, skipped)" in replayed[1], replayed
+    assert "postgres(replayed, skipped)" in replayed[1], replayed
 
     seconds = run_until_idle(log, *args)
     print(f"[e2e] drained with --until-idle in {seconds:.1f}s")
