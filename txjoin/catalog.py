@@ -16,7 +16,6 @@ time imports it.
 
 from __future__ import annotations
 
-import difflib
 import json
 import keyword
 import re
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg2
 
-from txjoin.errors import ConfigError, ServiceError
+from txjoin.errors import ConfigError, ServiceError, did_you_mean
 
 if TYPE_CHECKING:
     from txjoin.job import Table
@@ -388,8 +387,7 @@ def parse_lookup(text: str) -> tuple[str, list[str], str, list[str]]:
 def _named(tables: Sequence[CatalogTable], name: str, what: str) -> CatalogTable:
     matches = [t for t in tables if name in (t.name, t.bare)]
     if not matches:
-        near = difflib.get_close_matches(name, [t.bare for t in tables], n=1)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        hint = did_you_mean(name, [t.bare for t in tables])
         raise ConfigError(f"--lookup {what}: table {name!r} is not one of --tables "
                           f"{[t.name for t in tables]}{hint}")
     return matches[0]
@@ -404,8 +402,7 @@ def add_lookups(tables: Sequence[CatalogTable], lookups: Sequence[str]) -> None:
         for t, cols in ((table, columns), (ref, ref_columns)):
             for col in cols:
                 if col not in t.columns and col not in t.unsupported:
-                    near = difflib.get_close_matches(col, list(t.columns), n=1)
-                    hint = f" (did you mean {near[0]!r}?)" if near else ""
+                    hint = did_you_mean(col, t.columns)
                     raise ConfigError(f"--lookup {text}: {t.name} has no column {col!r}{hint}")
         if sorted(ref_columns) != sorted(ref.key):
             raise ConfigError(f"--lookup {text}: {', '.join(ref_columns)} is not the primary "
@@ -444,15 +441,13 @@ def check_declared_columns(dsn: str, tables: Sequence[Table], job_file: str) -> 
                             "pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind IN "
                             "('r', 'p') AND n.nspname NOT IN ('pg_catalog', "
                             "'information_schema')")
-                near = difflib.get_close_matches(table.name, [r[0] for r in cur.fetchall()], 1)
-                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                hint = did_you_mean(table.name, [r[0] for r in cur.fetchall()])
                 raise ConfigError(f"{where} does not exist in the source database "
                                   f"{mask_dsn(dsn)}{hint}; fix the Table name in the job file")
             columns = row[0]
             for col in table.columns:
                 if col not in columns:
-                    near = difflib.get_close_matches(col, columns, 1)
-                    hint = f" (did you mean {near[0]!r}?)" if near else ""
+                    hint = did_you_mean(col, columns)
                     raise ConfigError(
                         f"{where} has no column {col!r} in the source database "
                         f"{mask_dsn(dsn)}{hint}; its columns: {', '.join(columns)}. Fix the "

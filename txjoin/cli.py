@@ -38,6 +38,7 @@ from txjoin.ingest.debezium import (
 
 if TYPE_CHECKING:
     from txjoin.job import Job, Table
+    from txjoin.stack.stack import StackInfo
 
 DEFAULT_DIR = ".txjoin"
 
@@ -271,7 +272,7 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
     run_job(job, config)
 
 
-def check_stack_columns(stack: Any, job: Job) -> None:
+def check_stack_columns(stack: StackInfo, job: Job) -> None:
     """The job's tables and columns against the local stack's source database(s), before
     anything starts (``catalog.check_declared_columns``)."""
     from txjoin.catalog import check_declared_columns

@@ -13,12 +13,13 @@ failed, 2 a usage, configuration or data error (``TxjoinError.exit_code``).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import re
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -27,6 +28,13 @@ VERBOSE_ENV = "TXJOIN_VERBOSE"
 """Set to ``1`` by ``txjoin --verbose``; read by the error reporting and the Spark session."""
 SPARK_LOG_ENV = "TXJOIN_SPARK_LOG"
 """The file Spark's output goes to when not verbose (``txjoin.pipeline.session``)."""
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to a mistyped ``name``; empty
+    when none is close."""
+    found = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {found[0]!r}?)" if found else ""
 
 
 def verbose() -> bool:

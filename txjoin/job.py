@@ -20,17 +20,16 @@ declared. Errors name the job file and the lookup.
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import networkx as nx
 
-from txjoin.errors import JobError
+from txjoin.errors import JobError, did_you_mean
 from txjoin.ingest.debezium import (
     BINARY_HANDLING_MODES,
     DECIMAL_HANDLING_MODES,
@@ -427,12 +426,6 @@ def _fail(job: Job, what: str) -> None:
     raise JobError(f"job {job.name!r}{where}: {what}")
 
 
-def _near(name: str, choices: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``choices`` to a mistyped ``name``."""
-    found = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {found[0]!r}?)" if found else ""
-
-
 def validate(job: Job) -> None:
     """Check the lookup graph is a tree rooted at the fact and every reference resolves."""
     if job.semantics not in SEMANTICS:
@@ -447,7 +440,7 @@ def validate(job: Job) -> None:
         for col in t.key:
             if col not in t.columns:
                 _fail(job, f"table {t.name}: key column {col!r} is not declared"
-                           f"{_near(col, t.columns)}")
+                           f"{did_you_mean(col, t.columns)}")
         for col, typ in t.columns.items():
             where = "" if job.source_file == "<inline>" else f" ({job.source_file})"
             check_type(typ, f"job {job.name!r}{where}: {t.name}.{col}")
@@ -457,7 +450,8 @@ def validate(job: Job) -> None:
             if col in t.key:
                 _fail(job, f"table {t.name}: key column {col!r} cannot have a default")
     if job.fact not in job._by_name:
-        _fail(job, f"fact table {job.fact!r} is not declared in tables{_near(job.fact, names)}")
+        _fail(job, f"fact table {job.fact!r} is not declared in tables"
+                   f"{did_you_mean(job.fact, names)}")
     aliases = [job.fact_alias, *(lk.alias for lk in job.lookups)]
     if len(set(aliases)) != len(aliases):
         _fail(job, f"an alias is used twice: {aliases}")
@@ -468,10 +462,10 @@ def validate(job: Job) -> None:
         where = f"lookup {lk.alias!r} ({lk.table})"
         if lk.table not in job._by_name:
             _fail(job, f"{where}: table {lk.table!r} is not declared in tables"
-                       f"{_near(lk.table, names)}")
+                       f"{did_you_mean(lk.table, names)}")
         if lk.parent not in aliases:
             _fail(job, f"{where}: parent alias {lk.parent!r} does not exist"
-                       f"{_near(lk.parent, aliases)}")
+                       f"{did_you_mean(lk.parent, aliases)}")
         if lk.how not in ("inner", "left"):
             _fail(job, f"{where}: how={lk.how!r}, expected 'inner' or 'left'")
         if not lk.on:
@@ -481,10 +475,10 @@ def validate(job: Job) -> None:
         for mine, theirs in lk.on.items():
             if mine not in table.columns:
                 _fail(job, f"{where}: column {mine!r} is not declared on {lk.table}"
-                           f"{_near(mine, table.columns)}")
+                           f"{did_you_mean(mine, table.columns)}")
             if theirs not in parent_table.columns:
                 _fail(job, f"{where}: parent column {lk.parent}.{theirs} is not declared "
-                           f"on {parent_table.name}{_near(theirs, parent_table.columns)}")
+                           f"on {parent_table.name}{did_you_mean(theirs, parent_table.columns)}")
             is_array = parent_table.columns[theirs].endswith("[]")
             if is_array != lk.array:
                 _fail(job, f"{where}: parent column {lk.parent}.{theirs} is "
@@ -498,7 +492,7 @@ def validate(job: Job) -> None:
                        f"they resolve with pick=Pick(column, 'max'|'min')")
         if lk.pick is not None and lk.pick.column not in table.columns:
             _fail(job, f"{where}: pick column {lk.pick.column!r} is not declared"
-                       f"{_near(lk.pick.column, table.columns)}")
+                       f"{did_you_mean(lk.pick.column, table.columns)}")
         graph.add_edge(lk.parent, lk.alias)
     if not nx.is_arborescence(graph) or [n for n, d in graph.in_degree() if d == 0] != [
         job.fact_alias
@@ -525,11 +519,11 @@ def validate(job: Job) -> None:
             _fail(job, f"{where}: {ref!r} must be alias.column")
         alias, col = ref.split(".", 1)
         if alias not in aliases:
-            _fail(job, f"{where}: unknown alias {alias!r}{_near(alias, aliases)}")
+            _fail(job, f"{where}: unknown alias {alias!r}{did_you_mean(alias, aliases)}")
         if col not in job.alias_table(alias).columns:
             _fail(job, f"{where}: column {col!r} is not declared on "
                        f"{job.alias_table(alias).name}"
-                       f"{_near(col, job.alias_table(alias).columns)}")
+                       f"{did_you_mean(col, job.alias_table(alias).columns)}")
         arr = under_array(alias)
         if arr is not None and arr != inside:
             _fail(job, f"{where}: {ref} lies under array lookup {arr!r}; wrap it in "
