@@ -109,11 +109,10 @@ def _ctrl_c_stops(stop: threading.Event) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _await(query: StreamingQuery, until_idle: bool, stop: threading.Event | None,
-           say: Callable[[str], None] = click.echo) -> bool:
+def _await(query: StreamingQuery, until_idle: bool, stop: threading.Event,
+           say: Callable[[str], None]) -> bool:
     """Wait for ``query``; False when stopped (Ctrl-C or ``stop``) before it ended. A stop
     lets the batch in progress finish and commit first."""
-    stop = stop or threading.Event()
     # Installed here, after the session started: a new SparkContext installs its own.
     with _ctrl_c_stops(stop):
         stopped = _wait(query, stop)
@@ -149,10 +148,10 @@ def _wait(query: StreamingQuery, stop: threading.Event) -> bool:
     return stopped
 
 
-def _raise_failure(query: StreamingQuery, stop: threading.Event | None = None) -> None:
+def _raise_failure(query: StreamingQuery, stop: threading.Event) -> None:
     """Raise the query's error, unless a stop was asked for (see :func:`_wait`)."""
     exc = query.exception()
-    if exc is not None and not (stop is not None and stop.is_set()):
+    if exc is not None and not stop.is_set():
         raise exc
 
 
@@ -221,8 +220,7 @@ def _run(job: Job, config: RunConfig, metrics: Metrics,
                 + ("" if moved is None else f"; the previous one is kept in {moved}"))
             for sink in sinks:
                 sink.begin_rebuild(checkpoint.id)
-        else:
-            check_lineage(sinks, Checkpoint.open(path))
+        # Without --rebuild, preflight() compared the sinks' lineage with the checkpoint.
         source = source_frame(spark, job, config, pipeline)
         if config.rebuild:
             query = pipeline.start(source, available_now=True, query_name=f"txjoin_{job.name}")
