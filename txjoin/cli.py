@@ -494,11 +494,11 @@ def job_init(dsn: str, tables: str, fact: str | None, lookups: tuple[str, ...],
 def _register_commands() -> None:
     """Commands that live next to what they drive: bench, the local stack, verify, demo, soak."""
     from txjoin.bench import bench
+    from txjoin.export import export
     from txjoin.stack.commands import down, generate, status, up
     from txjoin.stack.demo import demo
-    from txjoin.stack.export import export
     from txjoin.stack.soak import soak
-    from txjoin.stack.verify import verify
+    from txjoin.verify.verify import verify
 
     for cmd in (bench, up, down, status, generate, verify, demo, export, soak):
         main.add_command(cmd)

@@ -43,7 +43,7 @@ from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.postgres import PostgresSink
 from txjoin.stack.demo import wait_until_captured
 from txjoin.stack.generate import GenerateResult, generate
-from txjoin.stack.verify import VerifyResult, verify, verify_job
+from txjoin.verify.verify import VerifyResult, verify, verify_job
 
 pytestmark = pytest.mark.e2e
 

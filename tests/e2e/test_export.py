@@ -6,8 +6,8 @@ from pathlib import Path
 
 from tests.fixtures.broker import create_topics
 from txjoin.bench import produce
+from txjoin.export import export_topics
 from txjoin.ingest.spark.files import Catalog, read_lines
-from txjoin.stack.export import export_topics
 
 
 def test_export_archives_every_record_in_offset_order_and_appends_on_rerun(

@@ -21,11 +21,11 @@ from tests.e2e.test_end_to_end import (
     run_args,
     run_until_idle,
 )
+from txjoin.export import export
 from txjoin.job import load_job
 from txjoin.stack.demo import wait_until_captured
-from txjoin.stack.export import export
 from txjoin.stack.generate import generate
-from txjoin.stack.verify import verify_job
+from txjoin.verify.verify import verify_job
 
 pytestmark = pytest.mark.e2e
 

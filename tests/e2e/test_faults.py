@@ -47,7 +47,7 @@ from txjoin.stack import status, up
 from txjoin.stack.demo import wait_for_end, wait_until_captured
 from txjoin.stack.generate import generate
 from txjoin.stack.postgres import ADVISORY_LOCK_KEY
-from txjoin.stack.verify import verify_job
+from txjoin.verify.verify import verify_job
 
 pytestmark = pytest.mark.e2e
 

@@ -35,7 +35,7 @@ from txjoin.stack import stack as stack_mod
 from txjoin.stack.commands import down, status, up
 from txjoin.stack.demo import wait_until_captured
 from txjoin.stack.generate import generate
-from txjoin.stack.verify import verify_job
+from txjoin.verify.verify import verify_job
 
 pytestmark = pytest.mark.e2e
 

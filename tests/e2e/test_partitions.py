@@ -34,7 +34,7 @@ from tests.e2e.test_end_to_end import (
 )
 from txjoin.job import load_job
 from txjoin.stack.demo import wait_until_captured
-from txjoin.stack.verify import verify_job
+from txjoin.verify.verify import verify_job
 
 pytestmark = pytest.mark.e2e
 

@@ -35,7 +35,7 @@ from tests.fixtures import restartable_postgres
 from tests.fixtures.postgres import free_port
 from txjoin.job import load_job
 from txjoin.stack.demo import wait_until_captured
-from txjoin.stack.verify import verify_job
+from txjoin.verify.verify import verify_job
 
 pytestmark = pytest.mark.e2e
 

@@ -34,7 +34,7 @@ from txjoin.stack import down, status, up
 from txjoin.stack.generate_sources import TwoSourceResult, generate_two_sources
 from txjoin.stack.postgres import COMMIT_LOG
 from txjoin.stack.stack import SourceInfo, StackInfo, job_sources
-from txjoin.stack.verify import VerifyResult, _states_after_each, read_history, verify_job
+from txjoin.verify.verify import VerifyResult, _states_after_each, read_history, verify_job
 
 pytestmark = pytest.mark.e2e
 

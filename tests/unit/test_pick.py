@@ -21,7 +21,7 @@ from tests.unit.test_properties import run_and_check
 from txjoin.job import Job, Lookup, Output, Pick, Table
 from txjoin.join.engine import Engine
 from txjoin.join.oracle import Oracle
-from txjoin.stack.verify import job_query
+from txjoin.verify.verify import job_query
 
 
 def ranked_job(order: str, semantics: str = "current") -> Job:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from txjoin.job import load_job
-from txjoin.stack.verify import (
+from txjoin.verify.verify import (
     SourceHistory,
     _states_after_each,
     check_sink,
@@ -321,7 +321,7 @@ def test_a_change_log_value_verify_cannot_read_says_what_verify_was_reading() ->
     from decimal import Decimal
 
     from txjoin.errors import ConfigError
-    from txjoin.stack.verify import typed_history
+    from txjoin.verify.verify import typed_history
 
     job = weights_job()
     row = {"id": 1, "user_id": 1, "weight": Decimal("3.14"), "ratio": Decimal("0.5")}
@@ -342,7 +342,7 @@ def test_a_real_held_as_float32_in_the_sink_is_no_state_violation() -> None:
     state check compares by value as the final rows are (found by the e2e test)."""
     from decimal import Decimal
 
-    from txjoin.stack.verify import typed_history
+    from txjoin.verify.verify import typed_history
 
     job = weights_job()
     colour = {"id": 5, "user_id": 1, "weight": Decimal("3.14"), "ratio": Decimal("0.1")}

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from txjoin.export import write_records
 from txjoin.ingest.debezium import DEFAULT_TOPIC_PREFIX
 from txjoin.job import Job
 from txjoin.join.oracle import SourceTransaction
 from txjoin.scenarios.synthesize import Produced, Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
-from txjoin.stack.export import write_records
 
 # One file per topic-partition: Flink's file source reads the files of a folder
 # in no particular order, which would scramble a changelog split across files.

@@ -362,7 +362,7 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
     from txjoin.pipeline.pipeline import RunConfig
     from txjoin.pipeline.run import run_job
     from txjoin.pipeline.session import get_session
-    from txjoin.stack.verify import verify_job
+    from txjoin.verify.verify import verify_job
 
     console = console or Console()
     # Stopping the streaming query interrupts the micro-batch in flight (it is redone on the

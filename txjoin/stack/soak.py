@@ -536,7 +536,7 @@ def run_soak(directory: Path, rate: float, duration: float, results_file: Path,
     (stopped) for a look at what the job wrote, and ``sink_kept`` says where.
     """
     from txjoin.job import load_job
-    from txjoin.stack.verify import verify_job
+    from txjoin.verify.verify import verify_job
 
     job = load_job(ORDERS)
     every = duration / 5 if fault_every is None else fault_every
