@@ -275,8 +275,9 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
     from txjoin.ingest.spark.replay import SOURCE_NAME, ReplaySource
     from txjoin.join.spark.routing import route
     from txjoin.join.spark.shards import shard_labels
-    from txjoin.pipeline.pipeline import Pipeline, RunConfig, build_sinks
+    from txjoin.pipeline.pipeline import Pipeline, RunConfig
     from txjoin.pipeline.session import get_session
+    from txjoin.sinks.build import build_sinks
     from txjoin.stack.broker import start_broker, stop_broker
     from txjoin.stack.postgres import data_root, dsn, start_postgres, stop_postgres
     from txjoin.stack.processes import free_port

@@ -7,6 +7,10 @@ an exit code (0 ok, 1 a check failed, 2 a usage, configuration or data error),
 never a traceback, in every command: :class:`TxjoinCommands` reports them
 (``txjoin.errors.report``). ``txjoin --verbose`` shows tracebacks and Spark's
 own log on the terminal.
+
+The one module that bridges the job's code and the tooling (tests/unit/test_layout.py):
+it registers the tools' commands (the local stack, bench, demo, soak) beside the job's,
+and the job's commands default to a running local stack's broker and databases.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from txjoin.errors import (
     cli_errors,
     report,
 )
+from txjoin.export import DEFAULT_RECORDS_PER_FILE
 from txjoin.ingest.debezium import (
     BINARY_HANDLING_MODES,
     DECIMAL_HANDLING_MODES,
@@ -46,7 +51,7 @@ DEFAULT_DIR = ".txjoin"
 class TxjoinCommands(click.Group):
     """The command group: any subcommand's user error becomes one line and its exit code.
 
-    Commands living next to what they drive (``bench``, ``verify``, ``demo``, the
+    Commands living next to what they drive (``bench``, ``demo``, ``soak``, the
     stack) get the same treatment as those that use ``cli_errors`` themselves.
     """
 
@@ -435,8 +440,9 @@ def maintain(job_file: Path, output_dir: str | None, retention_hours: float | No
     `txjoin run --maintain-every N`): Delta would let one of two concurrent writers fail.
     """
     from txjoin.job import load_job
-    from txjoin.pipeline.pipeline import RunConfig, build_sinks
+    from txjoin.pipeline.pipeline import RunConfig
     from txjoin.pipeline.session import get_session
+    from txjoin.sinks.build import build_sinks
 
     os.environ.setdefault(SPARK_LOG_ENV, str(directory / "logs" / "spark.log"))
     job = load_job(job_file)
@@ -491,16 +497,138 @@ def job_init(dsn: str, tables: str, fact: str | None, lookups: tuple[str, ...],
                    err=True)
 
 
+# -- the job's commands that read its sinks or its topics (txjoin.verify, txjoin.export);
+# a running local stack's databases and broker are their defaults
+
+
+@main.command()
+@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
+              default=DEFAULT_DIR, show_default=True,
+              help="Local stack directory: its source and sink databases, and the default "
+                   "--output-dir <dir>/output.")
+@click.option("--postgres-dsn", envvar="TXJOIN_POSTGRES_DSN", show_envvar=True, default=None,
+              help="PostgreSQL sink DSN (default: the local stack's sink database).")
+@click.option("--source-dsn", "source_dsn_items", multiple=True, metavar="[NAME=]DSN",
+              help="Source database DSN (default: the local stack's source database); for a "
+                   "job with several sources, NAME=DSN once per source (default: the "
+                   "databases of `txjoin up --job`).")
+@click.option("--no-postgres", is_flag=True, help="Check the Delta tables only.")
+@click.option("--output-dir", envvar="TXJOIN_OUTPUT_DIR", show_envvar=True, default=None,
+              help="Delta tables root (default: <--dir>/output).")
+@click.option("--show", "show_rows", type=int, default=5, show_default=True,
+              help="Mismatched rows to print per kind and sink.")
+@click.option("--no-state-check", is_flag=True,
+              help="Job with sources: skip replaying every state the changelog "
+                   "passes through (the job is evaluated once per _commit_seq; slow for "
+                   "long workloads). The order and grouping checks still run.")
+def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
+           source_dsn_items: tuple[str, ...], no_postgres: bool, output_dir: str | None,
+           show_rows: int, no_state_check: bool) -> None:
+    """Compare JOB_FILE's sinks with PostgreSQL's own answer.
+
+    as_of_fact jobs are checked against <fact>_expected (written by `txjoin generate`),
+    current jobs against the job's query on the source database: run this after
+    `txjoin run --until-idle` once the writers stopped. A job with several sources is
+    the job's query on a copy of each source's tables (one snapshot per database); each
+    sink's changelog must keep every source's commit order with no transaction split, and
+    txjoin's own oracle checks every state it passes through (the "checked by:" line says
+    who answered what).
+    Exit code 0: every sink matches; 1: a mismatch; 2: wrong options, or a database or
+    oracle table that is not there.
+    """
+    from txjoin.job import load_job
+    from txjoin.stack.stack import load_stack
+    from txjoin.verify.verify import verify_job
+
+    try:
+        job = load_job(job_file)
+        # NAME=DSN only names one of the job's sources (a libpq "host=... dbname=..." has
+        # '=' too).
+        names = {s.name for s in job.sources}
+        named = dict(item.split("=", 1) for item in source_dsn_items
+                     if item.split("=", 1)[0] in names)
+        plain = [item for item in source_dsn_items if item.split("=", 1)[0] not in names]
+        source_dsn = plain[-1] if plain else None
+        source_dsns: dict[str, str] | None = None
+        if job.sources:
+            if plain:
+                raise ConfigError(f"--source-dsn {plain[0]!r}: job {job.name!r} has sources "
+                                  f"{sorted(names)}; give NAME=DSN for each")
+            stack = None
+            if len(named) < len(job.sources) or (postgres_dsn is None and not no_postgres):
+                stack = load_stack(directory)
+                if stack is None:
+                    raise ConfigError(
+                        f"no local stack is running in {directory}/: start it with `txjoin up "
+                        f"--dir {directory} --job {job_file}`, or pass --source-dsn NAME=DSN "
+                        f"for each source and --postgres-dsn (or --no-postgres)")
+                postgres_dsn = postgres_dsn or stack.pg_dsn_sink
+            source_dsns = {s.name: named.get(s.name) or (stack.source(s.name).dsn if stack
+                                                         else "")
+                           for s in job.sources}
+            source_dsn = source_dsn or (stack.pg_dsn_source if stack else "")
+        if source_dsn is None or (postgres_dsn is None and not no_postgres):
+            stack = load_stack(directory)
+            if stack is None:
+                raise ConfigError(f"no local stack is running in {directory}/: start it with "
+                                  f"`txjoin up --dir {directory}`, or pass --source-dsn and "
+                                  f"--postgres-dsn (or --no-postgres)")
+            source_dsn = source_dsn or stack.pg_dsn_source
+            postgres_dsn = postgres_dsn or stack.pg_dsn_sink
+        assert source_dsn is not None
+        result = verify_job(job, (source_dsn, None if no_postgres else postgres_dsn),
+                            output_dir or directory / "output", source_dsns,
+                            check_states=not no_state_check)
+    except TxjoinError as exc:
+        click.secho(f"error: {exc}", fg="red", err=True)
+        sys.exit(2)
+    click.echo(result.format(show_rows))
+    if not result.ok and job.semantics == "current":
+        click.echo("  (a current job is compared with the source's state now: run "
+                   "`txjoin run --until-idle` after the writers stop, then verify again)")
+    click.secho("verify: OK" if result.ok else f"verify: {result.mismatches} mismatches",
+                fg="green" if result.ok else "red")
+    sys.exit(0 if result.ok else 1)
+
+
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
+              default=DEFAULT_DIR, show_default=True, help="Local stack directory.")
+@click.option("--records-per-file", type=int, default=DEFAULT_RECORDS_PER_FILE,
+              show_default=True, help="Records per file (Kafka Connect's flush.size).")
+@cli_errors
+def export(out: Path, directory: Path, records_per_file: int) -> None:
+    """Write the local stack's topics to OUT in Kafka Connect's S3/file sink layout.
+
+    Read them back with `txjoin run JOB.py --source files:OUT`. Running export
+    again appends what was captured since.
+    """
+    from txjoin.export import export_topics
+    from txjoin.stack.stack import load_stack
+
+    if records_per_file <= 0:
+        raise ConfigError("--records-per-file must be positive")
+    stack = load_stack(directory)
+    if stack is None:
+        raise ConfigError(f"no local stack is running in {directory}/; start one with "
+                          f"`txjoin up --dir {directory}`")
+    counts = export_topics(stack.bootstrap_servers, stack.topics, out, records_per_file)
+    for topic, n in counts.items():
+        click.echo(f"{topic}: {n} records")
+    click.echo(f"exported to {out}/ (read with --source files:{out})")
+
+
 def _register_commands() -> None:
-    """Commands that live next to what they drive: bench, the local stack, verify, demo, soak."""
+    """The tooling's commands, which live next to what they drive: bench, the local stack,
+    demo, soak (the job's code never imports them: tests/unit/test_layout.py)."""
     from txjoin.bench import bench
-    from txjoin.export import export
     from txjoin.stack.commands import down, generate, status, up
     from txjoin.stack.demo import demo
     from txjoin.stack.soak import soak
-    from txjoin.verify.verify import verify
 
-    for cmd in (bench, up, down, status, generate, verify, demo, export, soak):
+    for cmd in (bench, up, down, status, generate, demo, soak):
         main.add_command(cmd)
 
 

@@ -1,4 +1,4 @@
-"""``txjoin export``: the local stack's topics as files, in Kafka Connect's S3/file sink layout.
+"""``txjoin export``: a broker's topics as files, in Kafka Connect's S3/file sink layout.
 
 ``OUT/<topic>/partition=<p>/<topic>+<p>+<start offset>.json``, one record value
 per line (``null`` for a tombstone), at most ``--records-per-file`` records per
@@ -17,9 +17,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-import click
-
-from txjoin.errors import ConfigError, ServiceError, cli_errors
+from txjoin.errors import ConfigError, ServiceError
 
 DEFAULT_RECORDS_PER_FILE = 10_000
 
@@ -157,30 +155,3 @@ def _consume(consumer: object, topic: str, partition: int, start: int, end: int
             values.append(None if raw is None else raw.decode("utf-8"))
             expected += 1
     return values
-
-
-@click.command()
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
-              default=Path(".txjoin"), show_default=True, help="Local stack directory.")
-@click.option("--records-per-file", type=int, default=DEFAULT_RECORDS_PER_FILE,
-              show_default=True, help="Records per file (Kafka Connect's flush.size).")
-@cli_errors
-def export(out: Path, directory: Path, records_per_file: int) -> None:
-    """Write the local stack's topics to OUT in Kafka Connect's S3/file sink layout.
-
-    Read them back with `txjoin run JOB.py --source files:OUT`. Running export
-    again appends what was captured since.
-    """
-    from txjoin.stack.stack import load_stack
-
-    if records_per_file <= 0:
-        raise ConfigError("--records-per-file must be positive")
-    stack = load_stack(directory)
-    if stack is None:
-        raise ConfigError(f"no local stack is running in {directory}/; start one with "
-                          f"`txjoin up --dir {directory}`")
-    counts = export_topics(stack.bootstrap_servers, stack.topics, out, records_per_file)
-    for topic, n in counts.items():
-        click.echo(f"{topic}: {n} records")
-    click.echo(f"exported to {out}/ (read with --source files:{out})")

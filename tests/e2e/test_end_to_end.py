@@ -34,16 +34,18 @@ from click.testing import CliRunner
 from deltalake import DeltaTable
 
 from tests.e2e.conftest import E2EStack, restart_debezium
-from txjoin.cli import main
+from txjoin.cli import main, verify
 from txjoin.crashpoints import CRASH_ENV, SINKS_COMMITTED
 from txjoin.job import Job, load_job
-from txjoin.pipeline.pipeline import RunConfig, build_sinks
-from txjoin.scenarios.checks import canonical, check_exactly_once, show
+from txjoin.pipeline.pipeline import RunConfig
+from txjoin.scenarios.checks import check_exactly_once
+from txjoin.sinks.build import build_sinks
 from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.postgres import PostgresSink
 from txjoin.stack.demo import wait_until_captured
 from txjoin.stack.generate import GenerateResult, generate
-from txjoin.verify.verify import VerifyResult, verify, verify_job
+from txjoin.verify.diff import canonical, show
+from txjoin.verify.verify import VerifyResult, verify_job
 
 pytestmark = pytest.mark.e2e
 

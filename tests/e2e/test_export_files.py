@@ -21,7 +21,7 @@ from tests.e2e.test_end_to_end import (
     run_args,
     run_until_idle,
 )
-from txjoin.export import export
+from txjoin.cli import export
 from txjoin.job import load_job
 from txjoin.stack.demo import wait_until_captured
 from txjoin.stack.generate import generate

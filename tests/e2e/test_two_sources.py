@@ -32,8 +32,8 @@ from txjoin.cli import main, run
 from txjoin.job import load_job
 from txjoin.stack import down, status, up
 from txjoin.stack.generate_sources import TwoSourceResult, generate_two_sources
-from txjoin.stack.postgres import COMMIT_LOG
 from txjoin.stack.stack import SourceInfo, StackInfo, job_sources
+from txjoin.verify.source_tables import COMMIT_LOG
 from txjoin.verify.verify import VerifyResult, _states_after_each, read_history, verify_job
 
 pytestmark = pytest.mark.e2e

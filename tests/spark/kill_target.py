@@ -12,8 +12,9 @@ import sys
 
 from txjoin.ingest.spark.replay import SOURCE_NAME, ReplaySource
 from txjoin.job import load_job
-from txjoin.pipeline.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
+from txjoin.pipeline.pipeline import BatchReport, Pipeline, RunConfig
 from txjoin.pipeline.session import get_session
+from txjoin.sinks.build import build_sinks
 
 
 def report(r: BatchReport) -> None:

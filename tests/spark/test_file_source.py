@@ -25,12 +25,13 @@ from txjoin.export import write_records
 from txjoin.job import load_job
 from txjoin.join.oracle import outputs_after_each
 from txjoin.join.output import output_schema
-from txjoin.pipeline.pipeline import Pipeline, RunConfig, build_sinks
+from txjoin.pipeline.pipeline import Pipeline, RunConfig
 from txjoin.pipeline.run import source_frame
 from txjoin.scenarios.checks import check_exactly_once, check_final
 from txjoin.scenarios.synthesize import Produced, Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
 from txjoin.sinks import without_metadata
+from txjoin.sinks.build import build_sinks
 from txjoin.sinks.delta import DeltaSink
 
 pytestmark = pytest.mark.spark

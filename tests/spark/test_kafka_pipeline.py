@@ -16,11 +16,12 @@ from tests.fixtures.broker import create_topics
 from txjoin.bench import produce
 from txjoin.job import load_job
 from txjoin.join.oracle import outputs_after_each
-from txjoin.pipeline.pipeline import Pipeline, RunConfig, build_sinks
+from txjoin.pipeline.pipeline import Pipeline, RunConfig
 from txjoin.scenarios.checks import check_exactly_once, check_final
 from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
 from txjoin.sinks import without_metadata
+from txjoin.sinks.build import build_sinks
 
 pytestmark = pytest.mark.spark
 

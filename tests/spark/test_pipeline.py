@@ -33,13 +33,14 @@ from txjoin.crashpoints import (
 from txjoin.ingest.spark.replay import write_schedule
 from txjoin.job import load_job
 from txjoin.join.oracle import outputs_after_each
-from txjoin.pipeline.pipeline import RunConfig, build_sinks
+from txjoin.pipeline.pipeline import RunConfig
 from txjoin.scenarios.checks import check_exactly_once, check_final
 from txjoin.scenarios.spark_runner import run_scenario_spark
 from txjoin.scenarios.spec import load_scenario
 from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
 from txjoin.sinks import without_metadata
+from txjoin.sinks.build import build_sinks
 from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.postgres import PostgresSink
 

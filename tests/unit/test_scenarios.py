@@ -21,11 +21,11 @@ from txjoin.scenarios.checks import (
     check_expect_final,
     check_frontier,
     check_prefix_consistent,
-    values_equal,
 )
 from txjoin.scenarios.core_runner import run_scenario_core
 from txjoin.scenarios.schedule import ReplayBatch, Restart, compile_schedule
 from txjoin.scenarios.spec import load_scenario, load_scenarios
+from txjoin.verify.diff import values_equal
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))

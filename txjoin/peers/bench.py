@@ -121,9 +121,10 @@ def run_txjoin(job: Job, workload: ArchivedWorkload, hashes: list[int], work: Pa
                master: str, max_events: int) -> dict[str, Any]:
     """txjoin over the archive, both sinks; figures and consistency."""
     from txjoin.ingest.spark.files import read_stream
-    from txjoin.pipeline.pipeline import Pipeline, RunConfig, build_sinks
+    from txjoin.pipeline.pipeline import Pipeline, RunConfig
     from txjoin.pipeline.run import source_frame
     from txjoin.pipeline.session import get_session
+    from txjoin.sinks.build import build_sinks
     from txjoin.stack.postgres import data_root, dsn, start_postgres, stop_postgres
     from txjoin.stack.processes import free_port
 

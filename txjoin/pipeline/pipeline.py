@@ -53,7 +53,7 @@ from txjoin.join.spark.shards import OUTPUT_SCHEMA, ShardProcessor, shard_labels
 from txjoin.join.state_log import LAYOUT_VERSION
 from txjoin.sequence.assembly import IncompletePolicy
 from txjoin.sinks import Sink
-from txjoin.sinks.delta import DeltaSink
+from txjoin.sinks.build import DEFAULT_RETRY_TIMEOUT_S
 from txjoin.sinks.lineage import Lineage, checkpoint_id
 
 DEFAULT_MAX_TRANSACTION_BYTES = 512 << 20
@@ -82,7 +82,7 @@ class RunConfig:
     max_transaction_bytes: int | None = DEFAULT_MAX_TRANSACTION_BYTES  # None: no limit
     source: str = "kafka"  # or "files:DIR" (txjoin.ingest.spark.files)
     rebuild: bool = False  # start a new checkpoint and re-derive the sinks from the source
-    postgres_retry_timeout_s: float = 60.0  # how long a lost PostgreSQL sink is retried
+    postgres_retry_timeout_s: float = DEFAULT_RETRY_TIMEOUT_S  # a lost PostgreSQL sink
     maintain_every: int | None = None  # compact the Delta tables every N batches (None: never)
     vacuum_retention_hours: float | None = None  # and VACUUM them (None: no VACUUM)
     metrics_port: int | None = None  # serve Prometheus metrics on this port (None: no)
@@ -169,27 +169,6 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
     merged["seconds"] = {k: max(i.get("seconds", {}).get(k, 0.0) for i in infos)
                          for k in infos[0].get("seconds", {})}
     return merged
-
-
-def build_sinks(job: Job, config: RunConfig, spark: SparkSession | None = None,
-                pg_table_suffix: str | None = None) -> list[Sink]:
-    """Delta always (written by delta-spark through ``spark``; without it, for reading only);
-    PostgreSQL when a DSN is configured (``pg_table_suffix`` keeps several runs, e.g.
-    scenarios, apart in one database)."""
-    schema = output_schema(job)
-    keys = list(job.output.key)
-    sinks: list[Sink] = [DeltaSink(config.output_dir, job.output.table, job.name, keys, schema,
-                                   spark=spark)]
-    if config.postgres_dsn:
-        from txjoin.sinks.postgres import PostgresSink
-
-        table, name = job.output.table, job.name
-        if pg_table_suffix:
-            table = f"{table[:63 - len('_changelog') - len(pg_table_suffix) - 1]}_{pg_table_suffix}"
-            name = f"{name}:{pg_table_suffix}"
-        sinks.append(PostgresSink(config.postgres_dsn, table, name, keys, schema,
-                                  retry_timeout_s=config.postgres_retry_timeout_s))
-    return sinks
 
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"

@@ -30,12 +30,12 @@ from txjoin.pipeline.pipeline import (
     BatchReport,
     Pipeline,
     RunConfig,
-    build_sinks,
     check_kafka,
     check_layout,
 )
 from txjoin.pipeline.session import get_session
 from txjoin.sinks import Sink
+from txjoin.sinks.build import build_sinks
 from txjoin.sinks.lineage import Checkpoint, check_lineage, short
 
 

@@ -21,11 +21,12 @@ from pyspark.sql import SparkSession
 
 from txjoin.errors import TxjoinError, from_worker
 from txjoin.ingest.spark.replay import SOURCE_NAME, ReplaySource, write_schedule
-from txjoin.pipeline.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
+from txjoin.pipeline.pipeline import BatchReport, Pipeline, RunConfig
 from txjoin.scenarios.checks import RunObservation, ScenarioReport, check_scenario
 from txjoin.scenarios.schedule import ReplayBatch, Restart, compile_schedule
 from txjoin.scenarios.spec import Scenario
 from txjoin.sinks import Sink, without_metadata
+from txjoin.sinks.build import build_sinks
 
 
 def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | None = None,

@@ -442,7 +442,9 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
         others.append((job, job_progress, time.time() - began))
         say(job_progress.line(published_transactions(info)), markup=False)
 
-    results = [verify_job(job, info, Path(directory) / "output") for job in jobs]
+    results = [verify_job(job, (info.pg_dsn_source, info.pg_dsn_sink), Path(directory) / "output",
+                          {s.name: info.source(s.name).dsn for s in job.sources} or None)
+               for job in jobs]
     summary = summary_data(rate, duration, generator, progress, results)
     _summary(say, up, generator, summary, others, results)
     say(f"the stack keeps running: `txjoin down --dir {directory}` stops it "

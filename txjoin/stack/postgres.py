@@ -23,6 +23,7 @@ import psycopg2
 
 from txjoin.errors import ConfigError, ServiceError
 from txjoin.stack.processes import ProcessId, stop, wait_until
+from txjoin.verify.source_tables import CHANGE_LOG, COMMIT_LOG, pg_type  # verify reads them
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -219,25 +220,11 @@ def _create_databases(port: int) -> None:
         source.close()
 
 
-_PG_TYPES = {"int": "integer", "bool": "boolean", "double": "double precision"}
-
-
-def pg_type(sql_type: str) -> str:
-    """PostgreSQL's name for a scalar type as a job declares it (``double`` ->
-    ``double precision``)."""
-    return _PG_TYPES.get(sql_type, sql_type)
-
 # Any constant works; it only has to be the same for every writer of one database.
 ADVISORY_LOCK_KEY = 0x7478_6A6F_696E  # "txjoin"
 """The transaction-level advisory lock that serialises a source database's commits: the
 workload generators take it first; a ``txjoin up --job`` database's commit-order trigger
 takes it at commit (so any writer's transactions are recorded in commit order)."""
-
-COMMIT_LOG = "public.txjoin_commits"
-"""Uncaptured table of a source database: its transactions in commit order (``seq``)."""
-CHANGE_LOG = "public.txjoin_changes"
-"""Uncaptured table of a source database: every row change of its captured tables, by xid
-(a trigger writes it), so verify can rebuild the source's state after each transaction."""
 
 # The commit log of a `txjoin up --job` database is written by a deferred constraint
 # trigger on every captured table, whoever writes (txjoin generate, the user's own SQL or

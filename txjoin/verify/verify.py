@@ -37,7 +37,6 @@ import json
 import os
 import re
 import struct
-import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +45,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import click
 import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
@@ -55,10 +53,10 @@ from txjoin.errors import ConfigError, TxjoinError
 from txjoin.ingest.debezium import Modes
 from txjoin.ingest.types import ColumnValueError, column_kind, convert_value
 from txjoin.job import Collect, Job, Lookup
-from txjoin.scenarios.checks import RowDiff, diff_rows, show
 from txjoin.sinks import COMMIT_SEQ, XID, Sink, without_metadata
-from txjoin.stack.postgres import CHANGE_LOG, COMMIT_LOG
-from txjoin.stack.stack import DEFAULT_DIR, StackInfo, load_stack
+from txjoin.sinks.build import SinkPlaces, build_sinks
+from txjoin.verify.diff import RowDiff, diff_rows, show
+from txjoin.verify.source_tables import CHANGE_LOG, COMMIT_LOG, pg_type
 
 Row = dict[str, Any]
 
@@ -293,8 +291,6 @@ def evaluate_on_states(job: Job, rows_by_table: Mapping[str, Sequence[Row]]) -> 
 def _scratch_type(sql_type: str) -> str:
     """The PostgreSQL type of a declared column in verify's copy (money as numeric: its
     text depends on each server's lc_monetary)."""
-    from txjoin.stack.postgres import pg_type
-
     base, array = (sql_type[:-2], "[]") if sql_type.endswith("[]") else (sql_type, "")
     return pg_type("numeric" if base == "money" else base) + array
 
@@ -791,22 +787,15 @@ def check_sink(sink: Sink, where: str, keys: Sequence[str], expected: Sequence[R
                      _duplicates(changelog, keys), note, violations, states)
 
 
-def _dsns(stack_or_dsns: StackInfo | tuple[str, str | None]) -> tuple[str, str | None]:
-    if isinstance(stack_or_dsns, StackInfo):
-        return stack_or_dsns.pg_dsn_source, stack_or_dsns.pg_dsn_sink
-    source, sink = stack_or_dsns
-    return source, sink
-
-
-def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
+def verify_job(job: Job, dsns: tuple[str, str | None],
                output_dir: str | os.PathLike[str],
                source_dsns: Mapping[str, str] | None = None,
                check_states: bool = True) -> VerifyResult:
     """Compare ``job``'s PostgreSQL sink and Delta current table with PostgreSQL's answer.
 
-    ``stack_or_dsns`` is a running stack, or ``(source_dsn, sink_dsn)`` (``sink_dsn``
-    None: check the Delta tables only). A job that declares its sources reads each one from
-    ``source_dsns`` (source name -> DSN; default: the stack's source databases); with
+    ``dsns`` is ``(source_dsn, sink_dsn)`` (``sink_dsn`` None: check the Delta tables
+    only). A job that declares its sources reads each one from ``source_dsns`` (source
+    name -> DSN: the caller's, e.g. the local stack's, since verify knows no stack); with
     several, PostgreSQL answers on a copy of their tables in the sink database (else in
     ``source_dsn``'s). Such a job's changelogs get the per-source prefix check, and
     (``check_states``, when the databases keep a change log) txjoin's own check that every
@@ -814,18 +803,14 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
     ConfigError when the oracle or a database cannot be reached; mismatches are in the
     result, never raised. ``VerifyResult.referees`` says who answered each check.
     """
-    from txjoin.pipeline.pipeline import RunConfig, build_sinks
-
-    source_dsn, sink_dsn = _dsns(stack_or_dsns)
+    source_dsn, sink_dsn = dsns
     unchecked: str | None = None  # what could not be checked, for VerifyResult.note
     orders: dict[str, Mapping[int, int] | None] | None = None
     histories: dict[str, SourceHistory] | None = None
     if job.sources:
         if source_dsns is None:
-            if not isinstance(stack_or_dsns, StackInfo):
-                raise ConfigError(f"job {job.name!r} declares its sources: give each one's "
-                                  f"database (--source-dsn NAME=DSN)")
-            source_dsns = {s.name: stack_or_dsns.source(s.name).dsn for s in job.sources}
+            raise ConfigError(f"job {job.name!r} declares its sources: give each one's "
+                              f"database (--source-dsn NAME=DSN)")
         first = job.sources[0].name
         scratch, scratch_name = ((sink_dsn, "sink") if sink_dsn else (source_dsn, "source")
                                  if source_dsn else (source_dsns.get(first, ""),
@@ -862,7 +847,7 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
                          f"source's {CHANGE_LOG}" if histories is not None
                          else "not checked (see note)"))
     keys = list(job.output.key)
-    config = RunConfig(output_dir=str(output_dir), postgres_dsn=sink_dsn)
+    config = SinkPlaces(output_dir=str(output_dir), postgres_dsn=sink_dsn)
     try:
         sinks = build_sinks(job, config)
     except TxjoinError as exc:
@@ -888,95 +873,3 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
             sink.close()
     return VerifyResult(job.name, job.semantics, oracle, len(expected), len(absent), checks,
                         unchecked, referees)
-
-
-# -- the command --------------------------------------------------------------------------
-
-
-@click.command()
-@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
-              default=DEFAULT_DIR, show_default=True,
-              help="Local stack directory: its source and sink databases, and the default "
-                   "--output-dir <dir>/output.")
-@click.option("--postgres-dsn", envvar="TXJOIN_POSTGRES_DSN", show_envvar=True, default=None,
-              help="PostgreSQL sink DSN (default: the local stack's sink database).")
-@click.option("--source-dsn", "source_dsn_items", multiple=True, metavar="[NAME=]DSN",
-              help="Source database DSN (default: the local stack's source database); for a "
-                   "job with several sources, NAME=DSN once per source (default: the "
-                   "databases of `txjoin up --job`).")
-@click.option("--no-postgres", is_flag=True, help="Check the Delta tables only.")
-@click.option("--output-dir", envvar="TXJOIN_OUTPUT_DIR", show_envvar=True, default=None,
-              help="Delta tables root (default: <--dir>/output).")
-@click.option("--show", "show_rows", type=int, default=5, show_default=True,
-              help="Mismatched rows to print per kind and sink.")
-@click.option("--no-state-check", is_flag=True,
-              help="Job with sources: skip replaying every state the changelog "
-                   "passes through (the job is evaluated once per _commit_seq; slow for "
-                   "long workloads). The order and grouping checks still run.")
-def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
-           source_dsn_items: tuple[str, ...], no_postgres: bool, output_dir: str | None,
-           show_rows: int, no_state_check: bool) -> None:
-    """Compare JOB_FILE's sinks with PostgreSQL's own answer.
-
-    as_of_fact jobs are checked against <fact>_expected (written by `txjoin generate`),
-    current jobs against the job's query on the source database: run this after
-    `txjoin run --until-idle` once the writers stopped. A job with several sources is
-    the job's query on a copy of each source's tables (one snapshot per database); each
-    sink's changelog must keep every source's commit order with no transaction split, and
-    txjoin's own oracle checks every state it passes through (the "checked by:" line says
-    who answered what).
-    Exit code 0: every sink matches; 1: a mismatch; 2: wrong options, or a database or
-    oracle table that is not there.
-    """
-    from txjoin.job import load_job
-
-    try:
-        job = load_job(job_file)
-        # NAME=DSN only names one of the job's sources (a libpq "host=... dbname=..." has
-        # '=' too).
-        names = {s.name for s in job.sources}
-        named = dict(item.split("=", 1) for item in source_dsn_items
-                     if item.split("=", 1)[0] in names)
-        plain = [item for item in source_dsn_items if item.split("=", 1)[0] not in names]
-        source_dsn = plain[-1] if plain else None
-        source_dsns: dict[str, str] | None = None
-        if job.sources:
-            if plain:
-                raise ConfigError(f"--source-dsn {plain[0]!r}: job {job.name!r} has sources "
-                                  f"{sorted(names)}; give NAME=DSN for each")
-            stack = None
-            if len(named) < len(job.sources) or (postgres_dsn is None and not no_postgres):
-                stack = load_stack(directory)
-                if stack is None:
-                    raise ConfigError(
-                        f"no local stack is running in {directory}/: start it with `txjoin up "
-                        f"--dir {directory} --job {job_file}`, or pass --source-dsn NAME=DSN "
-                        f"for each source and --postgres-dsn (or --no-postgres)")
-                postgres_dsn = postgres_dsn or stack.pg_dsn_sink
-            source_dsns = {s.name: named.get(s.name) or (stack.source(s.name).dsn if stack
-                                                         else "")
-                           for s in job.sources}
-            source_dsn = source_dsn or (stack.pg_dsn_source if stack else "")
-        if source_dsn is None or (postgres_dsn is None and not no_postgres):
-            stack = load_stack(directory)
-            if stack is None:
-                raise ConfigError(f"no local stack is running in {directory}/: start it with "
-                                  f"`txjoin up --dir {directory}`, or pass --source-dsn and "
-                                  f"--postgres-dsn (or --no-postgres)")
-            source_dsn = source_dsn or stack.pg_dsn_source
-            postgres_dsn = postgres_dsn or stack.pg_dsn_sink
-        assert source_dsn is not None
-        result = verify_job(job, (source_dsn, None if no_postgres else postgres_dsn),
-                            output_dir or directory / "output", source_dsns,
-                            check_states=not no_state_check)
-    except TxjoinError as exc:
-        click.secho(f"error: {exc}", fg="red", err=True)
-        sys.exit(2)
-    click.echo(result.format(show_rows))
-    if not result.ok and job.semantics == "current":
-        click.echo("  (a current job is compared with the source's state now: run "
-                   "`txjoin run --until-idle` after the writers stop, then verify again)")
-    click.secho("verify: OK" if result.ok else f"verify: {result.mismatches} mismatches",
-                fg="green" if result.ok else "red")
-    sys.exit(0 if result.ok else 1)
