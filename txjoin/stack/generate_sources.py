@@ -6,7 +6,7 @@ advisory lock: as in :mod:`txjoin.stack.generate`, the lock is taken by the FIRS
 statement and held until commit, so one database's transactions commit one after another.
 The database's commit-order trigger (:mod:`txjoin.stack.postgres`) records each one's xid
 and count of captured row changes in the uncaptured commit log
-(:data:`txjoin.stack.postgres.COMMIT_LOG`) at commit, as for any other writer. Its ``seq``
+(:data:`txjoin.verify.source_tables.COMMIT_LOG`) at commit, as for any other writer. Its ``seq``
 is that source's commit order: what ``txjoin verify`` checks the sink changelog's
 per-source order against.
 
