@@ -59,6 +59,8 @@ from txjoin.scenarios.checks import RowDiff, diff_rows, show
 from txjoin.sinks import COMMIT_SEQ, XID, Sink, without_metadata
 from txjoin.stack.postgres import CHANGE_LOG, COMMIT_LOG
 from txjoin.stack.stack import DEFAULT_DIR, StackInfo, load_stack
+from txjoin.stack.verify_history import SLOT, AsOfAnswer, expected_as_of, read_record, start_record
+from txjoin.stack.verify_history import drop_record as drop_record_of
 
 Row = dict[str, Any]
 
@@ -242,6 +244,10 @@ def _fetch(conn: psycopg2.extensions.connection, query: str, args: tuple[Any, ..
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
+def _job_file(job: Job) -> str:
+    return "JOB" if job.source_file == "<inline>" else job.source_file
+
+
 def expected_rows(job: Job, source_dsn: str) -> tuple[list[Row], set[tuple[Any, ...]], str]:
     """PostgreSQL's answer: (rows expected, keys that must be absent, oracle description)."""
     keys = list(job.output.key)
@@ -258,8 +264,9 @@ def expected_rows(job: Job, source_dsn: str) -> tuple[list[Row], set[tuple[Any, 
         if not found[0]["found"]:
             raise ConfigError(
                 f"job {job.name!r} has as_of_fact semantics, which verify checks against the "
-                f"table {table} on the source database (written by `txjoin generate`); it does "
-                f"not exist there: for a workload txjoin did not write, verify the job with "
+                f"table {table} (written by `txjoin generate`) or its own record of the source "
+                f"database's history; there is neither: run `txjoin verify {_job_file(job)} "
+                f"--record` before the workload (docs/verify.md), or verify the job with "
                 f"semantics=\"current\" (checked on the job's query)")
         have = {r["column_name"] for r in _fetch(
             conn, "SELECT column_name FROM information_schema.columns "
@@ -273,6 +280,21 @@ def expected_rows(job: Job, source_dsn: str) -> tuple[list[Row], set[tuple[Any, 
     present = [{c: r[c] for c in columns} for r in rows if r[PRESENT_COLUMN]]
     absent = {tuple(r[k] for k in keys) for r in rows if not r[PRESENT_COLUMN]}
     return present, absent, table
+
+
+def recorded_answer(job: Job, source_dsn: str, record_dir: str | os.PathLike[str]
+                    ) -> AsOfAnswer | None:
+    """An ``as_of_fact`` job's answer from verify's record of the source's history
+    (:mod:`txjoin.stack.verify_history`); None when the generator's ``<fact>_expected``
+    answers instead, or the database is not recorded."""
+    with _connect(source_dsn, "source") as conn:
+        if _fetch(conn, "SELECT to_regclass(%s) IS NOT NULL AS found",
+                  (expected_table(job),))[0]["found"]:
+            return None
+    record = read_record(source_dsn, Path(record_dir))
+    if record is None:
+        return None
+    return expected_as_of(job, record, "the source")
 
 
 # -- several source databases -----------------------------------------------------------
@@ -772,15 +794,19 @@ def check_sink(sink: Sink, where: str, keys: Sequence[str], expected: Sequence[R
                note: str | None = None,
                orders: Mapping[str, Mapping[int, int] | None] | None = None,
                job: Job | None = None,
-               histories: Mapping[str, SourceHistory] | None = None) -> SinkCheck:
+               histories: Mapping[str, SourceHistory] | None = None,
+               skipped: set[tuple[Any, ...]] | None = None) -> SinkCheck:
     """Compare one sink's current table (and its changelog's uniqueness) with ``expected``.
 
     With ``orders`` (a multi-source job: per source, xid -> commit position) its changelog
     gets the per-source prefix check as well; with ``job`` and ``histories`` (every
-    source's transactions) each state the changelog passes through is checked too.
+    source's transactions) each state the changelog passes through is checked too. Rows
+    whose key is in ``skipped`` are left out of the current table's comparison.
     """
     current = sink.read_current()
     changelog = sink.read_changelog()
+    if skipped:  # rows verify cannot answer for (see VerifyResult.note)
+        current = [r for r in current if tuple(r[k] for k in keys) not in skipped]
     if job is not None:
         expected, current = comparable_rows(job, expected), comparable_rows(job, current)
     diff = diff_rows(expected, current, keys)
@@ -801,7 +827,8 @@ def _dsns(stack_or_dsns: StackInfo | tuple[str, str | None]) -> tuple[str, str |
 def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
                output_dir: str | os.PathLike[str],
                source_dsns: Mapping[str, str] | None = None,
-               check_states: bool = True) -> VerifyResult:
+               check_states: bool = True,
+               record_dir: str | os.PathLike[str] | None = None) -> VerifyResult:
     """Compare ``job``'s PostgreSQL sink and Delta current table with PostgreSQL's answer.
 
     ``stack_or_dsns`` is a running stack, or ``(source_dsn, sink_dsn)`` (``sink_dsn``
@@ -813,11 +840,14 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
     state the changelog passes through is the job on some state of each source. Raises
     ConfigError when the oracle or a database cannot be reached; mismatches are in the
     result, never raised. ``VerifyResult.referees`` says who answered each check.
+    ``record_dir``: where verify's record of the source's history is kept (an
+    ``as_of_fact`` job without ``<fact>_expected`` is checked against it).
     """
     from txjoin.pipeline.pipeline import RunConfig, build_sinks
 
     source_dsn, sink_dsn = _dsns(stack_or_dsns)
     unchecked: str | None = None  # what could not be checked, for VerifyResult.note
+    skipped: set[tuple[Any, ...]] = set()  # output keys left out of the comparison
     orders: dict[str, Mapping[int, int] | None] | None = None
     histories: dict[str, SourceHistory] | None = None
     if job.sources:
@@ -853,7 +883,21 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
             histories = {n: typed_history(job, n, h) for n, h in found.items()
                          if h is not None}
     else:
-        expected, absent, oracle = expected_rows(job, source_dsn)
+        recorded = (None if job.semantics != "as_of_fact" or record_dir is None
+                    else recorded_answer(job, source_dsn, record_dir))
+        if recorded is None:
+            expected, absent, oracle = expected_rows(job, source_dsn)
+        else:
+            expected, absent = recorded.present, recorded.absent
+            skipped = set(recorded.unchecked)
+            oracle = (f"the job as of each fact's last commit, replayed from verify's record "
+                      f"({recorded.transactions} transactions decoded by slot {SLOT})")
+            if recorded.unchecked:
+                unchecked = (f"{len(recorded.unchecked)} fact(s) not checked: last changed "
+                             f"before verify's record began, so their lookups' state at that "
+                             f"commit is unknown: " + ", ".join(
+                                 show(list(k)) for k in recorded.unchecked[:5])
+                             + (" ..." if len(recorded.unchecked) > 5 else ""))
     referees = [("rows", f"PostgreSQL: {oracle}"),
                 ("exactly once", "each changelog: no key twice at one _commit_seq")]
     if orders is not None:
@@ -880,7 +924,7 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
                 note = None
             try:
                 checks.append(check_sink(sink, where, keys, expected, note, orders, job,
-                                         histories))
+                                         histories, skipped))
             except psycopg2.Error as exc:
                 raise ConfigError(f"cannot read the {sink.name} sink: {exc}") from None
     finally:
@@ -910,17 +954,28 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
               help="Delta tables root (default: <--dir>/output).")
 @click.option("--show", "show_rows", type=int, default=5, show_default=True,
               help="Mismatched rows to print per kind and sink.")
+@click.option("--record", "start", is_flag=True,
+              help="Start verify's record of the source database's history (a logical "
+                   "replication slot, txjoin_verify, and a copy of the job's tables at its "
+                   "snapshot; kept in <--dir>/verify/): run it before the workload, so an "
+                   "as_of_fact job can be verified on writes txjoin did not make. The slot "
+                   "keeps the server's WAL until verify reads it: --drop-record when done.")
+@click.option("--drop-record", is_flag=True,
+              help="Drop verify's slot on the source database and its record, then exit.")
 @click.option("--no-state-check", is_flag=True,
               help="Job with sources: skip replaying every state the changelog "
                    "passes through (the job is evaluated once per _commit_seq; slow for "
                    "long workloads). The order and grouping checks still run.")
 def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
            source_dsn_items: tuple[str, ...], no_postgres: bool, output_dir: str | None,
-           show_rows: int, no_state_check: bool) -> None:
+           show_rows: int, start: bool, drop_record: bool, no_state_check: bool) -> None:
     """Compare JOB_FILE's sinks with PostgreSQL's own answer.
 
-    as_of_fact jobs are checked against <fact>_expected (written by `txjoin generate`),
-    current jobs against the job's query on the source database: run this after
+    as_of_fact jobs are checked against <fact>_expected (written by `txjoin generate`)
+    or, on a workload of your own, against verify's record of the source's history
+    (`--record` before the workload: each fact's row is the job as of the commit that
+    last changed it; facts last changed before the record began are named in a note,
+    not checked), current jobs against the job's query on the source database: run this after
     `txjoin run --until-idle` once the writers stopped. A job with several sources is
     the job's query on a copy of each source's tables (one snapshot per database); each
     sink's changelog must keep every source's commit order with no transaction split, and
@@ -967,9 +1022,24 @@ def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
             source_dsn = source_dsn or stack.pg_dsn_source
             postgres_dsn = postgres_dsn or stack.pg_dsn_sink
         assert source_dsn is not None
+        if start or drop_record:
+            if job.sources and len(job.sources) > 1:
+                raise ConfigError(f"--record: job {job.name!r} reads several databases; "
+                                  f"verify records a single source's history")
+            dsn = next(iter(source_dsns.values())) if source_dsns else source_dsn
+            if drop_record:
+                dropped, path = drop_record_of(dsn, directory)
+                click.echo(f"verify: slot {SLOT} " + ("dropped" if dropped else "not found")
+                           + (f"; record {path} removed" if path else ""))
+            else:
+                path = start_record(dsn, directory, job.table_names)
+                click.echo(f"verify: recording the source's history (slot {SLOT}) into "
+                           f"{path}; run the workload, then `txjoin verify {job_file}`; "
+                           f"`--drop-record` when done (the slot keeps WAL until read)")
+            sys.exit(0)
         result = verify_job(job, (source_dsn, None if no_postgres else postgres_dsn),
                             output_dir or directory / "output", source_dsns,
-                            check_states=not no_state_check)
+                            check_states=not no_state_check, record_dir=directory)
     except TxjoinError as exc:
         click.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(2)
