@@ -237,8 +237,7 @@ def test_job_from_the_catalog_on_the_users_database_matches_postgresql(
         with contextlib.closing(psycopg2.connect(stack.pg_dsn_sink)) as conn, conn, \
                 conn.cursor() as cur:
             cur.execute("UPDATE orders_enriched SET customer_name = 'corrupted' WHERE "
-                        "order_id = (SELECT max(order_id) FROM orders_enriched) "
-                        "RETURNING order_id")
+                        "id = (SELECT max(id) FROM orders_enriched) RETURNING id")
             corrupted = cur.fetchone()[0]
         assert corrupted > recorded_from
         found = txjoin("verify", str(job_file), "--dir", str(directory))

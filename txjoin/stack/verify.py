@@ -7,6 +7,8 @@ The oracle depends on the job's semantics (DESIGN §1):
   change of a fact row. Rows with ``present`` are expected, by key; a key whose last
   answer is ``present = false`` must be absent. Only PostgreSQL can say what a row
   looked like *as of* an old commit, so a plain query on today's state would be wrong.
+  Without that table (a workload txjoin did not write): verify's own record of the
+  database's history, from a logical decoding slot (:mod:`txjoin.stack.verify_history`).
 - ``current``: the job compiled to SQL (:func:`job_query`) and run on the source
   database. It is the answer after the last committed transaction, so compare once the
   pipeline has caught up (``txjoin run --until-idle`` after the writers stopped).
@@ -958,8 +960,10 @@ def verify_job(job: Job, stack_or_dsns: StackInfo | tuple[str, str | None],
               help="Start verify's record of the source database's history (a logical "
                    "replication slot, txjoin_verify, and a copy of the job's tables at its "
                    "snapshot; kept in <--dir>/verify/): run it before the workload, so an "
-                   "as_of_fact job can be verified on writes txjoin did not make. The slot "
-                   "keeps the server's WAL until verify reads it: --drop-record when done.")
+                   "as_of_fact job can be verified on writes txjoin did not make (`txjoin up "
+                   "--job` starts one on the database it builds). The slot keeps the "
+                   "server's WAL until verify reads it: --drop-record when done (`txjoin down "
+                   "--wipe` drops it too).")
 @click.option("--drop-record", is_flag=True,
               help="Drop verify's slot on the source database and its record, then exit.")
 @click.option("--no-state-check", is_flag=True,
@@ -973,10 +977,11 @@ def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
 
     as_of_fact jobs are checked against <fact>_expected (written by `txjoin generate`)
     or, on a workload of your own, against verify's record of the source's history
-    (`--record` before the workload: each fact's row is the job as of the commit that
-    last changed it; facts last changed before the record began are named in a note,
-    not checked), current jobs against the job's query on the source database: run this after
-    `txjoin run --until-idle` once the writers stopped. A job with several sources is
+    (`--record` before the workload, or the one `txjoin up --job` starts: each fact's
+    row is the job as of the commit that last changed it; facts last changed before the
+    record began are named in a note, not checked), current jobs against the job's query
+    on the source database: run this after `txjoin run --until-idle` once the writers
+    stopped. A job with several sources is
     the job's query on a copy of each source's tables (one snapshot per database); each
     sink's changelog must keep every source's commit order with no transaction split, and
     txjoin's own oracle checks every state it passes through (the "checked by:" line says

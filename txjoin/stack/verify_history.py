@@ -268,7 +268,11 @@ def _table_rows(cur: Any, table: str) -> list[dict[str, Column]]:
     if not columns:
         raise ConfigError(f"table {table} not found in the source database; is the job's "
                           f"table name right?")
-    names = ", ".join('"' + c.replace('"', '""') + '"::text' for c, _ in columns)
+    # format('%s') is the type's output function, as test_decoding prints it (a ::text
+    # cast would strip char(n)'s padding).
+    quoted = ['"' + c.replace('"', '""') + '"' for c, _ in columns]
+    names = ", ".join(f"CASE WHEN {q} IS NULL THEN NULL ELSE format('%s', {q}) END"
+                      for q in quoted)
     schema, _, name = table.rpartition(".")
     relation = (f'"{schema}".' if schema else "") + '"' + name.replace('"', '""') + '"'
     cur.execute(f"SELECT {names} FROM {relation}")
