@@ -150,3 +150,14 @@ def test_each_fact_is_the_job_as_of_the_commit_that_last_changed_it() -> None:
     assert answer.absent == {(12,)}
     assert answer.unchecked == [(9,)]
     assert answer.transactions == 4
+
+
+def test_a_recorded_value_that_is_not_the_declared_type_names_the_fix() -> None:
+    from txjoin.errors import ConfigError
+
+    record = Record(snapshot={}, transactions=[(7, [_insert(
+        "public.orders", id=("bigint", "1"), customer_id=("integer", "1"),
+        qty=("text", "many"))])])
+    with pytest.raises(ConfigError, match=r"xid 7.*declare the column's type in the job's "
+                                          r"Table as that database has it"):
+        expected_as_of(JOB, record, "the source")

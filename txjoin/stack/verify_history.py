@@ -378,15 +378,15 @@ def expected_as_of(job: Any, record: Record, source: str) -> AsOfAnswer:
     facts it changed with txjoin's oracle (:class:`txjoin.join.oracle.Oracle`, which
     shares no code with the engine).
     """
+    from txjoin.ingest.types import ColumnValueError
     from txjoin.join.oracle import Oracle
     from txjoin.stack.verify import _read_logged
 
     def typed(table: str, row: dict[str, Any] | None, where: str) -> dict[str, Any] | None:
         try:
             return _read_logged(job, table, row, where)
-        except Exception as exc:  # a ColumnValueError: the job declares the type otherwise
-            reason = getattr(exc, "reason", str(exc))
-            raise ConfigError(f"{reason}; declare the column's type in the job's Table as "
+        except ColumnValueError as exc:  # the job declares the column otherwise
+            raise ConfigError(f"{exc.reason}; declare the column's type in the job's Table as "
                               f"that database has it, then verify again (verify read the "
                               f"database itself: the run is not affected)") from None
 
