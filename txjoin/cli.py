@@ -518,18 +518,32 @@ def job_init(dsn: str, tables: str, fact: str | None, lookups: tuple[str, ...],
               help="Delta tables root (default: <--dir>/output).")
 @click.option("--show", "show_rows", type=int, default=5, show_default=True,
               help="Mismatched rows to print per kind and sink.")
+@click.option("--record", "start", is_flag=True,
+              help="Start verify's record of the source database's history (a logical "
+                   "replication slot, txjoin_verify, and a copy of the job's tables at its "
+                   "snapshot; kept in <--dir>/verify/): run it before the workload, so an "
+                   "as_of_fact job can be verified on writes txjoin did not make (`txjoin up "
+                   "--job` starts one on the database it builds). The slot keeps the "
+                   "server's WAL until verify reads it: --drop-record when done (`txjoin down "
+                   "--wipe` drops it too).")
+@click.option("--drop-record", is_flag=True,
+              help="Drop verify's slot on the source database and its record, then exit.")
 @click.option("--no-state-check", is_flag=True,
               help="Job with sources: skip replaying every state the changelog "
                    "passes through (the job is evaluated once per _commit_seq; slow for "
                    "long workloads). The order and grouping checks still run.")
 def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
            source_dsn_items: tuple[str, ...], no_postgres: bool, output_dir: str | None,
-           show_rows: int, no_state_check: bool) -> None:
+           show_rows: int, start: bool, drop_record: bool, no_state_check: bool) -> None:
     """Compare JOB_FILE's sinks with PostgreSQL's own answer.
 
-    as_of_fact jobs are checked against <fact>_expected (written by `txjoin generate`),
-    current jobs against the job's query on the source database: run this after
-    `txjoin run --until-idle` once the writers stopped. A job with several sources is
+    as_of_fact jobs are checked against <fact>_expected (written by `txjoin generate`)
+    or, on a workload of your own, against verify's record of the source's history
+    (`--record` before the workload, or the one `txjoin up --job` starts: each fact's
+    row is the job as of the commit that last changed it; facts last changed before the
+    record began are named in a note, not checked), current jobs against the job's query
+    on the source database: run this after `txjoin run --until-idle` once the writers
+    stopped. A job with several sources is
     the job's query on a copy of each source's tables (one snapshot per database); each
     sink's changelog must keep every source's commit order with no transaction split, and
     txjoin's own oracle checks every state it passes through (the "checked by:" line says
@@ -539,6 +553,8 @@ def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
     """
     from txjoin.job import load_job
     from txjoin.stack.stack import load_stack
+    from txjoin.verify.history import SLOT, start_record
+    from txjoin.verify.history import drop_record as drop_record_of
     from txjoin.verify.verify import verify_job
 
     try:
@@ -577,9 +593,24 @@ def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
             source_dsn = source_dsn or stack.pg_dsn_source
             postgres_dsn = postgres_dsn or stack.pg_dsn_sink
         assert source_dsn is not None
+        if start or drop_record:
+            if job.sources and len(job.sources) > 1:
+                raise ConfigError(f"--record: job {job.name!r} reads several databases; "
+                                  f"verify records a single source's history")
+            dsn = next(iter(source_dsns.values())) if source_dsns else source_dsn
+            if drop_record:
+                dropped, path = drop_record_of(dsn, directory)
+                click.echo(f"verify: slot {SLOT} " + ("dropped" if dropped else "not found")
+                           + (f"; record {path} removed" if path else ""))
+            else:
+                path = start_record(dsn, directory, job.table_names)
+                click.echo(f"verify: recording the source's history (slot {SLOT}) into "
+                           f"{path}; run the workload, then `txjoin verify {job_file}`; "
+                           f"`--drop-record` when done (the slot keeps WAL until read)")
+            sys.exit(0)
         result = verify_job(job, (source_dsn, None if no_postgres else postgres_dsn),
                             output_dir or directory / "output", source_dsns,
-                            check_states=not no_state_check)
+                            check_states=not no_state_check, record_dir=directory)
     except TxjoinError as exc:
         click.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(2)

@@ -3,8 +3,10 @@
 A PostgreSQL of the user's, with tables of many column types (an enum, a domain,
 money, uuid, jsonb, bytea, arrays...) and rows already in them: ``txjoin job init``
 writes the job from its catalog, ``txjoin up --source-dsn DSN --job FILE`` checks the
-server and captures exactly those tables, the user's own concurrent SQL writes them,
-``txjoin run`` and ``txjoin verify`` find both sinks equal to PostgreSQL's own answer, and
+server and captures exactly those tables, ``txjoin verify --record`` starts verify's own
+record of the database's history, the user's own concurrent SQL writes the tables,
+``txjoin run`` and ``txjoin verify`` find both sinks equal to the job as of each order's
+commit (as_of_fact), a corrupted sink row is found, and
 ``txjoin down --wipe`` leaves no replication slot or publication behind on it.
 """
 
@@ -26,6 +28,7 @@ from tests.fixtures.postgres import running_postgres
 from txjoin.delta_tables import read_table
 from txjoin.errors import ConfigError
 from txjoin.job import Table
+from txjoin.stack import load_stack
 from txjoin.stack.external import check_capture
 
 pytestmark = pytest.mark.e2e
@@ -173,17 +176,16 @@ def test_capture_checks_say_in_one_line_what_to_change(users_database: str,
 
 def test_job_from_the_catalog_on_the_users_database_matches_postgresql(
         users_database: str, tmp_path: Path) -> None:
+    """The generated job keeps each order's customer as of the order (as_of_fact): verify
+    checks it on the user's own SQL from its own record of the database's history
+    (`verify --record` before the workload: a test_decoding slot), finds both sinks equal,
+    names the orders written before the record began, and finds a corrupted sink row."""
     job_file = tmp_path / "orders_job.py"
     done = txjoin("job", "init", "--dsn", users_database, "--tables",
                   "public.orders,public.customers", "--fact", "public.orders", "--out",
                   str(job_file))
     assert done.returncode == 0, done.stderr
-    # The generated job keeps each order's customer as of the order (as_of_fact), which
-    # verify checks against a record that only `txjoin generate` writes; the user's own
-    # workload is checked on the job's query: semantics "current".
-    text = job_file.read_text()
-    assert 'semantics="as_of_fact"' in text
-    job_file.write_text(text.replace('semantics="as_of_fact"', 'semantics="current"'))
+    assert 'semantics="as_of_fact"' in job_file.read_text()
 
     directory = tmp_path / "stack"
     up = txjoin("up", "--dir", str(directory), "--source-dsn", users_database, "--job",
@@ -191,28 +193,73 @@ def test_job_from_the_catalog_on_the_users_database_matches_postgresql(
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "orders.public.customers" in up.stdout and "orders.transaction" in up.stdout
+        # Without a record, verify says how to get one (it was: use semantics="current").
+        unrecorded = txjoin("verify", str(job_file), "--dir", str(directory))
+        assert unrecorded.returncode == 2, unrecorded.stdout + unrecorded.stderr
+        assert f"run `txjoin verify {job_file} --record` before the workload" \
+            in unrecorded.stderr, unrecorded.stderr
         log = tmp_path / "run.log"
-        for seed in (3, 4):  # the second run resumes from the first one's checkpoint
-            plain_sql_transactions(users_database, user_transaction, writers=3, each=20,
-                                   seed=seed)
-            run_until_idle(log, str(job_file), "--dir", str(directory), "--master", "local[2]")
+        plain_sql_transactions(users_database, user_transaction, writers=3, each=20, seed=3)
+        run_until_idle(log, str(job_file), "--dir", str(directory), "--master", "local[2]")
+        # The record starts after a first workload: the orders it left are facts whose
+        # customers as of their commit verify cannot know (named, not checked).
+        record = txjoin("verify", str(job_file), "--dir", str(directory), "--record")
+        assert record.returncode == 0, record.stdout + record.stderr
+        with contextlib.closing(psycopg2.connect(users_database)) as conn, conn.cursor() as cur:
+            cur.execute("SELECT max(id) FROM public.orders")
+            recorded_from = cur.fetchone()[0]
+        # The second run resumes from the first one's checkpoint.
+        plain_sql_transactions(users_database, user_transaction, writers=3, each=20, seed=4)
+        run_until_idle(log, str(job_file), "--dir", str(directory), "--master", "local[2]")
         verify = txjoin("verify", str(job_file), "--dir", str(directory))
         assert verify.returncode == 0, verify.stdout + verify.stderr + tail(log)
         assert "verify: OK" in verify.stdout and verify.stdout.count(" 0 mismatches") == 2
+        assert "replayed from verify's record" in verify.stdout, verify.stdout
+        with contextlib.closing(psycopg2.connect(users_database)) as conn, conn.cursor() as cur:
+            # The second workload updates only orders it wrote, and deletes the oldest.
+            cur.execute("SELECT count(*) FROM public.orders WHERE id <= %s", (recorded_from,))
+            before_record = cur.fetchone()[0]
+            cur.execute("SELECT slot_name FROM pg_replication_slots ORDER BY 1")
+            assert [r[0] for r in cur.fetchall()] == ["txjoin_orders", "txjoin_verify"]
+        assert before_record > 0
+        assert (f"note: {before_record} fact(s) not checked: last changed before verify's "
+                f"record began") in verify.stdout, verify.stdout
         # time, timetz and interval reach Delta too (as text and microseconds).
         stored = read_table(str(directory / "output" / "orders_enriched" / "current")).schema
         types = {f.name: str(f.type) for f in stored}
         assert (types["customer_opens"], types["customer_closes"], types["customer_grace"]) \
             == ("string", "string", "int64"), types
+        # A corrupted row of the PostgreSQL sink (an order of the second workload) is
+        # found by a verify that reads nothing new from the slot: the record kept the
+        # history the previous verify consumed.
+        stack = load_stack(directory)
+        assert stack is not None
+        with contextlib.closing(psycopg2.connect(stack.pg_dsn_sink)) as conn, conn, \
+                conn.cursor() as cur:
+            cur.execute("UPDATE orders_enriched SET customer_name = 'corrupted' WHERE "
+                        "id = (SELECT max(id) FROM orders_enriched) RETURNING id")
+            corrupted = cur.fetchone()[0]
+        assert corrupted > recorded_from
+        found = txjoin("verify", str(job_file), "--dir", str(directory))
+        assert found.returncode == 1, found.stdout + found.stderr
+        assert "verify: 1 mismatches" in found.stdout, found.stdout
+        assert "different (1):" in found.stdout and "customer_name: corrupted" in found.stdout, \
+            found.stdout
+        dropped = txjoin("verify", str(job_file), "--dir", str(directory), "--drop-record")
+        assert dropped.returncode == 0 and "slot txjoin_verify dropped" in dropped.stdout, \
+            dropped.stdout + dropped.stderr
         with contextlib.closing(psycopg2.connect(users_database)) as conn, conn.cursor() as cur:
             cur.execute("SELECT slot_name FROM pg_replication_slots")
             assert [r[0] for r in cur.fetchall()] == ["txjoin_orders"]
+        # A record left running: `down --wipe` drops its slot with Debezium's (below).
+        again = txjoin("verify", str(job_file), "--dir", str(directory), "--record")
+        assert again.returncode == 0, again.stdout + again.stderr
     finally:
         down = txjoin("down", "--dir", str(directory), "--wipe")
     assert down.returncode == 0, down.stderr
     with contextlib.closing(psycopg2.connect(users_database)) as conn, conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM pg_replication_slots")
-        assert cur.fetchone()[0] == 0  # no slot keeps the user's WAL after --wipe
+        assert cur.fetchone()[0] == 0  # no slot keeps the user's WAL after --wipe (verify's)
         cur.execute("SELECT count(*) FROM pg_publication")
         assert cur.fetchone()[0] == 0
         cur.execute("SELECT count(*) FROM public.orders")

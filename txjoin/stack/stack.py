@@ -43,7 +43,7 @@ from typing import Any
 import psycopg2
 
 from txjoin import jvm
-from txjoin.errors import ConfigError, ServiceError
+from txjoin.errors import ConfigError, ServiceError, TxjoinError
 from txjoin.ingest.debezium import DEFAULT_TOPIC_PREFIX, table_topic, transaction_topic
 from txjoin.job import DEFAULT_SOURCE, Job, Table
 from txjoin.sinks.postgres import mask_dsn
@@ -447,7 +447,13 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
             if spec.external_dsn is not None:
                 continue
             progress(f"postgres: database {spec.database} for source {spec.name!r}")
-            postgres_mod.create_source_database(pg_port, spec.database, spec.tables)
+            url = postgres_mod.create_source_database(pg_port, spec.database, spec.tables)
+            if len(sources) == 1:
+                # verify's own record of the history, from the empty tables on, so an
+                # as_of_fact job is verifiable on any writes (docs/verify.md).
+                from txjoin.verify.history import start_record
+
+                start_record(url, directory, [t.name for t in spec.tables])
         for name in _debezium_components(state):
             _start_debezium(directory, state, name, progress)
         for name in _debezium_components(state):
@@ -661,6 +667,20 @@ def _remove_data(directory: Path, state: dict[str, Any] | None) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _drop_verify_record(dsn: str, directory: Path) -> str | None:
+    """Drop verify's slot from a database the user runs (it keeps WAL while unread);
+    what is left, if it cannot."""
+    from txjoin.verify.history import SLOT, drop_record
+
+    try:
+        drop_record(dsn, directory)
+    except (TxjoinError, psycopg2.Error) as exc:
+        return (f"verify's replication slot {SLOT} may remain on the source database "
+                f"({' '.join(str(exc).split())}): `txjoin verify JOB --drop-record` or "
+                f"`SELECT pg_drop_replication_slot('{SLOT}')`, or the server keeps WAL for it")
+    return None
+
+
 def down(directory: str | os.PathLike[str] = DEFAULT_DIR, *, wipe: bool = False,
          warn: Progress = _noop) -> list[str]:
     """Stop exactly the processes ``up`` recorded; return the names of those that were running.
@@ -688,7 +708,12 @@ def down(directory: str | os.PathLike[str] = DEFAULT_DIR, *, wipe: bool = False,
                         debezium_mod.publication_name(source["prefix"]))
                     if left:
                         warn(left)
+                    left = _drop_verify_record(source["dsn"], directory)
+                    if left:
+                        warn(left)
             _remove_data(directory, state)
+            # verify's records of the stack's own databases go with them.
+            shutil.rmtree(directory / "verify", ignore_errors=True)
             shutil.rmtree(directory / "logs", ignore_errors=True)
             # Checkpoints and outputs made from this stack's topics mean nothing to the
             # next stack's (new topics, new offsets): they go with the data.

@@ -7,6 +7,8 @@ The oracle depends on the job's semantics (DESIGN §1):
   change of a fact row. Rows with ``present`` are expected, by key; a key whose last
   answer is ``present = false`` must be absent. Only PostgreSQL can say what a row
   looked like *as of* an old commit, so a plain query on today's state would be wrong.
+  Without that table (a workload txjoin did not write): verify's own record of the
+  database's history, from a logical decoding slot (:mod:`txjoin.verify.history`).
 - ``current``: the job compiled to SQL (:func:`job_query`) and run on the source
   database. It is the answer after the last committed transaction, so compare once the
   pipeline has caught up (``txjoin run --until-idle`` after the writers stopped).
@@ -56,6 +58,7 @@ from txjoin.job import Collect, Job, Lookup
 from txjoin.sinks import COMMIT_SEQ, XID, Sink, without_metadata
 from txjoin.sinks.build import SinkPlaces, build_sinks
 from txjoin.verify.diff import RowDiff, diff_rows, show
+from txjoin.verify.history import SLOT, AsOfAnswer, expected_as_of, read_record
 from txjoin.verify.source_tables import CHANGE_LOG, COMMIT_LOG, pg_type
 
 Row = dict[str, Any]
@@ -240,6 +243,10 @@ def _fetch(conn: psycopg2.extensions.connection, query: str, args: tuple[Any, ..
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
+def _job_file(job: Job) -> str:
+    return "JOB" if job.source_file == "<inline>" else job.source_file
+
+
 def expected_rows(job: Job, source_dsn: str) -> tuple[list[Row], set[tuple[Any, ...]], str]:
     """PostgreSQL's answer: (rows expected, keys that must be absent, oracle description)."""
     keys = list(job.output.key)
@@ -256,8 +263,9 @@ def expected_rows(job: Job, source_dsn: str) -> tuple[list[Row], set[tuple[Any, 
         if not found[0]["found"]:
             raise ConfigError(
                 f"job {job.name!r} has as_of_fact semantics, which verify checks against the "
-                f"table {table} on the source database (written by `txjoin generate`); it does "
-                f"not exist there: for a workload txjoin did not write, verify the job with "
+                f"table {table} (written by `txjoin generate`) or its own record of the source "
+                f"database's history; there is neither: run `txjoin verify {_job_file(job)} "
+                f"--record` before the workload (docs/verify.md), or verify the job with "
                 f"semantics=\"current\" (checked on the job's query)")
         have = {r["column_name"] for r in _fetch(
             conn, "SELECT column_name FROM information_schema.columns "
@@ -271,6 +279,21 @@ def expected_rows(job: Job, source_dsn: str) -> tuple[list[Row], set[tuple[Any, 
     present = [{c: r[c] for c in columns} for r in rows if r[PRESENT_COLUMN]]
     absent = {tuple(r[k] for k in keys) for r in rows if not r[PRESENT_COLUMN]}
     return present, absent, table
+
+
+def recorded_answer(job: Job, source_dsn: str, record_dir: str | os.PathLike[str]
+                    ) -> AsOfAnswer | None:
+    """An ``as_of_fact`` job's answer from verify's record of the source's history
+    (:mod:`txjoin.verify.history`); None when the generator's ``<fact>_expected``
+    answers instead, or the database is not recorded."""
+    with _connect(source_dsn, "source") as conn:
+        if _fetch(conn, "SELECT to_regclass(%s) IS NOT NULL AS found",
+                  (expected_table(job),))[0]["found"]:
+            return None
+    record = read_record(source_dsn, Path(record_dir))
+    if record is None:
+        return None
+    return expected_as_of(job, record, "the source")
 
 
 # -- several source databases -----------------------------------------------------------
@@ -768,15 +791,19 @@ def check_sink(sink: Sink, where: str, keys: Sequence[str], expected: Sequence[R
                note: str | None = None,
                orders: Mapping[str, Mapping[int, int] | None] | None = None,
                job: Job | None = None,
-               histories: Mapping[str, SourceHistory] | None = None) -> SinkCheck:
+               histories: Mapping[str, SourceHistory] | None = None,
+               skipped: set[tuple[Any, ...]] | None = None) -> SinkCheck:
     """Compare one sink's current table (and its changelog's uniqueness) with ``expected``.
 
     With ``orders`` (a multi-source job: per source, xid -> commit position) its changelog
     gets the per-source prefix check as well; with ``job`` and ``histories`` (every
-    source's transactions) each state the changelog passes through is checked too.
+    source's transactions) each state the changelog passes through is checked too. Rows
+    whose key is in ``skipped`` are left out of the current table's comparison.
     """
     current = sink.read_current()
     changelog = sink.read_changelog()
+    if skipped:  # rows verify cannot answer for (see VerifyResult.note)
+        current = [r for r in current if tuple(r[k] for k in keys) not in skipped]
     if job is not None:
         expected, current = comparable_rows(job, expected), comparable_rows(job, current)
     diff = diff_rows(expected, current, keys)
@@ -790,7 +817,8 @@ def check_sink(sink: Sink, where: str, keys: Sequence[str], expected: Sequence[R
 def verify_job(job: Job, dsns: tuple[str, str | None],
                output_dir: str | os.PathLike[str],
                source_dsns: Mapping[str, str] | None = None,
-               check_states: bool = True) -> VerifyResult:
+               check_states: bool = True,
+               record_dir: str | os.PathLike[str] | None = None) -> VerifyResult:
     """Compare ``job``'s PostgreSQL sink and Delta current table with PostgreSQL's answer.
 
     ``dsns`` is ``(source_dsn, sink_dsn)`` (``sink_dsn`` None: check the Delta tables
@@ -802,9 +830,12 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
     state the changelog passes through is the job on some state of each source. Raises
     ConfigError when the oracle or a database cannot be reached; mismatches are in the
     result, never raised. ``VerifyResult.referees`` says who answered each check.
+    ``record_dir``: where verify's record of the source's history is kept (an
+    ``as_of_fact`` job without ``<fact>_expected`` is checked against it).
     """
     source_dsn, sink_dsn = dsns
     unchecked: str | None = None  # what could not be checked, for VerifyResult.note
+    skipped: set[tuple[Any, ...]] = set()  # output keys left out of the comparison
     orders: dict[str, Mapping[int, int] | None] | None = None
     histories: dict[str, SourceHistory] | None = None
     if job.sources:
@@ -838,7 +869,21 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
             histories = {n: typed_history(job, n, h) for n, h in found.items()
                          if h is not None}
     else:
-        expected, absent, oracle = expected_rows(job, source_dsn)
+        recorded = (None if job.semantics != "as_of_fact" or record_dir is None
+                    else recorded_answer(job, source_dsn, record_dir))
+        if recorded is None:
+            expected, absent, oracle = expected_rows(job, source_dsn)
+        else:
+            expected, absent = recorded.present, recorded.absent
+            skipped = set(recorded.unchecked)
+            oracle = (f"the job as of each fact's last commit, replayed from verify's record "
+                      f"({recorded.transactions} transactions decoded by slot {SLOT})")
+            if recorded.unchecked:
+                unchecked = (f"{len(recorded.unchecked)} fact(s) not checked: last changed "
+                             f"before verify's record began, so their lookups' state at that "
+                             f"commit is unknown: " + ", ".join(
+                                 show(list(k)) for k in recorded.unchecked[:5])
+                             + (" ..." if len(recorded.unchecked) > 5 else ""))
     referees = [("rows", f"PostgreSQL: {oracle}"),
                 ("exactly once", "each changelog: no key twice at one _commit_seq")]
     if orders is not None:
@@ -865,7 +910,7 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
                 note = None
             try:
                 checks.append(check_sink(sink, where, keys, expected, note, orders, job,
-                                         histories))
+                                         histories, skipped))
             except psycopg2.Error as exc:
                 raise ConfigError(f"cannot read the {sink.name} sink: {exc}") from None
     finally:

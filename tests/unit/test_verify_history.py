@@ -1,0 +1,163 @@
+"""verify's record: test_decoding's text read back to every column type the readers take.
+
+The lines are test_decoding's output as PostgreSQL 18 printed it for the e2e test's
+schema of a user's own database (tests/e2e/test_own_database.py), in a session with
+``TIME ZONE 'UTC'`` and ``intervalstyle = 'iso_8601'`` as verify decodes: numbers and
+booleans unquoted, other values single-quoted with '' for ', ``null``, arrays as
+literals, an UPDATE's old tuple after ``old-key:`` without its null columns.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import pytest
+
+from txjoin.job import Job, Lookup, Output, Table
+from txjoin.verify.history import (
+    DecodedChange,
+    Record,
+    decode_change,
+    expected_as_of,
+    parse_array,
+    row_values,
+)
+from txjoin.verify.verify import _read_logged
+
+pytestmark = pytest.mark.unit
+
+CUSTOMER = ("table public.customers: INSERT: id[integer]:2 name[character varying]:'cust 6''9' "
+            "code[character]:null mood[mood]:'curious' signup[date]:'2024-02-15' "
+            "vip[boolean]:false score[real]:-3.75 balance[money]:'-$3,659.85' "
+            "ref[uuid]:'966baea1-48be-ab13-4da9-8f1d3099fdf5' "
+            "profile[jsonb]:'{\"n\": [1, 2], \"tier\": 2.5}' "
+            "tags[text[]]:'{\"x,y\",\"q\\\"z\",NULL,a}' "
+            "avatar[bytea]:'\\x11f57cce' opens[time without time zone]:'09:52:00.181411' "
+            "closes[time with time zone]:'23:30:00-05:30' grace[interval]:'PT-1.5S' "
+            "small[smallint]:-7 big[bigint]:9000000000 ints[integer[]]:'{1,NULL,3}'")
+ORDER = ("table public.orders: INSERT: id[bigint]:2 customer_id[integer]:2 qty[posint]:'2' "
+         "amount[numeric]:7191.84 exact[numeric]:0.000001 rate[double precision]:77.84426150001458 "
+         "placed_at[timestamp with time zone]:'2025-03-09 14:30:00+00' "
+         "local_at[timestamp without time zone]:'2025-03-06 08:15:00.501' "
+         "meta[json]:'[1, 2.5, \"x\"]' lines[numeric[]]:'{1.50,2.25}' note[text]:null "
+         "logged[timestamp without time zone]:'2025-04-01 07:00:00.323516' "
+         "refs[uuid[]]:'{8cfe5cd1-2d5d-b79b-a2a7-ae1f3ac7652c,NULL}' "
+         "days[date[]]:'{2024-02-29,1999-12-31}' blobs[bytea[]]:'{\"\\\\x0001\",\"\\\\x\"}' "
+         "slots[time without time zone[]]:'{10:00:00.5,23:59:59}' moods[mood[]]:'{happy,sad}' "
+         "flags[boolean[]]:'{t,f}'")
+
+CUSTOMERS = Table("public.customers", {
+    "id": "int", "name": "varchar(40)", "code": "char(4)", "mood": "text", "signup": "date",
+    "vip": "bool", "score": "real", "balance": "money", "ref": "uuid", "profile": "jsonb",
+    "tags": "text[]", "avatar": "bytea", "opens": "time", "closes": "timetz(3)",
+    "grace": "interval", "small": "smallint", "big": "bigint", "ints": "int[]"})
+ORDERS = Table("public.orders", {
+    "id": "bigint", "customer_id": "int", "qty": "int", "amount": "numeric(10,2)",
+    "exact": "numeric", "rate": "double", "placed_at": "timestamptz", "local_at": "timestamp(3)",
+    "meta": "json", "lines": "numeric(8,2)[]", "note": "text", "logged": "timestamp",
+    "refs": "uuid[]", "days": "date[]", "blobs": "bytea[]", "slots": "time[]", "moods": "text[]",
+    "flags": "bool[]"})
+JOB = Job(name="orders", tables=[CUSTOMERS, ORDERS], fact="public.orders", fact_alias="o",
+          lookups=[Lookup("c", "public.customers", parent="o", on={"id": "customer_id"})],
+          output=Output(table="out", key={"order_id": "o.id"},
+                        columns={"name": "c.name", "qty": "o.qty"}))
+
+
+def read(table: Table, line: str) -> dict[str, object]:
+    change = decode_change(line)
+    assert change is not None and change.op == "INSERT" and change.old is None
+    row = _read_logged(JOB, table.name, row_values(change.new), "test")
+    assert row is not None
+    return row
+
+
+def test_every_column_type_of_a_customer_reads_as_its_declared_type() -> None:
+    assert read(CUSTOMERS, CUSTOMER) == {
+        "id": 2, "name": "cust 6'9", "code": None, "mood": "curious",
+        "signup": dt.date(2024, 2, 15), "vip": False, "score": -3.75,
+        "balance": Decimal("-3659.85"), "ref": "966baea1-48be-ab13-4da9-8f1d3099fdf5",
+        "profile": '{"n": [1, 2], "tier": 2.5}', "tags": ["x,y", 'q"z', None, "a"],
+        "avatar": b"\x11\xf5\x7c\xce", "opens": dt.time(9, 52, 0, 181411),
+        "closes": dt.time(5, 0),  # 23:30-05:30 in UTC
+        "grace": dt.timedelta(seconds=-1.5), "small": -7, "big": 9000000000, "ints": [1, None, 3]}
+
+
+def test_every_column_type_of_an_order_reads_as_its_declared_type() -> None:
+    assert read(ORDERS, ORDER) == {
+        "id": 2, "customer_id": 2, "qty": 2, "amount": Decimal("7191.84"),
+        "exact": "0.000001", "rate": 77.84426150001458,
+        "placed_at": dt.datetime(2025, 3, 9, 14, 30, tzinfo=dt.UTC),
+        "local_at": dt.datetime(2025, 3, 6, 8, 15, 0, 501000, tzinfo=dt.UTC),
+        "meta": '[1, 2.5, "x"]', "lines": [Decimal("1.50"), Decimal("2.25")],
+        "note": None, "logged": dt.datetime(2025, 4, 1, 7, 0, 0, 323516, tzinfo=dt.UTC),
+        "refs": ["8cfe5cd1-2d5d-b79b-a2a7-ae1f3ac7652c", None],
+        "days": [dt.date(2024, 2, 29), dt.date(1999, 12, 31)], "blobs": [b"\x00\x01", b""],
+        "slots": [dt.time(10, 0, 0, 500000), dt.time(23, 59, 59)], "moods": ["happy", "sad"],
+        "flags": [True, False]}
+
+
+def test_an_update_keeps_its_old_tuple_and_a_delete_its_replica_identity() -> None:
+    update = decode_change(
+        "table public.customers: UPDATE: old-key: id[integer]:1 name[character varying]:'a b' "
+        "new-tuple: id[integer]:1 name[character varying]:'a b''' code[character]:null")
+    assert update == DecodedChange("public.customers", "UPDATE",
+                                   {"id": ("integer", "1"), "name": ("character varying", "a b")},
+                                   {"id": ("integer", "1"), "name": ("character varying", "a b'"),
+                                    "code": ("character", None)})
+    plain = decode_change("table public.t: UPDATE: id[integer]:1 v[text]:'x'")
+    assert plain is not None and plain.old is None and plain.new == {
+        "id": ("integer", "1"), "v": ("text", "x")}
+    delete = decode_change("table public.orders: DELETE: id[bigint]:5")
+    assert delete == DecodedChange("public.orders", "DELETE", {"id": ("bigint", "5")}, None)
+    assert decode_change("table public.orders: TRUNCATE: (no-flags)") == DecodedChange(
+        "public.orders", "TRUNCATE", None, None)
+    assert decode_change("BEGIN 754") is None and decode_change("COMMIT 754") is None
+
+
+def test_array_literals_keep_quotes_commas_backslashes_and_nulls() -> None:
+    assert parse_array("{}") == []
+    assert parse_array('{"a,b","q\\"z","\\\\x00",NULL,"NULL",plain}') == [
+        "a,b", 'q"z', "\\x00", None, "NULL", "plain"]
+    assert parse_array('{""}') == [""]
+
+
+def _insert(table: str, **values: tuple[str, str | None]) -> DecodedChange:
+    return DecodedChange(table, "INSERT", None, dict(values))
+
+
+def test_each_fact_is_the_job_as_of_the_commit_that_last_changed_it() -> None:
+    cust = {"id": ("integer", "1"), "name": ("character varying", "Ann")}
+    renamed = {"id": ("integer", "1"), "name": ("character varying", "Anna")}
+    order = {"id": ("bigint", "10"), "customer_id": ("integer", "1"), "qty": ("integer", "1")}
+    old_order = {"id": ("bigint", "9"), "customer_id": ("integer", "1"), "qty": ("integer", "1")}
+    record = Record(
+        snapshot={"public.customers": [], "public.orders": [row_values(old_order) or {}]},
+        transactions=[
+            (1, [_insert("public.customers", **cust), _insert("public.orders", **order)]),
+            (2, [DecodedChange("public.customers", "UPDATE", None, renamed)]),
+            (3, [_insert("public.orders", id=("bigint", "11"), customer_id=("integer", "1"),
+                         qty=("integer", "2")),
+                 _insert("public.orders", id=("bigint", "12"), customer_id=("integer", "1"),
+                         qty=("integer", "3"))]),
+            (4, [DecodedChange("public.orders", "DELETE", {"id": ("bigint", "12")}, None)]),
+        ])
+    answer = expected_as_of(JOB, record, "test")
+    # Order 10 keeps the name as of its own commit; 11 sees the rename; 12 was deleted;
+    # 9 predates the record: its customer as of its commit is unknown.
+    assert sorted(answer.present, key=lambda r: r["order_id"]) == [
+        {"order_id": 10, "name": "Ann", "qty": 1}, {"order_id": 11, "name": "Anna", "qty": 2}]
+    assert answer.absent == {(12,)}
+    assert answer.unchecked == [(9,)]
+    assert answer.transactions == 4
+
+
+def test_a_recorded_value_that_is_not_the_declared_type_names_the_fix() -> None:
+    from txjoin.errors import ConfigError
+
+    record = Record(snapshot={}, transactions=[(7, [_insert(
+        "public.orders", id=("bigint", "1"), customer_id=("integer", "1"),
+        qty=("text", "many"))])])
+    with pytest.raises(ConfigError, match=r"xid 7.*declare the column's type in the job's "
+                                          r"Table as that database has it"):
+        expected_as_of(JOB, record, "the source")

@@ -1,0 +1,446 @@
+"""verify's own record of a source database's history, for ``as_of_fact`` jobs.
+
+An ``as_of_fact`` job's row for a fact is the job evaluated as of the commit that last
+changed that fact (DESIGN §1): only the database's history can say what the looked-up
+rows were then. Workloads txjoin writes leave that answer in ``<fact>_expected``; for a
+workload verify did not write, this module keeps the history itself, from PostgreSQL's
+logical decoding, independent of txjoin's engine and of Debezium:
+
+- ``verify --record`` creates the slot ``txjoin_verify`` (plugin ``test_decoding``,
+  shipped with PostgreSQL) over the replication protocol, exporting the slot's snapshot,
+  and copies the job's tables at exactly that snapshot: the state S_0 the slot's first
+  change applies to.
+- Each verify reads the slot's new transactions (``pg_logical_slot_peek_changes``),
+  appends them to the record file, and only then advances the slot
+  (``pg_replication_slot_advance``): a verify that dies in between reads the same
+  transactions again and skips those already in the file (by xid).
+
+The record is a JSON-lines file in the stack directory (``<dir>/verify/``), not a table
+in the source database: verify writes nothing into the user's database but its slot
+(a table there would be decoded by the slot itself and, with a ``FOR ALL TABLES``
+publication, captured by Debezium too), and the file survives the stack's restarts. The
+raw ``test_decoding`` lines are kept, decoded at each verify, so a decoding fix applies
+to old records too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions
+import psycopg2.extras
+
+from txjoin.errors import ConfigError
+
+SLOT = "txjoin_verify"
+"""verify's logical replication slot in a recorded source database."""
+PLUGIN = "test_decoding"
+RECORD_DIR = "verify"
+"""Under the stack directory: one record file per recorded database."""
+
+# Our session's settings are the decoding's (the plugin runs the types' output functions in
+# the calling backend): timestamps in UTC, intervals in ISO 8601, as verify reads them.
+_SESSION = "SET TIME ZONE 'UTC'; SET intervalstyle = 'iso_8601'; SET datestyle = 'ISO'"
+
+Column = tuple[str, str | None]
+"""(PostgreSQL type name as test_decoding prints it, value text or None for NULL)."""
+
+
+# -- test_decoding's text format ------------------------------------------------------------
+# (contrib/test_decoding: "table SCHEMA.NAME: OP: col[type]:value ..."; a value is
+# `null`, an unquoted literal for numbers and booleans, else single-quoted with '' for '.
+# An UPDATE of a table with an old tuple prints "old-key: ... new-tuple: ...".)
+
+_TABLE = re.compile(r"table (?P<table>.+?): (?P<op>INSERT|UPDATE|DELETE|TRUNCATE):(?: |$)")
+_COLUMN = re.compile(r'(?P<name>"(?:[^"]|"")+"|[^\[\s]+)\[(?P<type>[^\]]+(?:\[\])*)\]:')
+
+
+@dataclass(frozen=True)
+class DecodedChange:
+    """One row change as test_decoding printed it."""
+
+    table: str
+    op: str
+    """INSERT, UPDATE, DELETE or TRUNCATE."""
+    old: dict[str, Column] | None
+    """The old tuple (old-key: the replica identity, nulls left out), if printed."""
+    new: dict[str, Column] | None
+
+
+def _columns(text: str) -> tuple[dict[str, Column], str]:
+    """Parse ``name[type]:value ...`` from the start of ``text``; the rest unparsed."""
+    columns: dict[str, Column] = {}
+    pos = 0
+    while pos < len(text):
+        while pos < len(text) and text[pos] == " ":
+            pos += 1
+        m = _COLUMN.match(text, pos)
+        if m is None:
+            break
+        name = m["name"]
+        if name.startswith('"'):
+            name = name[1:-1].replace('""', '"')
+        pos = m.end()
+        if text.startswith("'", pos):
+            end = pos + 1
+            while True:
+                end = text.index("'", end)
+                if text.startswith("''", end):
+                    end += 2
+                    continue
+                break
+            value: str | None = text[pos + 1:end].replace("''", "'")
+            pos = end + 1
+        else:
+            end = text.find(" ", pos)
+            end = len(text) if end < 0 else end
+            token = text[pos:end]
+            value = None if token == "null" else token
+            pos = end
+        columns[name] = (m["type"], value)
+    return columns, text[pos:].strip()
+
+
+def decode_change(data: str) -> DecodedChange | None:
+    """One line of test_decoding's output; None for BEGIN/COMMIT and other lines."""
+    m = _TABLE.match(data)
+    if m is None:
+        return None
+    table, op, rest = m["table"], m["op"], data[m.end():]
+    if op == "TRUNCATE" or rest.startswith("(no-tuple-data)"):
+        return DecodedChange(table, op, None, None)
+    old = None
+    if rest.startswith("old-key: "):
+        old, rest = _columns(rest[len("old-key: "):])
+        if not rest.startswith("new-tuple: "):
+            raise ValueError(f"test_decoding line without new-tuple: {data[:200]!r}")
+        rest = rest[len("new-tuple: "):]
+    row, _ = _columns(rest)
+    if op == "DELETE":
+        return DecodedChange(table, op, row, None)
+    return DecodedChange(table, op, old, row)
+
+
+def parse_array(text: str) -> list[str | None]:
+    """A one-dimensional PostgreSQL array literal (``{a,"b,c",NULL}``) as its elements' text."""
+    if not (text.startswith("{") and text.endswith("}")):
+        raise ValueError(f"not an array literal: {text!r}")
+    body, pos = text[1:-1], 0
+    items: list[str | None] = []
+    if not body:
+        return []
+    while pos <= len(body):
+        if body.startswith('"', pos):
+            chars, pos = [], pos + 1
+            while body[pos] != '"':
+                if body[pos] == "\\":
+                    pos += 1
+                chars.append(body[pos])
+                pos += 1
+            items.append("".join(chars))
+            pos += 1
+        else:
+            end = body.find(",", pos)
+            end = len(body) if end < 0 else end
+            token = body[pos:end]
+            items.append(None if token == "NULL" else token)
+            pos = end
+        pos += 1  # the comma
+    return items
+
+
+_INTEGERS = frozenset({"smallint", "integer", "bigint"})
+_NUMBERS = frozenset({"numeric", "real", "double precision"})
+
+
+def column_value(pg_type: str, text: str | None) -> Any:
+    """A value's text as ``to_jsonb`` gives it to verify (the change log's form, which
+    verify's readers take): numbers and booleans as such, arrays as lists, json parsed,
+    everything else (dates, times, money, bytea's ``\\x`` hex, uuids, enums) as its text."""
+    if text is None:
+        return None
+    if pg_type.endswith("[]"):
+        return [column_value(pg_type[:-2], item) for item in parse_array(text)]
+    if pg_type == "boolean":
+        return text in ("true", "t")
+    if pg_type in _INTEGERS:
+        return int(text)
+    if pg_type in _NUMBERS:
+        return Decimal(text)
+    if pg_type in ("json", "jsonb"):
+        return json.loads(text, parse_float=Decimal)
+    return text
+
+
+def row_values(columns: Mapping[str, Column] | None) -> dict[str, Any] | None:
+    """A decoded tuple as a row of values (see :func:`column_value`)."""
+    if columns is None:
+        return None
+    return {name: column_value(typ, text) for name, (typ, text) in columns.items()}
+
+
+# -- the record ------------------------------------------------------------------------------
+
+
+def record_path(directory: Path, dsn: str) -> Path:
+    """Where verify keeps its record of the database ``dsn`` names."""
+    params = psycopg2.extensions.parse_dsn(dsn)
+    name = "-".join(str(params.get(k, "")) for k in ("host", "port", "dbname"))
+    return Path(directory) / RECORD_DIR / (re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".jsonl")
+
+
+@contextlib.contextmanager
+def _connect(dsn: str, **kwargs: Any) -> Iterator[Any]:
+    try:
+        conn = psycopg2.connect(dsn, connect_timeout=5, **kwargs)
+    except psycopg2.OperationalError as exc:
+        raise ConfigError(f"cannot connect to the source database for verify's record: "
+                          f"{' '.join(str(exc).split())}; is the DSN right?") from None
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _slot_exists(cur: Any) -> bool:
+    cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND database = "
+                "current_database()", (SLOT,))
+    return cur.fetchone() is not None
+
+
+def start_record(dsn: str, directory: Path, tables: Sequence[str]) -> Path:
+    """Create verify's slot on ``dsn`` and copy ``tables`` at the slot's own snapshot.
+
+    The replication protocol's ``CREATE_REPLICATION_SLOT ... EXPORT_SNAPSHOT`` gives the
+    snapshot the slot's first decoded transaction follows, so the copy plus the decoded
+    transactions is the whole history from then on (a plain ``pg_create_logical_
+    replication_slot`` and a copy would race with writers in between).
+    """
+    path = record_path(directory, dsn)
+    with _connect(dsn) as conn, conn.cursor() as cur:
+        if _slot_exists(cur):
+            raise ConfigError(f"the source database already has verify's slot {SLOT}: it is "
+                              f"recording (its record: {path}); `txjoin verify JOB "
+                              f"--drop-record` first to start a new one")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection
+                  ) as repl, repl.cursor() as rcur:
+        try:
+            rcur.execute(f"CREATE_REPLICATION_SLOT {SLOT} LOGICAL {PLUGIN} EXPORT_SNAPSHOT")
+        except psycopg2.Error as exc:
+            raise ConfigError(f"cannot create verify's slot {SLOT} on the source database: "
+                              f"{' '.join(str(exc).split())}; the user needs REPLICATION and "
+                              f"the server wal_level=logical and a free max_replication_slots"
+                              ) from None
+        _slot, lsn, snapshot, _plugin = rcur.fetchone()
+        snap: dict[str, list[dict[str, Column]]] = {}
+        try:
+            with _connect(dsn) as conn, conn.cursor() as cur:
+                cur.execute(_SESSION)
+                conn.commit()
+                cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot,))
+                for table in tables:
+                    snap[table] = _table_rows(cur, table)
+                conn.rollback()
+        except BaseException:
+            rcur.execute(f"DROP_REPLICATION_SLOT {SLOT}")
+            raise
+    with path.open("w") as out:
+        out.write(json.dumps({"slot": SLOT, "lsn": lsn, "snapshot": snap}) + "\n")
+    return path
+
+
+def _table_rows(cur: Any, table: str) -> list[dict[str, Column]]:
+    """Every row of ``table`` as (type, text) per column, spelled as test_decoding does."""
+    cur.execute("SELECT a.attname, format_type(a.atttypid, NULL) FROM pg_attribute a "
+                "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped "
+                "ORDER BY a.attnum", (table,))
+    columns = cur.fetchall()
+    if not columns:
+        raise ConfigError(f"table {table} not found in the source database; is the job's "
+                          f"table name right?")
+    # format('%s') is the type's output function, as test_decoding prints it (a ::text
+    # cast would strip char(n)'s padding).
+    quoted = ['"' + c.replace('"', '""') + '"' for c, _ in columns]
+    names = ", ".join(f"CASE WHEN {q} IS NULL THEN NULL ELSE format('%s', {q}) END"
+                      for q in quoted)
+    schema, _, name = table.rpartition(".")
+    relation = (f'"{schema}".' if schema else "") + '"' + name.replace('"', '""') + '"'
+    cur.execute(f"SELECT {names} FROM {relation}")
+    return [{c: (t, v) for (c, t), v in zip(columns, row, strict=True)}
+            for row in cur.fetchall()]
+
+
+def drop_record(dsn: str, directory: Path) -> tuple[bool, Path | None]:
+    """Drop verify's slot (it keeps WAL while unread) and its record file; what existed."""
+    path = record_path(directory, dsn)
+    with _connect(dsn) as conn, conn.cursor() as cur:
+        dropped = _slot_exists(cur)
+        if dropped:
+            cur.execute("SELECT pg_drop_replication_slot(%s)", (SLOT,))
+            conn.commit()
+    if path.exists():
+        path.unlink()
+        return dropped, path
+    return dropped, None
+
+
+@dataclass
+class Record:
+    """What verify recorded of one database: S_0 and the transactions after it."""
+
+    snapshot: dict[str, list[dict[str, Any]]]
+    """table -> rows at the slot's snapshot."""
+    transactions: list[tuple[int, list[DecodedChange]]]
+    """(xid, its row changes in statement order), in commit order."""
+
+
+def read_record(dsn: str, directory: Path) -> Record | None:
+    """Bring the record of ``dsn`` up to date from verify's slot and read it; None when
+    this database is not recorded (no record file in ``directory``)."""
+    path = record_path(directory, dsn)
+    if not path.exists():
+        return None
+    lines = path.read_text().splitlines()
+    header = json.loads(lines[0])
+    seen = {json.loads(line)["xid"] for line in lines[1:]}
+    with _connect(dsn) as conn, conn.cursor() as cur:
+        if not _slot_exists(cur):
+            raise ConfigError(f"verify's record {path} has no slot {SLOT} on the source "
+                              f"database any more (dropped, or the database was rebuilt): "
+                              f"its history is incomplete; `txjoin verify JOB --drop-record`, "
+                              f"then `--record` again before the next workload")
+        cur.execute(_SESSION)
+        cur.execute("SELECT lsn::text, xid::text::bigint, data FROM "
+                    "pg_logical_slot_peek_changes(%s, NULL, NULL, 'skip-empty-xacts', '1')",
+                    (SLOT,))
+        fetched = cur.fetchall()
+        last_commit = None
+        with path.open("a") as out:
+            for lsn, xid, data in fetched:
+                if data.startswith("COMMIT"):
+                    last_commit = lsn
+                if xid in seen:
+                    continue
+                out.write(json.dumps({"lsn": lsn, "xid": xid, "data": data}) + "\n")
+            out.flush()
+        if last_commit is not None:
+            conn.commit()
+            cur.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (SLOT, last_commit))
+            conn.commit()
+    lines = path.read_text().splitlines()
+    snapshot = {t: [row_values(r) or {} for r in rows] for t, rows in header["snapshot"].items()}
+    order: list[int] = []
+    changes: dict[int, list[DecodedChange]] = {}
+    for line in lines[1:]:
+        entry = json.loads(line)
+        xid = int(entry["xid"])
+        if entry["data"].startswith("BEGIN"):
+            order.append(xid)
+            changes[xid] = []
+            continue
+        change = decode_change(entry["data"])
+        if change is not None:
+            changes.setdefault(xid, []).append(change)
+    return Record(snapshot, [(x, changes.get(x, [])) for x in order])
+
+
+# -- the job as of each fact's last commit -----------------------------------------------------
+
+
+@dataclass
+class AsOfAnswer:
+    """The recorded history's answer for an ``as_of_fact`` job."""
+
+    present: list[dict[str, Any]]
+    absent: set[tuple[Any, ...]]
+    """Output keys whose fact's last change deleted it, or left no row (an inner lookup)."""
+    unchecked: list[tuple[Any, ...]]
+    """Output keys of facts last changed before the record began: their lookups' state at
+    that commit is not in the record."""
+    transactions: int
+
+
+def expected_as_of(job: Any, record: Record, source: str) -> AsOfAnswer:
+    """Each fact's row: the job evaluated on the state at the commit that last changed it.
+
+    Replays the record's transactions in commit order over S_0 (rows read by the job's
+    column types, as the change log's replay reads them) and, after each, evaluates the
+    facts it changed with txjoin's oracle (:class:`txjoin.join.oracle.Oracle`, which
+    shares no code with the engine).
+    """
+    from txjoin.ingest.types import ColumnValueError
+    from txjoin.join.oracle import Oracle
+    from txjoin.verify.verify import _read_logged
+
+    def typed(table: str, row: dict[str, Any] | None, where: str) -> dict[str, Any] | None:
+        try:
+            return _read_logged(job, table, row, where)
+        except ColumnValueError as exc:  # the job declares the column otherwise
+            raise ConfigError(f"{exc.reason}; declare the column's type in the job's Table as "
+                              f"that database has it, then verify again (verify read the "
+                              f"database itself: the run is not affected)") from None
+
+    def key_of(table: str, row: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(row.get(k) for k in job.table(table).key)
+
+    tables: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {t: {} for t in job.table_names}
+    for table, snapshot_rows in record.snapshot.items():
+        if table in tables:
+            where = f"verify, reading {source}'s {table} as recorded:"
+            for row in snapshot_rows:
+                new = typed(table, row, where)
+                assert new is not None
+                tables[table][key_of(table, new)] = new
+    oracle = Oracle(job)
+    from_snapshot = dict(tables[job.fact])
+    # fact key -> (output key, the job's row or None: deleted, or no row by an inner lookup)
+    touched: dict[tuple[Any, ...], tuple[tuple[Any, ...], dict[str, Any] | None]] = {}
+    for xid, changes in record.transactions:
+        where = f"verify, replaying {SLOT} of {source} (xid {xid}):"
+        facts: dict[tuple[Any, ...], dict[str, Any]] = {}  # fact key -> its last row
+        for change in changes:
+            if change.table not in tables:
+                continue
+            if change.op == "TRUNCATE":
+                if change.table == job.fact:
+                    facts.update(tables[change.table])
+                tables[change.table].clear()
+                continue
+            old = typed(change.table, row_values(change.old), where)
+            new = typed(change.table, row_values(change.new), where)
+            rows = tables[change.table]
+            if old is not None:
+                rows.pop(key_of(change.table, old), None)
+                if change.table == job.fact:
+                    facts[key_of(change.table, old)] = old
+            if new is not None:
+                rows[key_of(change.table, new)] = new
+                if change.table == job.fact:
+                    facts[key_of(change.table, new)] = new
+        if not facts:
+            continue
+        oracle.tables = {t: list(rows.values()) for t, rows in tables.items()}
+        for fact_key, last in facts.items():
+            fact = tables[job.fact].get(fact_key)
+            touched[fact_key] = (oracle._out_key(fact or last),
+                                 None if fact is None else oracle.evaluate(fact))
+    present: list[dict[str, Any]] = []
+    absent: set[tuple[Any, ...]] = set()
+    for out_key, out in touched.values():
+        if out is None:
+            absent.add(out_key)
+        else:
+            present.append(out)
+    unchecked = sorted((oracle._out_key(row) for key, row in from_snapshot.items()
+                        if key not in touched), key=repr)
+    return AsOfAnswer(present, absent, unchecked, len(record.transactions))
