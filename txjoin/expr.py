@@ -15,7 +15,7 @@ parsed with sqlglot (PostgreSQL dialect) and compiled once, at job load, into
   (``txjoin verify`` asks PostgreSQL the same question).
 
 Two deliberate departures, rendered the same way in the SQL so PostgreSQL agrees:
-division by zero is NULL (``x / NULLIF(y, 0)``; PostgreSQL raises an error, which would
+division (and ``%``) by zero is NULL (``x / NULLIF(y, 0)``; PostgreSQL raises an error, which would
 stop a streaming job for good), and text is compared by code point (``COLLATE "C"``, as
 Python compares), not by the database's collation.
 
@@ -360,6 +360,8 @@ def _lit_sql(value: Any, t: str) -> Callable[[ColumnSql], str]:
     if isinstance(value, dt.date):
         return lambda c: f"DATE '{value.isoformat()}'"
     text = format(value, "f") if isinstance(value, Decimal) else str(value)
+    if text.startswith("-"):
+        text = f"({text})"  # never "--": that starts a comment
     return lambda c: text
 
 
@@ -400,8 +402,8 @@ class _Compiler:
                 raise self.fail(f"cannot negate {a.type}")
             if a.is_const and a.const is not None:
                 v = -a.const
-                return _Node(a.type, lambda b: v, lambda c: f"(-{a.sql(c)})", v, True)
-            return _Node(a.type, _strict(lambda v: -v, a), lambda c: f"(-{a.sql(c)})")
+                return _Node(a.type, lambda b: v, lambda c: f"(- {a.sql(c)})", v, True)
+            return _Node(a.type, _strict(lambda v: -v, a), lambda c: f"(- {a.sql(c)})")
         if isinstance(e, exp.Add | exp.Sub | exp.Mul | exp.Div | exp.Mod):
             return self.arith(e)
         if isinstance(e, exp.DPipe):
@@ -515,9 +517,9 @@ class _Compiler:
         a, b2 = self.node(e.this), self.node(e.expression)
         ka, kb = _kind(a.type), _kind(b2.type)
         sql_l, sql_r = a.sql, b2.sql
-        if op == "/":
+        if op in "/%":
             def sql(c: ColumnSql) -> str:
-                return f"({sql_l(c)} / NULLIF({sql_r(c)}, 0))"
+                return f"({sql_l(c)} {op} NULLIF({sql_r(c)}, 0))"
         else:
             def sql(c: ColumnSql) -> str:
                 return f"({sql_l(c)} {op} {sql_r(c)})"

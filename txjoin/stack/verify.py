@@ -252,7 +252,8 @@ def _connect(dsn: str, what: str) -> Iterator[psycopg2.extensions.connection]:
 def _fetch(conn: psycopg2.extensions.connection, query: str, args: tuple[Any, ...] = ()
            ) -> list[Row]:
     with conn.cursor() as cur:
-        cur.execute(query, args)
+        # No arguments: the query as it is (a job's expression may hold a % of its own).
+        cur.execute(query, args or None)
         names = [d[0] for d in cur.description or ()]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
