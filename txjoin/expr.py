@@ -79,10 +79,15 @@ class Compiled:
     @property
     def plain_ref(self) -> str | None:
         """``alias.column`` when the expression is just that column, else None."""
-        return self.text.strip() if _PLAIN_REF.match(self.text.strip()) else None
+        return self.text.strip() if is_plain_ref(self.text) else None
 
 
 _PLAIN_REF = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_plain_ref(text: str) -> bool:
+    """Whether ``text`` is just ``alias.column`` (an output column that needs no expression)."""
+    return bool(_PLAIN_REF.match(text.strip()))
 
 
 @dataclass(frozen=True)

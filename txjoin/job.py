@@ -30,7 +30,7 @@ from typing import Any, Literal
 import networkx as nx
 
 from txjoin.errors import JobError, did_you_mean
-from txjoin.expr import _PLAIN_REF, Compiled, ExprError, compile_expr
+from txjoin.expr import Compiled, ExprError, compile_expr, is_plain_ref
 from txjoin.ingest.debezium import (
     BINARY_HANDLING_MODES,
     DECIMAL_HANDLING_MODES,
@@ -495,7 +495,7 @@ def _compile_expressions(job: Job) -> Expressions:
                    for lk in job.lookups if lk.where is not None}
         columns = {name: compile_expr(proj, top, f"output column {name!r}")
                    for name, proj in job.output.columns.items()
-                   if isinstance(proj, str) and not _is_plain_ref(proj)}
+                   if isinstance(proj, str) and not is_plain_ref(proj)}
     except ExprError as exc:
         _fail(job, str(exc))
         raise  # unreachable: _fail raises
@@ -505,10 +505,6 @@ def _compile_expressions(job: Job) -> Expressions:
             _fail(job, f"{what}: {compiled.text!r} is {compiled.type}, not a boolean "
                        f"predicate; compare it (e.g. {compiled.text} IS NOT NULL)")
     return Expressions(where, lookups, columns)
-
-
-def _is_plain_ref(proj: str) -> bool:
-    return bool(_PLAIN_REF.match(proj.strip()))
 
 
 def _fail(job: Job, what: str) -> None:
@@ -633,7 +629,7 @@ def validate(job: Job) -> None:
         elif not isinstance(proj, str):
             _fail(job, f"{where}: {proj!r} is neither 'alias.column', a SQL expression nor "
                        f"Collect(...)")
-        elif _is_plain_ref(proj) or name in job.output.key:
+        elif is_plain_ref(proj) or name in job.output.key:
             check_ref(proj, where, None)
     job.expressions  # noqa: B018 - compiles (and so checks) every expression at load
 
