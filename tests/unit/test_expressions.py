@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from tests.unit.strategies import (
     EXPR_COLUMNS,
     PIZZERIA_ROWS,
+    USERS_ROWS,
     deliveries,
     produce,
     sql_expressions,
@@ -229,3 +230,63 @@ def test_an_output_expression_cannot_read_under_an_array_lookup() -> None:
     with pytest.raises(JobError, match=r"unknown column p\.price"):
         orders_with(None, None, None, {"x": "p.price * 2"}, "current")
     assert isinstance(ORDERS.output.columns["pizzas"], Collect)
+
+
+# -- a filtered lookup with pick (seed 000's users and colours) ----------------------------
+
+USERS = load_job(JOBS / "users_colors.py")
+USERS_COLUMNS = {"int": ["u.id", "ufc.id", "ufc.user_id"], "text": ["u.full_name",
+                                                                   "ufc.favorite_color"]}
+
+
+@st.composite
+def filtered_users_jobs(draw: Any, semantics: str) -> Job:
+    """users_colors with a random filter on the picked lookup (pick among what it keeps),
+    a random output filter and computed columns."""
+    colour_where = draw(st.one_of(
+        st.sampled_from(["ufc.favorite_color <> 'red'", "ufc.id < 4",
+                         "ufc.favorite_color IN ('blue', 'green') AND ufc.id <> 2"]),
+        sql_expressions("bool", {"int": ["ufc.id", "ufc.user_id"],
+                                 "text": ["ufc.favorite_color"]}, depth=2)), label="ufc where")
+    where = draw(st.one_of(st.none(), sql_expressions("bool", USERS_COLUMNS, depth=2)),
+                 label="where")
+    columns = {f"e_{k}": draw(sql_expressions(k, USERS_COLUMNS), label=k)
+               for k in ("int", "text", "bool")}
+    lookups = [replace(lk, where=colour_where) for lk in USERS.lookups]
+    return Job(name="users_filtered", tables=USERS.tables, fact=USERS.fact,
+               fact_alias=USERS.fact_alias, lookups=lookups,
+               output=Output(USERS.output.table, USERS.output.key,
+                             {**USERS.output.columns, **columns}),
+               semantics=semantics, where=where)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("semantics", ["as_of_fact", "current"])
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_a_filtered_picked_lookup_is_always_a_committed_prefix(semantics: str,
+                                                               data: Any) -> None:
+    job = data.draw(filtered_users_jobs(semantics), label="job")
+    workload = data.draw(workloads(USERS_ROWS), label="workload")
+    run_and_check(job, workload, data)
+
+
+@pytest.mark.parametrize("semantics", ["as_of_fact", "current"])
+def test_pick_chooses_among_the_rows_the_lookups_filter_keeps(semantics: str) -> None:
+    job = replace(USERS, semantics=semantics,
+                  lookups=[replace(lk, where="ufc.favorite_color <> 'red'")
+                           for lk in USERS.lookups])
+    snapshot = {"public.users": [{"id": 1, "full_name": "Ann Lee"}],
+                "public.users_favorite_color": [
+                    {"id": 1, "user_id": 1, "favorite_color": "blue"},
+                    {"id": 2, "user_id": 1, "favorite_color": "red"}]}
+    oracle = Oracle(job)
+    oracle.load_snapshot(snapshot)
+    # the greatest id is red, filtered out: blue wins (not NULL, not red)
+    assert oracle.output[(1,)]["favorite_color"] == "blue"
+    from tests.unit.strategies import Workload
+    production = produce(job, Workload(snapshot, []))
+    engine = Engine(job)
+    engine.process([(r.topic, 0, r.offset, r.value) for r in production.records],
+                   caught_up={t.removeprefix("shop.") for t in job.topics("shop")}
+                   | {"transaction"})
+    assert engine.outputs()[(1,)]["favorite_color"] == "blue"
