@@ -22,7 +22,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from tests.fixtures.postgres import new_database
-from tests.unit.test_expressions import SNAPSHOT, filtered_jobs, orders_with
+from tests.unit.test_expressions import (
+    SNAPSHOT,
+    USERS,
+    filtered_jobs,
+    filtered_users_jobs,
+    orders_with,
+)
 from txjoin.job import Job, Output, Table
 from txjoin.join.oracle import Oracle
 from txjoin.stack.postgres import pg_type
@@ -65,10 +71,24 @@ def _load(dsn: str, job: Job, rows: dict[str, list[dict[str, Any]]]) -> None:
         conn.commit()
 
 
+USERS_ROWS: dict[str, list[dict[str, Any]]] = {
+    "public.users": [{"id": 1, "full_name": "Ann Lee"}, {"id": 2, "full_name": "Bo Wu"},
+                     {"id": 3, "full_name": "Cy"}, {"id": 4, "full_name": "Di Ng"}],
+    "public.users_favorite_color": [
+        {"id": 1, "user_id": 1, "favorite_color": "blue"},
+        {"id": 2, "user_id": 1, "favorite_color": "red"},
+        {"id": 3, "user_id": 2, "favorite_color": "green"},
+        {"id": 4, "user_id": 2, "favorite_color": "blue"},
+        {"id": 5, "user_id": 3, "favorite_color": "red"},
+        {"id": 6, "user_id": None, "favorite_color": "green"}],
+}
+
+
 @pytest.fixture(scope="module")
 def dsn(pg_server: str) -> str:
     dsn = new_database(pg_server, "expressions")
     _load(dsn, orders_with(None, None, None, {}, "current"), ROWS)
+    _load(dsn, USERS, USERS_ROWS)
     return dsn
 
 
@@ -116,6 +136,15 @@ def test_random_filters_and_computed_columns_equal_postgresqls_answer(dsn: str, 
     _compare(dsn, job, ROWS)
     # The random filter often leaves no row: the computed columns on every joined row too.
     assert _compare(dsn, replace(job, where=None), ROWS) >= 2
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(job=filtered_users_jobs("current"))
+def test_a_filtered_picked_lookup_equals_postgresqls_answer(dsn: str, job: Job) -> None:
+    """verify's LATERAL: the lookup's filter in its WHERE, before ORDER BY ... LIMIT 1."""
+    _compare(dsn, job, USERS_ROWS)
+    assert _compare(dsn, replace(job, where=None), USERS_ROWS) == 4  # a left lookup
 
 
 # The expressions issue 37 lists, over one row of each kind of value (and a row of NULLs).
