@@ -44,11 +44,11 @@ KINDS = ("int", "num", "text", "ts", "interval", "bool")
 
 
 def orders_with(where: str | None, client_where: str | None, pizza_where: str | None,
-                columns: dict[str, str], semantics: str) -> Job:
+                columns: dict[str, str], semantics: str, pizzas_how: str = "inner") -> Job:
     """The orders job with clients as a left lookup, the given filters and computed
     columns."""
     lookups = [replace(lk, how="left", where=client_where) if lk.alias == "c" else
-               replace(lk, where=pizza_where) if lk.alias == "p" else lk
+               replace(lk, where=pizza_where, how=pizzas_how) if lk.alias == "p" else lk
                for lk in ORDERS.lookups]
     output = Output(ORDERS.output.table, ORDERS.output.key,
                     {**ORDERS.output.columns, **columns})
@@ -60,14 +60,19 @@ def orders_with(where: str | None, client_where: str | None, pizza_where: str | 
 @st.composite
 def filtered_jobs(draw: Any, semantics: str) -> Job:
     columns = EXPR_COLUMNS["orders"]
-    where = draw(sql_expressions("bool", columns), label="where")
+    # half of them a plain selective predicate (random ones are often NULL or constant)
+    where = draw(st.one_of(sql_expressions("bool", columns), st.sampled_from([
+        "o.id % 2 = 0", "c.name <> 'Bob'", "ta.time_out IS NULL", "t.name IN ('T1', 'Patio')",
+        "o.order_time < timestamp '2023-09-24 00:00:00' OR c.id = 1"])), label="where")
     client_where = draw(st.one_of(st.none(), sql_expressions(
         "bool", {"int": ["c.id"], "text": ["c.name"]}, depth=2)), label="client where")
     pizza_where = draw(st.sampled_from([None, "p.price < 10", "p.name <> 'Diavola'",
                                         "p.price * 2 >= 18 OR p.name = 'Napoli'"]),
                        label="pizza where")
     computed = {f"e_{kind}": draw(sql_expressions(kind, columns), label=kind) for kind in KINDS}
-    return orders_with(where, client_where, pizza_where, computed, semantics)
+    # left: an order without a (kept) pizza stays, so more rows meet the output filter
+    pizzas_how = draw(st.sampled_from(["inner", "left"]), label="pizzas how")
+    return orders_with(where, client_where, pizza_where, computed, semantics, pizzas_how)
 
 
 @pytest.mark.parametrize("semantics", ["as_of_fact", "current"])
