@@ -30,6 +30,7 @@ from typing import Any, Literal
 import networkx as nx
 
 from txjoin.errors import JobError, did_you_mean
+from txjoin.expr import Compiled, ExprError, compile_expr, is_plain_ref
 from txjoin.ingest.debezium import (
     BINARY_HANDLING_MODES,
     DECIMAL_HANDLING_MODES,
@@ -178,6 +179,10 @@ class Lookup:
     ``on`` maps columns of ``table`` to columns of the parent alias. With
     ``array=True`` the (single) parent column holds an array and the lookup
     yields one element per array element, in array order, duplicates kept.
+
+    ``where``: a SQL predicate over this alias's own columns (``"p.available"``): only
+    rows of ``table`` for which it is true match (before ``pick`` chooses among them);
+    with ``how="left"`` a filtered-out match reads as NULL (txjoin/expr.py).
     """
 
     alias: str
@@ -187,6 +192,7 @@ class Lookup:
     how: Literal["inner", "left"] = "inner"
     array: bool = False
     pick: Pick | None = None
+    where: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "on", dict(self.on))
@@ -208,7 +214,12 @@ Projection = str | Collect
 
 @dataclass(frozen=True)
 class Output:
-    """The output table: its name, key columns (from the fact) and value columns."""
+    """The output table: its name, key columns (from the fact) and value columns.
+
+    A value column is ``alias.column``, a :class:`Collect`, or a SQL expression over the
+    aliases' columns (``"o.quantity * p.price"``), computed with PostgreSQL's meaning;
+    its type is derived from the declared column types (txjoin/expr.py).
+    """
 
     table: str
     key: Mapping[str, str]
@@ -243,6 +254,9 @@ class Job:
     ``sources``: the source databases, when the tables come from several (each
     :class:`Table` then names its ``source``). Empty: one implicit source named
     ``default`` whose prefix is ``txjoin run --topic-prefix``.
+
+    ``where``: a SQL predicate over any (non-array) alias's columns; a fact whose
+    joined row does not satisfy it (false or NULL) has no output row.
     """
 
     name: str
@@ -266,6 +280,7 @@ class Job:
     or ``hex``); ``None``: ``bytes``, Debezium's default. ``txjoin run
     --binary-handling-mode`` overrides it."""
     sources: Sequence[Source] = ()
+    where: str | None = None
     _by_name: dict[str, Table] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -323,8 +338,31 @@ class Job:
     def output_types(self) -> dict[str, str | dict[str, str]]:
         """Output column -> its column type, or for a ``Collect`` field -> column type."""
         return {name: ({f: self.column_type(ref) for f, ref in proj.fields.items()}
-                       if isinstance(proj, Collect) else self.column_type(proj))
+                       if isinstance(proj, Collect) else self.projection_type(name))
                 for name, proj in [*self.output.key.items(), *self.output.columns.items()]}
+
+    # -- expressions (txjoin/expr.py) --------------------------------------------------
+
+    @property
+    def expressions(self) -> Expressions:
+        """The job's compiled filters and computed columns (compiled once, at load)."""
+        cached = self.__dict__.get("_expressions")
+        if cached is None:
+            cached = _compile_expressions(self)
+            object.__setattr__(self, "_expressions", cached)
+        return cached
+
+    def projection_type(self, name: str) -> str:
+        """The type of a non-Collect output column: its column's, or its expression's."""
+        proj = {**self.output.key, **self.output.columns}[name]
+        assert isinstance(proj, str)
+        compiled = self.expressions.columns.get(name)
+        return compiled.type if compiled is not None else self.column_type(proj)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Compiled evaluators are closures: a pickled job (shipped to Spark's workers)
+        # compiles its expressions again where it is used.
+        return {k: v for k, v in self.__dict__.items() if k != "_expressions"}
 
     # -- sources ---------------------------------------------------------------------
 
@@ -417,6 +455,56 @@ class Job:
                             f"{', '.join(self.source_names)}; give one per source")
             return dict.fromkeys(self.source_names, prefix)
         return dict(prefix)
+
+
+@dataclass(frozen=True)
+class Expressions:
+    """A job's compiled expressions: the output filter, each lookup's filter (by alias) and
+    each computed output column (by name; plain ``alias.column`` columns are not here)."""
+
+    where: Compiled | None
+    lookups: Mapping[str, Compiled]
+    columns: Mapping[str, Compiled]
+
+
+def _top_aliases(job: Job) -> list[str]:
+    """The aliases an output expression may read: those not under an array lookup."""
+    out = [job.fact_alias]
+    for lk in job.lookups:
+        alias: str | None = lk.alias
+        while alias is not None and alias != job.fact_alias:
+            if job.lookup(alias).array:
+                break
+            alias = job.lookup(alias).parent
+        else:
+            out.append(lk.alias)
+    return out
+
+
+def _column_types(job: Job, aliases: Sequence[str]) -> dict[str, str]:
+    return {f"{alias}.{col}": typ for alias in aliases
+            for col, typ in job.alias_table(alias).columns.items()}
+
+
+def _compile_expressions(job: Job) -> Expressions:
+    top = _column_types(job, _top_aliases(job))
+    try:
+        where = None if job.where is None else compile_expr(job.where, top, "where")
+        lookups = {lk.alias: compile_expr(lk.where, _column_types(job, [lk.alias]),
+                                          f"lookup {lk.alias!r} where")
+                   for lk in job.lookups if lk.where is not None}
+        columns = {name: compile_expr(proj, top, f"output column {name!r}")
+                   for name, proj in job.output.columns.items()
+                   if isinstance(proj, str) and not is_plain_ref(proj)}
+    except ExprError as exc:
+        _fail(job, str(exc))
+        raise  # unreachable: _fail raises
+    for what, compiled in [("where", where), *((f"lookup {a!r} where", c)
+                                                for a, c in lookups.items())]:
+        if compiled is not None and compiled.type != "bool":
+            _fail(job, f"{what}: {compiled.text!r} is {compiled.type}, not a boolean "
+                       f"predicate; compare it (e.g. {compiled.text} IS NOT NULL)")
+    return Expressions(where, lookups, columns)
 
 
 def _fail(job: Job, what: str) -> None:
@@ -538,8 +626,12 @@ def validate(job: Job) -> None:
                 _fail(job, f"{where}: Collect({proj.alias!r}) needs an array lookup alias")
             for fname, ref in proj.fields.items():
                 check_ref(ref, f"{where} field {fname!r}", proj.alias)
-        else:
+        elif not isinstance(proj, str):
+            _fail(job, f"{where}: {proj!r} is neither 'alias.column', a SQL expression nor "
+                       f"Collect(...)")
+        elif is_plain_ref(proj) or name in job.output.key:
             check_ref(proj, where, None)
+    job.expressions  # noqa: B018 - compiles (and so checks) every expression at load
 
 
 def _validate_sources(job: Job) -> None:

@@ -213,3 +213,81 @@ def split_partitions(production: Production, parts: int
         records.append(moved[id(r)])
     pairs = [(moved[id(a)], moved[id(b)]) for a, b in production.must_precede_end]
     return Production(records, pairs, topics), where
+
+
+# -- SQL expressions (txjoin/expr.py): random filters and computed columns ------------------
+
+EXPR_COLUMNS: dict[str, dict[str, list[str]]] = {
+    # kind -> the orders job's columns of that kind, by the aliases an output may read
+    "orders": {
+        "int": ["o.id", "o.table_assignment_id", "ta.client_id", "ta.table_id", "c.id"],
+        "text": ["c.name", "t.name"],
+        "ts": ["o.order_time", "ta.time_in", "ta.time_out"],
+    },
+}
+
+
+EXTRACT_FIELDS = ["hour", "day", "dow", "epoch", "second"]
+COMPARISONS = ["=", "<>", "<", "<=", ">", ">="]
+
+
+@st.composite
+def sql_expressions(draw: Any, kind: str, columns: dict[str, list[str]], depth: int = 3) -> str:
+    """A random PostgreSQL expression of ``kind`` (int, num, text, ts, interval, bool) over
+    ``columns`` (kind -> column references), as txjoin/expr.py supports them."""
+    def sub(k: str) -> str:
+        return draw(sql_expressions(k, columns, depth - 1))
+
+    leaves: dict[str, Any] = {
+        "int": st.one_of(st.sampled_from(columns.get("int", ["1"])),
+                         st.integers(-3, 12).map(lambda i: f"({i})" if i < 0 else str(i))),
+        "num": st.sampled_from(["1.25", "0.5", "2.000", "(-3.75)", *columns.get("num", [])]),
+        "text": st.one_of(st.sampled_from(columns.get("text", ["'x'"])),
+                          st.sampled_from(["'Ann'", "' Bo '", "''", "'T1'"])),
+        "ts": st.sampled_from(columns.get("ts", ["timestamp '2023-09-24 00:30:00'"])),
+        "interval": st.sampled_from(["interval '1 hour'", "interval '90 minutes'",
+                                     "interval '2 days 3 hours'"]),
+        "bool": st.sampled_from(["true", "false", "NULL::boolean"]),
+    }
+    if depth <= 0 or draw(st.integers(0, 3)) == 0:
+        return draw(leaves[kind])
+    forms: dict[str, list[Any]] = {
+        "int": [lambda: f"({sub('int')} {draw(st.sampled_from('+-*/%'))} {sub('int')})",
+                lambda: f"length({sub('text')})", lambda: f"abs({sub('int')})",
+                lambda: f"coalesce({sub('int')}, {sub('int')})",
+                lambda: f"nullif({sub('int')}, {sub('int')})",
+                lambda: f"CASE WHEN {sub('bool')} THEN {sub('int')} ELSE {sub('int')} END",
+                lambda: f"CAST({sub('num')} AS int)", lambda: f"(-{sub('int')})"],
+        "num": [lambda: f"({sub('num')} {draw(st.sampled_from('+-*'))} {sub('int')})",
+                lambda: f"({sub('num')} / {sub('int')})",
+                lambda: f"({sub('int')} * {sub('num')})",
+                lambda: f"round({sub('num')}, {draw(st.integers(-1, 3))})",
+                lambda: f"round({sub('num')})", lambda: f"abs({sub('num')})",
+                lambda: f"CAST({sub('int')} AS numeric(8,2))",
+                lambda: f"extract({draw(st.sampled_from(EXTRACT_FIELDS))} FROM {sub('ts')})",
+                lambda: f"coalesce({sub('num')}, {sub('int')})"],
+        "text": [lambda: f"({sub('text')} || {sub('text')})",
+                 lambda: f"({sub('text')} || {sub('int')})",
+                 lambda: f"upper({sub('text')})", lambda: f"lower({sub('text')})",
+                 lambda: f"trim({sub('text')})",
+                 lambda: f"substring({sub('text')}, {draw(st.integers(-1, 4))}, "
+                         f"{draw(st.integers(0, 4))})",
+                 lambda: f"substring({sub('text')} FROM {draw(st.integers(1, 3))})",
+                 lambda: f"CAST({sub('int')} AS text)",
+                 lambda: f"CASE WHEN {sub('bool')} THEN {sub('text')} END",
+                 lambda: f"coalesce({sub('text')}, {sub('text')})"],
+        "ts": [lambda: f"date_trunc('{draw(st.sampled_from(['hour', 'day', 'month']))}', "
+                       f"{sub('ts')})",
+               lambda: f"({sub('ts')} {draw(st.sampled_from('+-'))} {sub('interval')})",
+               lambda: f"coalesce({sub('ts')}, {sub('ts')})"],
+        "interval": [lambda: f"({sub('ts')} - {sub('ts')})",
+                     lambda: f"({sub('interval')} + {sub('interval')})"],
+        "bool": [lambda k=k: f"({sub(k)} {draw(st.sampled_from(COMPARISONS))} {sub(k)})"
+                 for k in ("int", "num", "text", "ts")] + [
+                 lambda: f"({sub('bool')} AND {sub('bool')})",
+                 lambda: f"({sub('bool')} OR {sub('bool')})", lambda: f"(NOT {sub('bool')})",
+                 lambda: f"({sub('int')} IS NULL)", lambda: f"({sub('text')} IS NOT NULL)",
+                 lambda: f"({sub('int')} IN ({sub('int')}, {sub('int')}))",
+                 lambda: f"({sub('int')} BETWEEN {sub('int')} AND {sub('int')})"],
+    }
+    return str(draw(st.sampled_from(forms[kind]))())

@@ -33,7 +33,9 @@ NOT_SAVED = {
                 "touched", "gone"},  # the last batch's changes to the open transactions
     SnapshotBuffer: {"tables"},
     Frontier: set(),
-    TemporalJoin: {"job", "journal", "_columns", "_collected"},  # the last two: the job's
+    # _where, _lookup_where, _computed: the job's expressions, compiled (txjoin/expr.py)
+    TemporalJoin: {"job", "journal", "_columns", "_collected", "_where", "_lookup_where",
+                   "_computed"},  # _columns, _collected: the job's
 }
 
 

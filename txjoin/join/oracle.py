@@ -108,6 +108,9 @@ class Oracle:
             return None
         hits = [r for r in self.tables[lk.table]
                 if all(r.get(c) == v for c, v in wanted.items())]
+        where = self.job.expressions.lookups.get(lk.alias)
+        if where is not None:  # the lookup's filter: which rows of its table match at all
+            hits = [r for r in hits if where.evaluate({lk.alias: r}) is True]
         if not hits:
             return None
         if lk.pick is None:
@@ -156,6 +159,10 @@ class Oracle:
         env = self._join(self.job.fact_alias, fact)
         if env is None:
             return None
+        # Filter and computed columns on the whole joined row (WHERE, then SELECT).
+        expressions = self.job.expressions
+        if expressions.where is not None and expressions.where.evaluate(env) is not True:
+            return None
 
         def get(scope: dict[str, Any], ref: str) -> Any:
             alias, col = ref.split(".", 1)
@@ -167,6 +174,8 @@ class Oracle:
             if isinstance(proj, Collect):
                 out[name] = [{f: get(e, ref) for f, ref in proj.fields.items()}
                              for e in env[proj.alias]]
+            elif name in expressions.columns:
+                out[name] = expressions.columns[name].evaluate(env)
             else:
                 out[name] = get(env, proj)
         return out

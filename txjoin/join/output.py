@@ -65,7 +65,7 @@ def output_schema(job: Job) -> pa.Schema:
                                 for f, ref in proj.fields.items()])
             fields.append(pa.field(name, pa.list_(struct)))
         else:
-            sql_type = job.column_type(proj)
+            sql_type = job.projection_type(name)
             native = _PG_NATIVE.get(sql_type)
             fields.append(pa.field(name, arrow_type(sql_type), nullable=name not in job.output.key,
                                    metadata=None if native is None else {PG_TYPE: native}))

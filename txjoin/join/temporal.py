@@ -106,6 +106,11 @@ class TemporalJoin:
         self.outputs: dict[Key, Packed] = {}
         output = job.output
         self._columns = output.column_names
+        # Compiled filters and computed columns (txjoin/expr.py).
+        expressions = job.expressions
+        self._where = None if expressions.where is None else expressions.where.evaluate
+        self._lookup_where = {a: c.evaluate for a, c in expressions.lookups.items()}
+        self._computed = {n: c.evaluate for n, c in expressions.columns.items()}
         # Per column: the fields of a collected list (packed as tuples), or None.
         self._collected: list[tuple[str, ...] | None] = [
             tuple(proj.fields) if isinstance(proj, Collect) else None
@@ -312,9 +317,15 @@ class TemporalJoin:
             return None
         rows = self.rows[lk.table]
         ix = self.match_index.get(lk.alias)
+        where = self._lookup_where.get(lk.alias)
         if ix is None:
-            return rows.get(values)
+            row = rows.get(values)
+            if row is not None and where is not None and where({lk.alias: row}) is not True:
+                return None
+            return row
         candidates = [rows[pk] for pk in ix.get(values)]
+        if where is not None:
+            candidates = [r for r in candidates if where({lk.alias: r}) is True]
         if not candidates:
             return None
         assert lk.pick is not None
@@ -355,13 +366,18 @@ class TemporalJoin:
         bound: dict[str, Any] = {}
         if not self._bind(self.job.fact_alias, fact_row, bound):
             return None
+        if self._where is not None and self._where(bound) is not True:
+            return None  # filtered out: no output row (a delete if it had one)
         out: Row = {}
+        computed = self._computed
         for name, proj in [*self.job.output.key.items(), *self.job.output.columns.items()]:
             if isinstance(proj, Collect):
                 out[name] = [
                     {f: _ref(element, ref) for f, ref in proj.fields.items()}
                     for element in bound[proj.alias]
                 ]
+            elif name in computed:
+                out[name] = computed[name](bound)
             else:
                 out[name] = _ref(bound, proj)
         return out

@@ -114,6 +114,8 @@ def _lateral(job: Job, lookup: Lookup, parent_expr: Mapping[str, str],
     """
     table = job.table(lookup.table)
     where = " AND ".join(f"x.{_ident(mine)} = {parent_expr[mine]}" for mine in lookup.on)
+    if lookup.alias in job.expressions.lookups:  # the lookup's filter, on the row itself
+        where += f" AND {job.expressions.lookups[lookup.alias].render(_x_column)} IS TRUE"
     order = ""
     if lookup.pick is not None:
         direction = "DESC" if lookup.pick.order == "max" else "ASC"
@@ -124,6 +126,14 @@ def _lateral(job: Job, lookup: Lookup, parent_expr: Mapping[str, str],
     join = "LEFT JOIN" if lookup.how == "left" else "JOIN"
     return (f"{join} LATERAL (SELECT {columns} FROM {_relation(lookup.table, relations)} AS x "
             f"WHERE {where}{order}) AS {_ident(lookup.alias)} ON true")
+
+
+def _x_column(_alias: str, column: str) -> str:
+    return f"x.{_ident(column)}"
+
+
+def _alias_column(alias: str, column: str) -> str:
+    return f"{_ident(alias)}.{_ident(column)}"
 
 
 def _joins_under(job: Job, alias: str, relations: Relations | None) -> list[str]:
@@ -182,10 +192,15 @@ def job_query(job: Job, relations: Relations | None = None) -> str:
             select.append(f"{_collect(job, projection, relations)} AS {_ident(name)}")
             if job.lookup(projection.alias).how == "inner":
                 required.append(f"q.{_ident(name)} IS NOT NULL")
+        elif name in job.expressions.columns:  # a computed column, as PostgreSQL computes it
+            select.append(f"{job.expressions.columns[name].render(_alias_column)} AS "
+                          f"{_ident(name)}")
         else:
             select.append(f"{_ref(projection)} AS {_ident(name)}")
     query = (f"SELECT {', '.join(select)} FROM {_relation(job.fact, relations)} AS "
              f"{_ident(job.fact_alias)} {' '.join(_joins_under(job, job.fact_alias, relations))}")
+    if job.expressions.where is not None:
+        query += f" WHERE {job.expressions.where.render(_alias_column)} IS TRUE"
     if required:
         query = f"SELECT * FROM ({query}) AS q WHERE {' AND '.join(required)}"
     return query
@@ -238,7 +253,8 @@ def _connect(dsn: str, what: str) -> Iterator[psycopg2.extensions.connection]:
 def _fetch(conn: psycopg2.extensions.connection, query: str, args: tuple[Any, ...] = ()
            ) -> list[Row]:
     with conn.cursor() as cur:
-        cur.execute(query, args)
+        # No arguments: the query as it is (a job's expression may hold a % of its own).
+        cur.execute(query, args or None)
         names = [d[0] for d in cur.description or ()]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
