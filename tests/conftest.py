@@ -55,6 +55,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "directory's marker:\n  " + "\n  ".join(wrong))
 
 
+# -- what one test leaves behind in this process ------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _verbose_stays_with_its_test() -> Iterator[None]:
+    """`txjoin --verbose` invoked in-process (click's CliRunner) sets TXJOIN_VERBOSE in
+    os.environ for its own later imports; without this, every `txjoin` subprocess a later test
+    starts would print tracebacks and Spark's logs, and its one-line-error checks would
+    depend on the order the tests ran in."""
+    from txjoin.errors import VERBOSE_ENV
+
+    before = os.environ.get(VERBOSE_ENV)
+    yield
+    if before is None:
+        os.environ.pop(VERBOSE_ENV, None)
+    else:
+        os.environ[VERBOSE_ENV] = before
+
+
 # -- services shared by the whole session ------------------------------------------------------
 
 

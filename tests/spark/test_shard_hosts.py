@@ -25,11 +25,10 @@ from txjoin.ingest.spark.replay import SOURCE_NAME, ReplaySource, write_schedule
 from txjoin.job import load_job
 from txjoin.join.oracle import outputs_after_each
 from txjoin.join.spark import host
-from txjoin.pipeline.pipeline import BatchReport, Pipeline, RunConfig
+from txjoin.pipeline.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
 from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
 from txjoin.sinks import without_metadata
-from txjoin.sinks.build import build_sinks
 
 pytestmark = pytest.mark.spark
 
@@ -37,13 +36,17 @@ ORDERS = Path(__file__).resolve().parents[2] / "jobs" / "orders.py"
 
 
 def _hosts() -> dict[tuple[str, str], set[int]]:
-    """The shard hosts running now: (executor's daemon, shard number) -> their pids."""
+    """The shard hosts of this test process's Spark (not another test worker's) running now:
+    (executor's daemon, shard number) -> their pids. A host watches its executor's daemon,
+    which descends from this process (local mode: its JVM, then PySpark's daemon)."""
+    ours = {str(p.pid) for p in psutil.Process().children(recursive=True)}
     found: dict[tuple[str, str], set[int]] = {}
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
         if host.__name__ in cmd:
             *_, watch, shard = cmd[cmd.index(host.__name__) + 1].split("-")
-            found.setdefault((watch, shard), set()).add(proc.pid)
+            if watch in ours:
+                found.setdefault((watch, shard), set()).add(proc.pid)
     return found
 
 
