@@ -25,10 +25,11 @@ from txjoin.ingest.spark.replay import SOURCE_NAME, ReplaySource, write_schedule
 from txjoin.job import load_job
 from txjoin.join.oracle import outputs_after_each
 from txjoin.join.spark import host
-from txjoin.pipeline.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
+from txjoin.pipeline.pipeline import BatchReport, Pipeline, RunConfig
 from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
 from txjoin.sinks import without_metadata
+from txjoin.sinks.build import build_sinks
 
 pytestmark = pytest.mark.spark
 
