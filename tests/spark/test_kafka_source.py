@@ -132,3 +132,69 @@ def test_a_recreated_topic_or_offsets_outside_it_refuse_the_checkpoint(
         "topic was recreated or another cluster is configured): the topic now holds offsets "
         "0..1 (end 1); start a new checkpoint and re-derive the sinks from the topics with "
         "`txjoin run --rebuild`")
+
+
+def _change(table: str, row: dict[str, object], xid: int) -> str:
+    import json
+
+    schema, name = table.split(".")
+    return json.dumps({"op": "c", "before": None, "after": row,
+                       "source": {"schema": schema, "table": name, "txId": xid, "lsn": xid,
+                                  "ts_ms": 1},
+                       "transaction": {"id": f"{xid}:{xid}", "total_order": 1,
+                                       "data_collection_order": 1}})
+
+
+def test_a_typo_in_a_declared_column_is_refused_from_the_topics_newest_records(
+        bootstrap: str, tmp_path: Path) -> None:
+    """Issue 40 item 4 where no source database is at hand (your own Debezium, no local
+    stack): `run` reads the newest records of each table topic before Spark starts, and a
+    declared column they lack, with a near name they carry, is one line naming the job
+    file, the topic and the near name. Before, the run started and failed only when a
+    record of that table arrived, with advice for a dropped column."""
+    from txjoin.job import Job, Lookup, Output, Table
+    from txjoin.pipeline.pipeline import RunConfig
+    from txjoin.pipeline.run import preflight
+
+    prefix = f"p{uuid.uuid4().hex[:8]}"
+
+    def job(loan_columns: dict[str, str], defaults: dict[str, object] | None = None) -> Job:
+        return Job(name="loans", source_file="jobs/library.py",
+                   tables=[Table("public.books", {"id": "int", "title": "text"}),
+                           Table("public.loans", loan_columns, defaults=defaults or {})],
+                   fact="public.loans", fact_alias="l",
+                   lookups=[Lookup("b", "public.books", parent="l", on={"id": "book_id"})],
+                   output=Output(table="loans_out", key={"loan_id": "l.id"},
+                                 columns={"title": "b.title"}))
+
+    books, loans = f"{prefix}.public.books", f"{prefix}.public.loans"
+    create_topics(bootstrap, [books, loans, f"{prefix}.transaction"])
+    _produce(bootstrap, books, [_change("public.books", {"id": 1, "title": "Dune"}, 7)])
+    # The newest record of the loans topic is a tombstone (Debezium's after a delete).
+    loan = {"id": 1, "book_id": 1, "returned_at": None}
+    _produce(bootstrap, loans, [_change("public.loans", loan, 7),
+                                _change("public.loans", {**loan, "id": 2}, 8), None])
+
+    def config(name: str) -> RunConfig:
+        return RunConfig(topic_prefix=prefix, bootstrap_servers=bootstrap, rebuild=True,
+                         checkpoint_dir=str(tmp_path / name / "cp"),
+                         output_dir=str(tmp_path / name / "out"))
+
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as caught:
+        preflight(job({"id": "int", "book_id": "int", "returnd_at": "timestamp"}),
+                  config("typo"))
+    seconds = time.monotonic() - started
+    assert str(caught.value) == (
+        f"jobs/library.py: table public.loans has no column 'returnd_at' in the newest "
+        f"records of topic '{loans}' (did you mean 'returned_at'?); its columns: id, book_id, "
+        f"returned_at. Fix the job file's Table columns (nothing was read or written)")
+    assert seconds < 5, seconds
+    assert not (tmp_path / "typo").exists()
+    # The right names pass; so does a column with a default (dropped at the source) and one
+    # with no near name (left to the run, whose message covers a dropped column).
+    preflight(job({"id": "int", "book_id": "int", "returned_at": "timestamp"}),
+              config("right"))
+    preflight(job({"id": "int", "book_id": "int", "returnd_at": "timestamp"},
+                  {"returnd_at": None}), config("default"))
+    preflight(job({"id": "int", "book_id": "int", "due_on": "date"}), config("dropped"))

@@ -206,3 +206,24 @@ def test_a_nan_double_as_jackson_writes_it_still_decodes() -> None:
     event = decode(_event().replace('"price": "8.50"', '"price": NaN'), HERE)
     assert isinstance(event, ChangeEvent) and event.after is not None
     assert event.after["price"] != event.after["price"]  # NaN
+
+
+def test_row_columns_are_the_rows_names_and_none_where_a_record_has_no_row() -> None:
+    """What `txjoin run` compares the declared columns with (the newest records of a topic)."""
+    import json
+
+    from txjoin.ingest.debezium import Position, row_columns
+
+    pos = Position("shop.public.loans", 0, 3)
+    source = {"schema": "public", "table": "loans", "txId": 7, "lsn": 7, "ts_ms": 1}
+    tx = {"id": "7:7", "total_order": 1, "data_collection_order": 1}
+    created = {"op": "c", "before": None, "after": {"id": 1, "book_id": 2}, "source": source,
+               "transaction": tx}
+    deleted = {"op": "d", "before": {"id": 1, "due": None}, "after": None, "source": source,
+               "transaction": tx}
+    assert row_columns(json.dumps(created), pos) == ["id", "book_id"]
+    assert row_columns(json.dumps(deleted), pos) == ["id", "due"]
+    assert row_columns(json.dumps({"schema": {}, "payload": created}), pos) == ["id", "book_id"]
+    assert row_columns(None, pos) is None  # a tombstone
+    assert row_columns(b"not json", pos) is None  # the run reports it, at its position
+    assert row_columns(json.dumps({"status": "BEGIN", "id": "7:7"}), pos) is None

@@ -230,6 +230,20 @@ def decode(value: str | bytes | None, pos: Position) -> Decoded:
               f"keys: {sorted(doc)[:8]}")
 
 
+def row_columns(value: str | bytes | None, pos: Position) -> list[str] | None:
+    """The column names of a change record's row (``after``, else ``before``), as the
+    connector sends them; None for a tombstone, a transaction marker, a truncate or a record
+    that does not decode (the run reports those itself, at their position)."""
+    try:
+        decoded = decode(value, pos)
+    except DecodeError:
+        return None
+    if not isinstance(decoded, ChangeEvent):
+        return None
+    row = decoded.after if decoded.after is not None else decoded.before
+    return None if row is None else list(row)
+
+
 def _decode_marker(doc: dict[str, Any], pos: Position, bad: Any) -> TxMarker:
     status = doc.get("status")
     if status not in ("BEGIN", "END"):

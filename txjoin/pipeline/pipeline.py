@@ -225,6 +225,37 @@ def check_kafka(job: Job, config: RunConfig, prefixes: dict[str, str],
     return topics, KafkaFacts(counts, config.max_events_per_trigger)
 
 
+def check_record_columns(job: Job, prefixes: dict[str, str], topics: KafkaTopics,
+                         counts: dict[str, int]) -> None:
+    """A declared column that the newest records of its table's topic do not carry, while
+    they carry a near name, is a typo in the job file: one line before anything starts, also
+    where the source database is not at hand (its topics are). A column missing with no near
+    name is left to the run, whose message covers a column dropped at the source."""
+    from txjoin.errors import did_you_mean
+    from txjoin.ingest.debezium import Position, row_columns
+
+    tables = {t.name: t for t in job.tables}
+    by_topic = dict(zip(job.topics(prefixes), (tables[n] for n in job.table_names),
+                        strict=True))
+    for topic, records in topics.newest_values(list(by_topic), counts).items():
+        table = by_topic[topic]
+        newest_first = sorted(records, key=lambda r: r[1], reverse=True)
+        columns = next((c for c in (row_columns(v, Position(topic, p, o))
+                                    for p, o, v in newest_first) if c is not None), None)
+        if columns is None:
+            continue
+        for column in table.columns:
+            if column in columns or column in table.defaults:
+                continue
+            hint = did_you_mean(column, columns)
+            if hint:
+                raise ConfigError(
+                    f"{job.source_file}: table {table.name} has no column {column!r} in the "
+                    f"newest records of topic {topic!r}{hint}; its columns: "
+                    f"{', '.join(columns)}. Fix the job file's Table columns (nothing was "
+                    f"read or written)")
+
+
 class Pipeline:
     """Builds and runs the streaming query for one job."""
 

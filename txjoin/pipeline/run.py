@@ -32,6 +32,7 @@ from txjoin.pipeline.pipeline import (
     RunConfig,
     check_kafka,
     check_layout,
+    check_record_columns,
 )
 from txjoin.pipeline.session import get_session
 from txjoin.sinks import Sink
@@ -172,9 +173,10 @@ def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None]
 
 def preflight(job: Job, config: RunConfig) -> None:
     """Every refusal that needs no Spark, in the order the run would meet them: the sinks'
-    lineage (unless rebuilding), the broker and topics (a Kafka source), the checkpoint's
-    layout and shard count. Raises the run's own one-line errors; writes nothing but the
-    checkpoint's identity (as the run would)."""
+    lineage (unless rebuilding), the broker and topics (a Kafka source) and the declared
+    columns against the topics' newest records, the checkpoint's layout and shard count.
+    Raises the run's own one-line errors; writes nothing but the checkpoint's identity (as
+    the run would)."""
     prefixes = config.prefixes(job)
     checkpoint = Path(config.checkpoint_dir) / job.with_source_prefixes(prefixes).name
     if not config.rebuild:
@@ -188,8 +190,9 @@ def preflight(job: Job, config: RunConfig) -> None:
 
     if parse_source(config.source) is None:
         # A rebuild starts a new checkpoint: only the broker and topics are checked.
-        check_kafka(job.with_source_prefixes(prefixes), config, prefixes,
-                    None if config.rebuild else checkpoint)
+        topics, facts = check_kafka(job.with_source_prefixes(prefixes), config, prefixes,
+                                    None if config.rebuild else checkpoint)
+        check_record_columns(job, prefixes, topics, facts.partitions)
     if not config.rebuild:  # shards as Pipeline.n_shards takes them (0/None: not given)
         check_layout(checkpoint, config.shards or None, record=False)
 

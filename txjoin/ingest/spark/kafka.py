@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 
 SOURCE_NAME = "kafka"
 METADATA_TIMEOUT_S = 15.0
+NEWEST_RECORDS = 5
+"""Records read from the end of each partition for the column check at start (the very
+newest is often a tombstone: Debezium writes one after each delete by default)."""
+NEWEST_RECORDS_TIMEOUT_S = 3.0
 TOPICS_FILE = "txjoin-topics.json"
 """In the checkpoint: each topic's Kafka id and partition count when the query last started."""
 _NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # Kafka's zero UUID: the broker has no id
@@ -155,6 +159,46 @@ class KafkaTopics:
                             f"{SOURCE_NAME}: cannot read the offsets of {topic}[{partition}] "
                             f"from {self.bootstrap_servers!r}: {exc}") from exc
             return ranges
+        finally:
+            consumer.close()
+
+    def newest_values(self, topics: Sequence[str], counts: dict[str, int],
+                      timeout_s: float = NEWEST_RECORDS_TIMEOUT_S
+                      ) -> dict[str, list[tuple[int, int, bytes | None]]]:
+        """Topic -> (partition, offset, value) of the last :data:`NEWEST_RECORDS` records of
+        each of its partitions, for the topics that hold any; whatever has not arrived
+        within ``timeout_s`` is left out (what it serves is a check at start, not the run)."""
+        import time
+
+        from confluent_kafka import Consumer, TopicPartition
+
+        ranges = self.ranges({t: counts[t] for t in topics})
+        wanted = {(t, p): high for (t, p), (low, high) in ranges.items() if high > low}
+        if not wanted:
+            return {}
+        consumer = Consumer({**self._client_conf(), "group.id": f"txjoin-check-{uuid.uuid4()}",
+                             "enable.auto.commit": False})
+        out: dict[str, list[tuple[int, int, bytes | None]]] = {}
+        try:
+            consumer.assign([TopicPartition(t, p, max(ranges[(t, p)][0], high - NEWEST_RECORDS))
+                             for (t, p), high in wanted.items()])
+            deadline = time.monotonic() + timeout_s
+            quiet = 0  # polls in a row with nothing: the rest is not coming (e.g. a partition
+            # whose last offset is a transaction marker, never delivered)
+            while wanted and time.monotonic() < deadline and quiet < 3:
+                msg = consumer.poll(0.2)
+                if msg is None:
+                    quiet += 1 if out else 0
+                    continue
+                quiet = 0
+                topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+                if msg.error() is not None or topic is None or partition is None \
+                        or offset is None:
+                    continue
+                out.setdefault(topic, []).append((partition, offset, msg.value()))
+                if offset >= wanted.get((topic, partition), offset + 2) - 1:
+                    del wanted[(topic, partition)]
+            return out
         finally:
             consumer.close()
 
