@@ -615,25 +615,19 @@ class _Compiler:
 
     @staticmethod
     def and_or(word: str, a: _Node, b2: _Node) -> _Node:
+        """Three-valued AND/OR: the operator's dominant value (False for AND, True for OR)
+        on either side decides; otherwise NULL on either side gives NULL."""
         f, g = a.fn, b2.fn
-        if word == "AND":
-            def fn(b: Binding) -> Any:
-                x = f(b)
-                if x is False:
-                    return False
-                y = g(b)
-                if y is False:
-                    return False
-                return None if x is None or y is None else True
-        else:
-            def fn(b: Binding) -> Any:
-                x = f(b)
-                if x is True:
-                    return True
-                y = g(b)
-                if y is True:
-                    return True
-                return None if x is None or y is None else False
+        dominant = word == "OR"
+
+        def fn(b: Binding) -> Any:
+            x = f(b)
+            if x is dominant:
+                return dominant
+            y = g(b)
+            if y is dominant:
+                return dominant
+            return None if x is None or y is None else not dominant
         return _Node("bool", fn, lambda c: f"({a.sql(c)} {word} {b2.sql(c)})")
 
     def is_(self, e: exp.Is) -> _Node:
