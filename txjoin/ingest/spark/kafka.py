@@ -37,9 +37,11 @@ What the core learned from txjoin's former Python source, re-derived here:
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +51,7 @@ from pyspark.sql import DataFrame, SparkSession
 from txjoin.errors import RECOVER, CheckpointError, ConfigError, ServiceError
 
 if TYPE_CHECKING:
+    from confluent_kafka import Consumer
     from confluent_kafka.admin import AdminClient
 
 SOURCE_NAME = "kafka"
@@ -139,28 +142,40 @@ class KafkaTopics:
             counts[topic] = count
         return counts
 
-    def ranges(self, counts: dict[str, int]) -> dict[tuple[str, int], tuple[int, int]]:
-        """``(low, high)`` watermarks of every partition of ``counts``."""
-        from confluent_kafka import Consumer, KafkaException, TopicPartition
+    @contextlib.contextmanager
+    def _consumer(self) -> Iterator[Consumer]:
+        """A consumer for the checks: it never joins a group or commits (a group id is
+        mandatory for the client all the same)."""
+        from confluent_kafka import Consumer
 
-        # A group id is mandatory for the client; it never joins a group or commits.
         consumer = Consumer({**self._client_conf(), "group.id": f"txjoin-check-{uuid.uuid4()}",
                              "enable.auto.commit": False})
         try:
-            ranges = {}
-            for topic, count in counts.items():
-                for partition in range(count):
-                    try:
-                        ranges[(topic, partition)] = consumer.get_watermark_offsets(
-                            TopicPartition(topic, partition), timeout=METADATA_TIMEOUT_S,
-                            cached=False)
-                    except KafkaException as exc:
-                        raise ServiceError(
-                            f"{SOURCE_NAME}: cannot read the offsets of {topic}[{partition}] "
-                            f"from {self.bootstrap_servers!r}: {exc}") from exc
-            return ranges
+            yield consumer
         finally:
             consumer.close()
+
+    def _watermarks(self, consumer: Consumer, counts: dict[str, int]
+                    ) -> dict[tuple[str, int], tuple[int, int]]:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        ranges = {}
+        for topic, count in counts.items():
+            for partition in range(count):
+                try:
+                    ranges[(topic, partition)] = consumer.get_watermark_offsets(
+                        TopicPartition(topic, partition), timeout=METADATA_TIMEOUT_S,
+                        cached=False)
+                except KafkaException as exc:
+                    raise ServiceError(
+                        f"{SOURCE_NAME}: cannot read the offsets of {topic}[{partition}] "
+                        f"from {self.bootstrap_servers!r}: {exc}") from exc
+        return ranges
+
+    def ranges(self, counts: dict[str, int]) -> dict[tuple[str, int], tuple[int, int]]:
+        """``(low, high)`` watermarks of every partition of ``counts``."""
+        with self._consumer() as consumer:
+            return self._watermarks(consumer, counts)
 
     def newest_values(self, topics: Sequence[str], counts: dict[str, int],
                       timeout_s: float = NEWEST_RECORDS_TIMEOUT_S
@@ -168,24 +183,20 @@ class KafkaTopics:
         """Topic -> (partition, offset, value) of the last :data:`NEWEST_RECORDS` records of
         each of its partitions, for the topics that hold any; whatever has not arrived
         within ``timeout_s`` is left out (what it serves is a check at start, not the run)."""
-        import time
+        from confluent_kafka import TopicPartition
 
-        from confluent_kafka import Consumer, TopicPartition
-
-        ranges = self.ranges({t: counts[t] for t in topics})
-        wanted = {(t, p): high for (t, p), (low, high) in ranges.items() if high > low}
-        if not wanted:
-            return {}
-        consumer = Consumer({**self._client_conf(), "group.id": f"txjoin-check-{uuid.uuid4()}",
-                             "enable.auto.commit": False})
         out: dict[str, list[tuple[int, int, bytes | None]]] = {}
-        try:
-            consumer.assign([TopicPartition(t, p, max(ranges[(t, p)][0], high - NEWEST_RECORDS))
-                             for (t, p), high in wanted.items()])
+        with self._consumer() as consumer:
+            ranges = self._watermarks(consumer, {t: counts[t] for t in topics})
+            last = {key: high - 1 for key, (low, high) in ranges.items() if high > low}
+            if not last:
+                return out
+            consumer.assign([TopicPartition(t, p, max(ranges[(t, p)][0], end + 1 - NEWEST_RECORDS))
+                             for (t, p), end in last.items()])
             deadline = time.monotonic() + timeout_s
             quiet = 0  # polls in a row with nothing: the rest is not coming (e.g. a partition
             # whose last offset is a transaction marker, never delivered)
-            while wanted and time.monotonic() < deadline and quiet < 3:
+            while last and time.monotonic() < deadline and quiet < 3:
                 msg = consumer.poll(0.2)
                 if msg is None:
                     quiet += 1 if out else 0
@@ -196,11 +207,9 @@ class KafkaTopics:
                         or offset is None:
                     continue
                 out.setdefault(topic, []).append((partition, offset, msg.value()))
-                if offset >= wanted.get((topic, partition), offset + 2) - 1:
-                    del wanted[(topic, partition)]
-            return out
-        finally:
-            consumer.close()
+                if offset >= last.get((topic, partition), offset + 1):
+                    del last[(topic, partition)]
+        return out
 
     def topic_ids(self) -> dict[str, str]:
         """Kafka topic ids of the subscribed topics; empty where the broker has none."""
