@@ -3,8 +3,10 @@
 Before the query starts, every sink's lineage is compared with the job's
 checkpoint (``txjoin.sinks.lineage``): a sink written from another checkpoint,
 or behind this one, stops the run (exit 2) instead of having batches silently
-skipped. ``rebuild`` starts a new checkpoint, drains the source into the sinks'
-shadow tables, swaps them in atomically, then goes on as a normal run.
+skipped; what a stopped or killed run handed off to the Delta sink is
+committed first (``txjoin.sinks.handoff``). ``rebuild`` starts a new
+checkpoint, drains the source into the sinks' shadow tables, swaps them in
+atomically, then goes on as a normal run.
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ from pathlib import Path
 
 import click
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
 
 from txjoin.job import Job
 from txjoin.pipeline.metrics import Metrics, MetricsServer
-from txjoin.pipeline.pipeline import BatchReport, Pipeline, RunConfig, build_sinks
+from txjoin.pipeline.pipeline import BatchReport, Pipeline, PipelineQuery, RunConfig, build_sinks
 from txjoin.pipeline.session import get_session
 from txjoin.sinks import Sink
+from txjoin.sinks.handoff import GroupCommit
 from txjoin.sinks.lineage import Checkpoint, check_lineage, short
 
 
@@ -32,6 +34,15 @@ def print_report(report: BatchReport) -> None:
                f"{report.transactions_released} transactions released, {report.changes} "
                f"changes -> {sinks}; frontier commit_seq {report.commit_seq}, "
                f"{report.waiting} waiting")
+
+
+def print_group(commit: GroupCommit) -> None:
+    batches = (f"batch {commit.first_batch}" if commit.batches == 1
+               else f"batches {commit.first_batch}-{commit.last_batch}")
+    earlier = " (left by an earlier run)" if commit.recovered else ""
+    click.echo(f"delta: {batches} committed{earlier}, {commit.changes} changes in "
+               f"{sum(commit.seconds.values()):.1f}s, "
+               f"{commit.lag_seconds:.1f}s after the first was handed off")
 
 
 def source_frame(spark: SparkSession, job: Job, config: RunConfig, pipeline: Pipeline
@@ -65,7 +76,7 @@ def summary_line(reports: list[BatchReport], sinks: list[Sink]) -> str:
             f"{'none yet' if frontier is None else frontier}")
 
 
-def _await(query: StreamingQuery, until_idle: bool, stop: threading.Event | None) -> bool:
+def _await(query: PipelineQuery, until_idle: bool, stop: threading.Event | None) -> bool:
     """Wait for ``query``; False when interrupted (Ctrl-C or ``stop``) before it ended."""
     try:
         if until_idle:
@@ -83,22 +94,25 @@ def _await(query: StreamingQuery, until_idle: bool, stop: threading.Event | None
     return True
 
 
-def _raise_failure(query: StreamingQuery) -> None:
+def _raise_failure(query: PipelineQuery) -> None:
     exc = query.exception()
     if exc is not None:
         raise exc
 
 
 def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None] | None = None,
-            stop: threading.Event | None = None, quiet: bool = False) -> list[BatchReport]:
-    """Run the job until stopped (Ctrl-C or ``stop``), or until idle with ``until_idle``."""
+            stop: threading.Event | None = None, quiet: bool = False,
+            on_sink_commit: Callable[[GroupCommit], None] | None = None) -> list[BatchReport]:
+    """Run the job until stopped (Ctrl-C or ``stop``), or until idle with ``until_idle``;
+    either way Delta has caught up when it returns. ``on_sink_commit``: every sink commit
+    (PostgreSQL's per batch, Delta's per group)."""
     metrics = Metrics(job.name)
     server = None if config.metrics_port is None else MetricsServer(metrics, config.metrics_port)
     say = (lambda _: None) if quiet else click.echo
     if server is not None:
         say(f"metrics: http://localhost:{server.port}/metrics")
     try:
-        return _run(job, config, metrics, on_batch, stop, quiet, say)
+        return _run(job, config, metrics, on_batch, stop, quiet, say, on_sink_commit)
     finally:
         if server is not None:
             server.close()
@@ -106,7 +120,8 @@ def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None]
 
 def _run(job: Job, config: RunConfig, metrics: Metrics,
          on_batch: Callable[[BatchReport], None] | None, stop: threading.Event | None,
-         quiet: bool, say: Callable[[str], None]) -> list[BatchReport]:
+         quiet: bool, say: Callable[[str], None],
+         on_sink_commit: Callable[[GroupCommit], None] | None = None) -> list[BatchReport]:
     spark = get_session(config.master, app_name=f"txjoin-{job.name}",
                         extra_conf=config.spark_conf)
     sinks = build_sinks(job, config, spark)
@@ -118,7 +133,16 @@ def _run(job: Job, config: RunConfig, metrics: Metrics,
         if on_batch is not None:
             on_batch(r)
 
-    pipeline = Pipeline(spark, job, config, sinks, on_batch=report)
+    def committed(commit: GroupCommit) -> None:
+        metrics.observe_sink(commit)
+        if not quiet and commit.sink == "delta" and commit.wrote:
+            print_group(commit)
+        if on_sink_commit is not None:
+            on_sink_commit(commit)
+
+    pipeline = Pipeline(spark, job, config, sinks, on_batch=report, on_sink_commit=committed)
+    if pipeline.committer is not None:
+        metrics.delta_lag = pipeline.committer.lag
     try:
         path = Path(pipeline.checkpoint)
         if config.rebuild:
@@ -129,6 +153,8 @@ def _run(job: Job, config: RunConfig, metrics: Metrics,
             for sink in sinks:
                 sink.begin_rebuild(checkpoint.id)
         else:
+            # Batches a killed run handed off but did not commit go to Delta first.
+            pipeline.recover()
             check_lineage(sinks, Checkpoint.open(path))
         source = source_frame(spark, job, config, pipeline)
         if config.rebuild:
@@ -151,6 +177,7 @@ def _run(job: Job, config: RunConfig, metrics: Metrics,
         _raise_failure(query)
         say(summary_line(pipeline.reports, sinks))
     finally:
+        pipeline.close()
         for sink in sinks:
             sink.close()
     return pipeline.reports
