@@ -89,7 +89,9 @@ def _env(name: str) -> str:
               type=click.Choice(["earliest", "latest"]), default="earliest", show_default=True,
               help="Where a new checkpoint starts reading (ignored when resuming).")
 @click.option("--trigger-interval", envvar=_env("TRIGGER_INTERVAL"), show_envvar=True,
-              default="1 second", show_default=True, help="Micro-batch trigger interval.")
+              default="200 milliseconds", show_default=True,
+              help="Micro-batch trigger interval: how long a change can wait for a batch to "
+                   "start when the job is idle (a busy job runs its batches back to back).")
 @click.option("--max-events-per-trigger", envvar=_env("MAX_EVENTS_PER_TRIGGER"),
               show_envvar=True, type=int, default=None,
               help="Cap on records per micro-batch (default: everything available).")

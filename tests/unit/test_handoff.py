@@ -299,3 +299,34 @@ def test_lag_counts_batches_not_yet_in_delta(tmp_path) -> None:
     assert batches == 2 and seconds >= 0
     committer.flush()
     assert committer.lag() == (0, 0.0)
+
+
+def test_metrics_show_each_sinks_commit_to_sink_latency_and_deltas_lag() -> None:
+    from txjoin.pipeline.metrics import Metrics
+    from txjoin.sinks.handoff import GroupCommit
+
+    metrics = Metrics("orders")
+    now = 1_800_000_000.0
+    metrics.observe_sink(GroupCommit(0, 0, 1, 2, [int((now - 0.5) * 1000)] * 2, now - 0.1, now,
+                                     sink="postgres"))
+    metrics.observe_sink(GroupCommit(0, 9, 10, 3, [int((now - 12) * 1000)] * 3, now - 2, now,
+                                     sink="delta"))
+    metrics.delta_lag = lambda: (4, 3.5)
+    lines = dict(line.rsplit(" ", 1) for line in metrics.render().splitlines()
+                 if not line.startswith("#"))
+    job = 'job="orders"'
+    assert float(lines[f'txjoin_sink_commit_to_sink_seconds{{{job},sink="postgres",'
+                       'quantile="0.99"}']) == pytest.approx(0.5, abs=0.01)
+    assert float(lines[f'txjoin_sink_commit_to_sink_seconds{{{job},sink="delta",'
+                       'quantile="1"}']) == pytest.approx(12, abs=0.01)
+    assert lines[f"txjoin_delta_lag_batches{{{job}}}"] == "4"
+    assert lines[f"txjoin_delta_lag_seconds{{{job}}}"] == "3.5"
+
+
+def test_an_empty_batch_comes_back_with_a_chunk_spark_accepts(tmp_path) -> None:
+    handoff = Handoff(tmp_path)
+    handoff.store(parcel(0, []))
+    loaded = handoff.load(0).changes
+    assert loaded.num_rows == 0 and loaded.schema.remove_metadata() == SCHEMA
+    # An IPC file of no rows reads back with no chunk; Spark's createDataFrame refuses that.
+    assert all(column.num_chunks == 1 for column in loaded.columns)

@@ -354,7 +354,9 @@ class DeltaSink:
 
     def _conformed(self, parcels: Sequence[Parcel]) -> list[tuple[int, pa.Table]]:
         return [(p.batch_id, conform(p.changes, self.schema, f"delta sink {self.table!r}",
-                                     p.batch_id).cast(self.stored)) for p in parcels]
+                                     p.batch_id).cast(self.stored) if p.changes.num_rows
+                 else self.stored.empty_table())  # Spark refuses a table of no chunk
+                for p in parcels]
 
     def _merge_current(self, path: str, metadata: str, last: pa.Table) -> None:
         if last.num_rows == 0:

@@ -172,6 +172,8 @@ class Handoff:
     def load(self, batch_id: int) -> Parcel:
         with pa.OSFile(str(self.path(batch_id))) as source:
             table = pa.ipc.open_file(source).read_all()
+        if table.num_rows == 0:  # read back with no chunk at all, which Spark refuses
+            table = table.schema.empty_table()
         metadata = dict(table.schema.metadata or {})
         lineage = json.loads(metadata.pop(_LINEAGE_KEY))
         handed_at = float(metadata.pop(_HANDED_KEY, b"0"))
