@@ -164,7 +164,9 @@ def stage_seconds(compute_s: float, info: dict[str, Any]) -> dict[str, float]:
       ``join``, ``state_save`` (its segment to the state store), ``total``.
 
     The pipeline adds ``output_decode`` (the shards' output into one table), one
-    ``sink_<name>`` per sink (its commit) and ``delta_maintain``; Spark's planning,
+    ``sink_<name>`` per sink committed in the batch (PostgreSQL), ``sink_maintain``,
+    ``delta_handoff`` (the batch handed off to Delta) and ``delta_backpressure`` (the
+    part of it spent waiting for the Delta committer to make room); Spark's planning,
     offset log and state-store commit are in its own progress (``txjoin bench``).
     """
     seconds = {"compute": compute_s}
@@ -451,7 +453,7 @@ class PipelineQuery:
     def _failed(self) -> BaseException | None:
         return None if self._committer is None else self._committer.error
 
-    def awaitTermination(self, timeout: float | None = None) -> bool | None:
+    def awaitTermination(self, timeout: int | None = None) -> bool | None:
         try:
             ended = (self.query.awaitTermination() if timeout is None
                      else self.query.awaitTermination(timeout))
