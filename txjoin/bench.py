@@ -56,6 +56,7 @@ from txjoin.pipeline.metrics import quantile
 from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
 from txjoin.sequence.assembly import TopicPartitions
+from txjoin.sinks.handoff import GroupCommit
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "orders.py"
 
@@ -367,14 +368,16 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                            checkpoint_dir=str(work / "ckpt"), output_dir=str(work / "out"),
                            postgres_dsn=dsn(pg.port, "sink"), master=master, shards=n_shards)
         sinks = build_sinks(job, config, spark)
-        pipeline = Pipeline(spark, job, config, sinks)
+        commits: list[GroupCommit] = []
+        pipeline = Pipeline(spark, job, config, sinks, on_sink_commit=commits.append)
         with RssSampler() as rss:
             started, started_wall = time.monotonic(), time.time()
             # kafka: the pipeline's own source (its checks, and the facts the shards need)
             full = pipeline.kafka_source() if source_kind == "kafka" else source()
             query = pipeline.start(full, available_now=True)
-            query.awaitTermination()
+            query.awaitTermination()  # returns once Delta holds the last batch too
             total_s = time.monotonic() - started
+        pipeline.close()
         reports = pipeline.reports
         progress = {p["batchId"]: p for p in query.recentProgress if p.get("numInputRows")}
         durations = [p["durationMs"]["triggerExecution"] / 1000 for p in progress.values()]
@@ -428,6 +431,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                          "seconds": {k: round(v, 4) for k, v in b.items()}}
                         for r, b in zip(reports, stages, strict=True)],
         })
+        result.update(sink_figures(commits))
         result["ratio_to_ceiling"] = round(result["events_per_s"] /
                                            max(1, result["ceiling_events_per_s"]), 3)
         delta_rows = {(r["order_id"],) for r in sinks[0].read_current()}
@@ -445,6 +449,28 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
             shutil.rmtree(pg_root, ignore_errors=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def sink_figures(commits: list[GroupCommit]) -> dict[str, Any]:
+    """Each sink's commits: how many, their seconds, and Delta's group commits (batches per
+    commit, seconds per committed row, its lag: a batch's hand-off to its Delta commit)."""
+    figures: dict[str, Any] = {}
+    for sink in sorted({c.sink for c in commits}):
+        mine = [c for c in commits if c.sink == sink and c.wrote]
+        seconds = [sum(c.seconds.values()) for c in mine]
+        rows = sum(c.changes for c in mine)
+        figures[f"{sink}_commits"] = {
+            "count": len(mine), "batches": sum(c.batches for c in mine), "changes": rows,
+            "seconds_total": round(sum(seconds), 3),
+            "seconds_p50": round(quantile(seconds, 0.5), 3),
+            "seconds_max": round(max(seconds, default=0.0), 3),
+            "ms_per_row": round(1000 * sum(seconds) / rows, 4) if rows else None}
+        if sink == "delta":
+            lags = [c.lag_seconds for c in mine]
+            figures["delta_lag_s"] = {"p50": round(quantile(lags, 0.5), 3),
+                                      "p99": round(quantile(lags, 0.99), 3),
+                                      "max": round(max(lags, default=0.0), 3)}
+    return figures
 
 
 @click.command()

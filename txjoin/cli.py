@@ -126,7 +126,9 @@ def _env(name: str) -> str:
               type=click.Choice(["earliest", "latest"]), default="earliest", show_default=True,
               help="Where a new checkpoint starts reading (ignored when resuming).")
 @click.option("--trigger-interval", envvar=_env("TRIGGER_INTERVAL"), show_envvar=True,
-              default="1 second", show_default=True, help="Micro-batch trigger interval.")
+              default="200 milliseconds", show_default=True,
+              help="Micro-batch trigger interval: how long a change can wait for a batch to "
+                   "start when the job is idle (a busy job runs its batches back to back).")
 @click.option("--max-events-per-trigger", envvar=_env("MAX_EVENTS_PER_TRIGGER"),
               show_envvar=True, type=int, default=None,
               help="Cap on records per micro-batch (default: everything available).")
@@ -186,10 +188,25 @@ def _env(name: str) -> str:
                                  "a checkpoint). Default: Spark's default parallelism.")
 @click.option("--maintain-every", envvar=_env("MAINTAIN_EVERY"), show_envvar=True,
               type=click.IntRange(min=1), default=None,
-              help="Compact the Delta tables' small files after every N micro-batches (and "
-                   "VACUUM them with --vacuum-retention-hours), between batches, so no "
-                   "writer runs beside it. Default: never (`txjoin maintain` does it while "
-                   "the job is stopped).")
+              help="Compact the Delta tables' small files once N micro-batches were "
+                   "committed to Delta since the last time (and VACUUM them with "
+                   "--vacuum-retention-hours), from the Delta committer between two group "
+                   "commits, so no writer runs beside it. Default: never (`txjoin maintain` "
+                   "does it while the job is stopped).")
+@click.option("--delta-commit-interval", envvar=_env("DELTA_COMMIT_INTERVAL"), show_envvar=True,
+              type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Seconds between the starts of two Delta commits, at least: each commits "
+                   "every micro-batch handed off since the last one (one commit per table, "
+                   "ending at a batch boundary), while PostgreSQL commits every batch. 0: "
+                   "the next commit starts as soon as the last one finished.")
+@click.option("--delta-max-pending-batches", envvar=_env("DELTA_MAX_PENDING_BATCHES"),
+              show_envvar=True, type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Micro-batches handed off and not yet in Delta, at most; beyond that the "
+                   "stream waits for Delta (backpressure).")
+@click.option("--delta-max-pending-mb", envvar=_env("DELTA_MAX_PENDING_MB"), show_envvar=True,
+              type=click.IntRange(min=1), default=256, show_default=True,
+              help="Megabytes of handed-off changes not yet in Delta, at most; beyond that "
+                   "the stream waits for Delta (backpressure).")
 @click.option("--vacuum-retention-hours", envvar=_env("VACUUM_RETENTION_HOURS"),
               show_envvar=True, type=click.FloatRange(min=0), default=None,
               help="With --maintain-every: delete data files no Delta version of the last H "
@@ -215,7 +232,9 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
         incomplete_timeout: float, decimal_handling_mode: str | None,
         time_precision_mode: str | None, binary_handling_mode: str | None,
         spark_conf: tuple[str, ...], max_transaction_bytes: int, shards: int | None,
-        maintain_every: int | None, vacuum_retention_hours: float | None,
+        maintain_every: int | None, delta_commit_interval: float,
+        delta_max_pending_batches: int, delta_max_pending_mb: int,
+        vacuum_retention_hours: float | None,
         metrics_port: int | None, directory: Path, source: str) -> None:
     """Run JOB_FILE as a streaming query: Kafka -> transactions -> join -> Delta + PostgreSQL.
 
@@ -269,7 +288,10 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
         spark_conf=_parse_conf(spark_conf), shards=shards, source=source, rebuild=rebuild,
         max_transaction_bytes=max_transaction_bytes,
         postgres_retry_timeout_s=postgres_retry_timeout, maintain_every=maintain_every,
-        vacuum_retention_hours=vacuum_retention_hours, metrics_port=metrics_port)
+        vacuum_retention_hours=vacuum_retention_hours, metrics_port=metrics_port,
+        delta_commit_interval_s=delta_commit_interval,
+        delta_handoff_max_batches=delta_max_pending_batches,
+        delta_handoff_max_bytes=delta_max_pending_mb << 20)
     if vacuum_retention_hours is not None and maintain_every is None:
         raise ConfigError("--vacuum-retention-hours runs with the job's maintenance: add "
                           "--maintain-every N (or run `txjoin maintain` while it is stopped)")

@@ -33,6 +33,7 @@ from txjoin.scenarios.workload import pizzeria_workload
 from txjoin.sinks import without_metadata
 from txjoin.sinks.build import build_sinks
 from txjoin.sinks.delta import DeltaSink
+from txjoin.sinks.handoff import GroupCommit
 
 pytestmark = pytest.mark.spark
 
@@ -85,19 +86,29 @@ def test_pipeline_over_files_in_small_batches_resumes_and_matches_the_oracle(
     config = RunConfig(topic_prefix="fshop", source=f"files:{archive_dir}",
                        max_events_per_trigger=60, checkpoint_dir=str(tmp_path / "ckpt"),
                        output_dir=str(tmp_path / "out"), postgres_dsn=pg_dsn,
-                       maintain_every=maintain_every,
+                       maintain_every=maintain_every, delta_commit_interval_s=0,
                        vacuum_retention_hours=None if maintain_every is None else 0)
 
     def drain() -> list:
         sinks = build_sinks(job, config, spark, pg_table_suffix=f"files{partitions}")
-        pipeline = Pipeline(spark, job, config, sinks)
+        commits: list[GroupCommit] = []
+        pipeline = Pipeline(spark, job, config, sinks, on_sink_commit=commits.append)
         query = pipeline.start(source_frame(spark, job, config, pipeline), available_now=True)
         query.awaitTermination()
+        pipeline.close()
         assert len(pipeline.reports) > 3, "small batches expected"
-        maintained = [r.batch_id for r in pipeline.reports if "delta_maintain" in r.breakdown]
-        assert maintained == ([] if maintain_every is None else
-                              [r.batch_id for r in pipeline.reports
-                               if (r.batch_id + 1) % maintain_every == 0])
+        # The upkeep runs on the Delta committer, after the group commit that brings the
+        # batches committed since the last upkeep to maintain_every.
+        groups = [c for c in commits if c.sink == "delta"]
+        maintained = [c.last_batch for c in groups if "maintain" in c.seconds]
+        due, since = [], 0
+        for c in groups:
+            since += c.batches
+            if maintain_every is not None and since >= maintain_every:
+                due.append(c.last_batch)
+                since = 0
+        assert maintained == due
+        assert bool(maintained) == (maintain_every is not None)
         return sinks
 
     expected = outputs_after_each(job, snapshot, txs)

@@ -11,6 +11,12 @@ with counters since the process started and gauges of the last batch:
 - ``txjoin_frontier_lag_seconds``: the last batch's end minus the source commit time of
   the newest transaction it wrote (how far the sinks trail the source, in time);
 - ``txjoin_commit_to_sink_seconds{quantile=...}``: over the last batch's changes;
+- ``txjoin_sink_commit_to_sink_seconds{sink=...,quantile=...}``: per sink (``postgres``
+  per batch, ``delta`` per group commit), its commit time minus the source commit time
+  over the last ``LATENCY_WINDOW`` changes it committed (quantile 1 is the max);
+- ``txjoin_delta_lag_batches`` and ``txjoin_delta_lag_seconds``: batches handed off to
+  the Delta sink and not yet committed there, and how long the oldest has waited (Delta's
+  lag behind PostgreSQL);
 - ``txjoin_batch_seconds`` and ``txjoin_stage_seconds{stage=...}``: the last batch, in
   all and per stage (``sink_delta`` and ``sink_postgres`` are the sinks' commit times);
 - ``txjoin_state_bytes_written``: what the shards handed to the state store;
@@ -22,7 +28,8 @@ Plain ``http.server`` on a daemon thread: one reader at a time is all a scraper 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -35,6 +42,10 @@ _COUNTERS = {
     "transactions_released": "Source transactions released to the sinks, in commit order.",
     "changes": "Output changes written.",
 }
+
+
+LATENCY_WINDOW = 10_000
+"""Changes per sink whose commit-to-sink latency the metrics summarise."""
 
 
 def _label(value: str) -> str:
@@ -57,6 +68,8 @@ class Metrics:
         self._lock = threading.Lock()
         self._totals = dict.fromkeys(_COUNTERS, 0)
         self._last: Any = None  # the last BatchReport
+        self._latencies: dict[str, deque[float]] = {}  # sink -> seconds, newest last
+        self.delta_lag: Callable[[], tuple[int, float]] | None = None  # the committer's lag
 
     def observe(self, report: Any) -> None:
         """Account one :class:`~txjoin.pipeline.pipeline.BatchReport`."""
@@ -67,10 +80,18 @@ class Metrics:
             self._totals["changes"] += report.changes
             self._last = report
 
+    def observe_sink(self, commit: Any) -> None:
+        """Account one sink commit (:class:`~txjoin.sinks.handoff.GroupCommit`)."""
+        with self._lock:
+            window = self._latencies.setdefault(commit.sink, deque(maxlen=LATENCY_WINDOW))
+            window.extend(commit.finished_at - ts / 1000 for ts in commit.commit_ts_ms)
+
     def render(self) -> str:
         """The Prometheus text exposition of the current numbers."""
         with self._lock:
             totals, last = dict(self._totals), self._last
+            latencies = {sink: list(values) for sink, values in self._latencies.items()}
+        lag = None if self.delta_lag is None else self.delta_lag()
         job = f'job="{_label(self.job)}"'
         lines: list[str] = []
 
@@ -83,6 +104,19 @@ class Metrics:
 
         for name, help_text in _COUNTERS.items():
             metric(f"{name}_total", "counter", help_text, [("", totals[name])])
+        if latencies:
+            metric("sink_commit_to_sink_seconds", "summary",
+                   "Sink commit time minus source commit time, per sink, over its last "
+                   f"{LATENCY_WINDOW} changes.",
+                   [(f',sink="{_label(sink)}",quantile="{q}"', quantile(values, q))
+                    for sink, values in sorted(latencies.items()) for q in (0.5, 0.99, 1)])
+        if lag is not None:
+            metric("delta_lag_batches", "gauge",
+                   "Batches handed off to the Delta sink, not committed there yet.",
+                   [("", lag[0])])
+            metric("delta_lag_seconds", "gauge",
+                   "How long the oldest batch not yet in Delta has waited since its hand-off.",
+                   [("", lag[1])])
         if last is not None:
             metric("transactions_waiting", "gauge",
                    "Transactions buffered until complete, after the last batch.",

@@ -6,7 +6,8 @@ Shape of the query::
       -> routing: from_json + Spark expressions        # the JVM, before the shuffle
       -> groupBy(shard).transformWithStateInPandas(ShardProcessor)   # n shards in parallel:
                                                        # decode (once) + sequence + join
-      -> foreachBatch: Delta + PostgreSQL sinks, each one commit per batch
+      -> foreachBatch: PostgreSQL commits the batch; Delta gets it handed off durably
+         and commits many batches at once on a thread of its own (txjoin.sinks.handoff)
 
 A record enters Python once, in the shard task that reads it
 (``txjoin/join/spark/routing.py``).
@@ -17,11 +18,15 @@ assembles every transaction and releases the same ones in the same micro-batch
 full copies of the looked-up tables (``txjoin/join/routing.py``). A shard's
 state is its own log in Spark's state store (RocksDB): each micro-batch writes
 only what it brought, snapshots are amortised (``txjoin/join/state_log.py``).
-The sinks get the union of the shards' output changes in commit order and
-commit it once per sink (the sinks write at the same time). After a crash at
-any point Spark re-runs the last batch from the previous state with the same
-input; the shards, being deterministic, produce the same changes, which the
-sinks skip if they already hold them: nothing lost, nothing applied twice.
+The sinks get the union of the shards' output changes in commit order: the
+PostgreSQL sink (and any other but Delta) commits it in the batch; the Delta
+sink's committer commits every batch handed off since its last commit in one
+commit per table, at most every ``--delta-commit-interval`` seconds, so no batch
+waits for a lakehouse commit unless the hand-off is full (backpressure). After a
+crash at any point Spark re-runs the last batch from the previous state with the
+same input; the shards, being deterministic, produce the same changes, which the
+sinks skip if they already hold them, and the hand-off's batches are committed
+before the query starts: nothing lost, nothing applied twice.
 """
 
 from __future__ import annotations
@@ -54,6 +59,16 @@ from txjoin.join.state_log import LAYOUT_VERSION
 from txjoin.sequence.assembly import IncompletePolicy
 from txjoin.sinks import Sink
 from txjoin.sinks.build import DEFAULT_RETRY_TIMEOUT_S
+from txjoin.sinks.delta import DeltaSink
+from txjoin.sinks.handoff import (
+    DEFAULT_INTERVAL_S,
+    DEFAULT_MAX_BATCHES,
+    DEFAULT_MAX_BYTES,
+    DeltaCommitter,
+    GroupCommit,
+    Handoff,
+    Parcel,
+)
 from txjoin.sinks.lineage import Lineage, checkpoint_id
 
 DEFAULT_MAX_TRANSACTION_BYTES = 512 << 20
@@ -68,7 +83,9 @@ class RunConfig:
     topic_prefixes: dict[str, str] = field(default_factory=dict)  # source -> prefix overrides
     bootstrap_servers: str | None = None
     starting_offsets: str = "earliest"
-    trigger_interval: str = "1 second"
+    # No batch waits for Delta any more, so a batch is short (~0.3-0.5 s here): a change
+    # waits for the next trigger, at most this, before the batch that takes it starts.
+    trigger_interval: str = "200 milliseconds"
     max_events_per_trigger: int | None = None
     checkpoint_dir: str = ".txjoin/checkpoints"
     output_dir: str = ".txjoin/output"
@@ -86,6 +103,9 @@ class RunConfig:
     maintain_every: int | None = None  # compact the Delta tables every N batches (None: never)
     vacuum_retention_hours: float | None = None  # and VACUUM them (None: no VACUUM)
     metrics_port: int | None = None  # serve Prometheus metrics on this port (None: no)
+    delta_commit_interval_s: float = DEFAULT_INTERVAL_S  # at most one Delta commit this often
+    delta_handoff_max_batches: int = DEFAULT_MAX_BATCHES  # batches waiting for Delta, at most
+    delta_handoff_max_bytes: int = DEFAULT_MAX_BYTES  # their bytes on disk, at most
 
     def prefixes(self, job: Job) -> dict[str, str]:
         """Source name -> topic prefix for ``job`` (``topic_prefix`` for a single source)."""
@@ -146,7 +166,9 @@ def stage_seconds(compute_s: float, info: dict[str, Any]) -> dict[str, float]:
       ``join``, ``state_save`` (its segment to the state store), ``total``.
 
     The pipeline adds ``output_decode`` (the shards' output into one table), one
-    ``sink_<name>`` per sink (its commit) and ``delta_maintain``; Spark's planning,
+    ``sink_<name>`` per sink committed in the batch (PostgreSQL), ``sink_maintain``,
+    ``delta_handoff`` (the batch handed off to Delta) and ``delta_backpressure`` (the
+    part of it spent waiting for the Delta committer to make room); Spark's planning,
     offset log and state-store commit are in its own progress (``txjoin bench``).
     """
     seconds = {"compute": compute_s}
@@ -260,7 +282,8 @@ class Pipeline:
     """Builds and runs the streaming query for one job."""
 
     def __init__(self, spark: SparkSession, job: Job, config: RunConfig, sinks: list[Sink],
-                 on_batch: Callable[[BatchReport], None] | None = None) -> None:
+                 on_batch: Callable[[BatchReport], None] | None = None,
+                 on_sink_commit: Callable[[GroupCommit], None] | None = None) -> None:
         self.spark = spark
         # Each source's prefix set on the job: the engine tells sources' markers apart by topic.
         self.prefixes = config.prefixes(job)
@@ -271,6 +294,16 @@ class Pipeline:
         self.reports: list[BatchReport] = []
         self.schema = output_schema(job)
         self.kafka_facts: KafkaFacts | None = None  # set when Spark's kafka source is used
+        self.on_sink_commit = on_sink_commit
+        delta = next((s for s in sinks if isinstance(s, DeltaSink)), None)
+        self.inline = [s for s in sinks if s is not delta]  # they commit in the batch
+        self.committer: DeltaCommitter | None = None
+        if delta is not None:
+            self.committer = DeltaCommitter(
+                delta, Handoff(self.checkpoint), interval_s=config.delta_commit_interval_s,
+                max_batches=config.delta_handoff_max_batches,
+                max_bytes=config.delta_handoff_max_bytes, maintain_every=config.maintain_every,
+                retention_hours=config.vacuum_retention_hours, on_commit=on_sink_commit)
 
     @property
     def checkpoint(self) -> str:
@@ -333,26 +366,40 @@ class Pipeline:
         frontier = info.get("commit_seq")  # absent: the sinks keep the frontier they hold
         lineage = Lineage(checkpoint_id(self.checkpoint),
                           None if frontier is None else int(frontier))
-        # The sinks are independent (each commits the batch once, and skips a batch it
-        # already holds when Spark re-runs it): they write at the same time.
+        commit_ts_ms = [int(v.timestamp() * 1000) for v in
+                        table.column("_commit_ts").to_pylist() if v is not None]
+
+        # The inline sinks are independent (each commits the batch once, and skips a batch
+        # it already holds when Spark re-runs it): they write at the same time.
         def write(sink: Sink) -> tuple[bool, float]:
             before = time.monotonic()
             applied = sink.write(batch_id, table, lineage=lineage)
             crashpoints.reached(crashpoints.FIRST_SINK, batch_id)  # tests only
             return applied, time.monotonic() - before
 
-        with ThreadPoolExecutor(max_workers=len(self.sinks) or 1,
+        with ThreadPoolExecutor(max_workers=len(self.inline) or 1,
                                 thread_name_prefix="txjoin-sink") as pool:
-            futures = [(sink.name, pool.submit(write, sink)) for sink in self.sinks]
+            futures = [(sink.name, pool.submit(write, sink)) for sink in self.inline]
             for name, future in futures:  # the first error (in sink order) stops the batch
                 written[name], breakdown[f"sink_{name}"] = future.result()
-        every = self.config.maintain_every
-        if every is not None and (batch_id + 1) % every == 0:
-            # Between two batches: no writer of ours runs beside the compaction.
+                self._sink_committed(name, batch_id, table.num_rows, commit_ts_ms,
+                                     breakdown[f"sink_{name}"], written[name])
+        if self.committer is not None:
+            # Durable before foreachBatch returns (Spark then records the batch as done);
+            # waits only when the hand-off is full (Delta behind: backpressure).
             before = time.monotonic()
-            for sink in self.sinks:
+            breakdown["delta_backpressure"] = self.committer.put(
+                Parcel(batch_id, table, lineage, time.time()))
+            breakdown["delta_handoff"] = time.monotonic() - before
+            written["delta"] = True  # handed off; the committer reports its commits
+        every = self.config.maintain_every
+        if self.inline and every is not None and (batch_id + 1) % every == 0:
+            # Between two batches: no writer of ours runs beside the upkeep (Delta's runs
+            # on its committer, between two group commits).
+            before = time.monotonic()
+            for sink in self.inline:
                 sink.maintain(self.config.vacuum_retention_hours)
-            breakdown["delta_maintain"] = time.monotonic() - before
+            breakdown["sink_maintain"] = time.monotonic() - before
         report = BatchReport(
             batch_id=batch_id, records=int(info.get("records", 0)), changes=table.num_rows,
             commit_seq=commit_seq,
@@ -361,9 +408,8 @@ class Pipeline:
             waiting=int(info.get("waiting", 0)),
             transactions_released=int(info.get("released", 0)), written=written,
             seconds=time.monotonic() - started, breakdown=breakdown,
-            commit_ts_ms=[int(v.timestamp() * 1000) for v in
-                          table.column("_commit_ts").to_pylist() if v is not None],
-            finished_at=time.time(), snapshot_rows=int(info.get("snapshot_rows", 0)),
+            commit_ts_ms=commit_ts_ms, finished_at=time.time(),
+            snapshot_rows=int(info.get("snapshot_rows", 0)),
             state_bytes_written=int(info.get("state_bytes_written", 0)),
             shard_states=list(info.get("states", [])))
         self.reports.append(report)
@@ -371,8 +417,40 @@ class Pipeline:
             self.on_batch(report)
         crashpoints.reached(crashpoints.SINKS_COMMITTED, batch_id)  # tests only
 
+    def _sink_committed(self, name: str, batch_id: int, changes: int, commit_ts_ms: list[int],
+                        seconds: float, applied: bool) -> None:
+        if self.on_sink_commit is None:
+            return
+        now = time.time()
+        self.on_sink_commit(GroupCommit(
+            first_batch=batch_id, last_batch=batch_id, batches=1, changes=changes,
+            commit_ts_ms=commit_ts_ms if applied else [], started_at=now - seconds,
+            finished_at=now, seconds={"commit": seconds}, oldest_handed_at=now,
+            wrote=applied, sink=name))
+
+    def recover(self) -> GroupCommit | None:
+        """Commit to Delta what a stopped or killed run handed off (before a query starts,
+        and before the sinks' lineage is compared with the checkpoint)."""
+        return None if self.committer is None else self.committer.recover()
+
+    def flush(self) -> None:
+        """Commit every batch handed off so far to Delta now and wait (a reader of the Delta
+        tables then sees the last batch); raises the committer's error."""
+        if self.committer is not None:
+            self.committer.flush()
+
+    def close(self) -> None:
+        """Stop the Delta committer, leaving what it could not commit for the next run."""
+        if self.committer is not None:
+            self.committer.close(flush=False)
+
     def start(self, source: DataFrame, *, available_now: bool = False,
-              query_name: str | None = None) -> StreamingQuery:
+              query_name: str | None = None) -> PipelineQuery:
+        """Start the query (after committing what an earlier run left to Delta) and the
+        Delta committer; the query's end waits for Delta to catch up."""
+        self.recover()
+        if self.committer is not None:
+            self.committer.start()
         writer = (self.build(source).writeStream
                   .foreachBatch(self._write)
                   .option("checkpointLocation", self.checkpoint)
@@ -383,4 +461,49 @@ class Pipeline:
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=self.config.trigger_interval)
-        return writer.start()
+        return PipelineQuery(writer.start(), self.committer)
+
+
+class PipelineQuery:
+    """The streaming query, whose end also waits for Delta to catch up.
+
+    ``awaitTermination`` (once the query ended) and ``stop`` return after the Delta
+    committer committed every batch handed off, and raise its error; an error in the
+    committer while the query waits for data stops the query with that error.
+    Everything else is the ``StreamingQuery``'s.
+    """
+
+    def __init__(self, query: StreamingQuery, committer: DeltaCommitter | None) -> None:
+        self.query = query
+        self._committer = committer
+
+    def _failed(self) -> BaseException | None:
+        return None if self._committer is None else self._committer.error
+
+    def awaitTermination(self, timeout: int | None = None) -> bool | None:
+        try:
+            ended = (self.query.awaitTermination() if timeout is None
+                     else self.query.awaitTermination(timeout))
+        except BaseException:
+            if self._committer is not None and self._committer.error is not None:
+                raise self._committer.error from None  # the cause of the query's failure
+            raise
+        if ended is None or ended:
+            if self._committer is not None:
+                self._committer.flush()
+        elif self._failed() is not None:  # Delta failed while the query had nothing to do
+            self.query.stop()
+            raise self._failed()  # type: ignore[misc]
+        return ended
+
+    def stop(self) -> None:
+        self.query.stop()
+        if self._committer is not None:
+            self._committer.flush()
+
+    def exception(self) -> Any:
+        failed = self._failed()
+        return failed if failed is not None else self.query.exception()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.query, name)

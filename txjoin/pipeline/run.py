@@ -4,8 +4,10 @@ Before the Spark session starts (a JVM, 5-13 s), everything that can refuse the
 run without Spark is checked (:func:`preflight`): every sink's lineage against
 the job's checkpoint (``txjoin.sinks.lineage``: a sink written from another
 checkpoint, or behind this one, stops the run, exit 2, instead of having
-batches silently skipped), the broker and the job's topics against the
-checkpoint, and the checkpoint's state layout and shard count. ``rebuild``
+batches silently skipped; batches a stopped or killed run handed off to Delta count as held, and
+are committed before the query starts: ``txjoin.sinks.handoff``), the broker and
+the job's topics against the checkpoint, and the checkpoint's state layout and
+shard count. ``rebuild``
 starts a new checkpoint, drains the source into the sinks' shadow tables, swaps
 them in atomically, then goes on as a normal run.
 """
@@ -22,13 +24,13 @@ from typing import Any
 
 import click
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
 
 from txjoin.job import Job
 from txjoin.pipeline.metrics import Metrics, MetricsServer
 from txjoin.pipeline.pipeline import (
     BatchReport,
     Pipeline,
+    PipelineQuery,
     RunConfig,
     check_kafka,
     check_layout,
@@ -37,6 +39,7 @@ from txjoin.pipeline.pipeline import (
 from txjoin.pipeline.session import get_session
 from txjoin.sinks import Sink
 from txjoin.sinks.build import build_sinks
+from txjoin.sinks.handoff import GroupCommit, Handoff
 from txjoin.sinks.lineage import Checkpoint, check_lineage, short
 
 
@@ -110,7 +113,7 @@ def _ctrl_c_stops(stop: threading.Event) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _await(query: StreamingQuery, until_idle: bool, stop: threading.Event,
+def _await(query: PipelineQuery, until_idle: bool, stop: threading.Event,
            say: Callable[[str], None]) -> bool:
     """Wait for ``query``; False when stopped (Ctrl-C or ``stop``) before it ended. A stop
     lets the batch in progress finish and commit first."""
@@ -122,7 +125,7 @@ def _await(query: StreamingQuery, until_idle: bool, stop: threading.Event,
     return not stopped and until_idle
 
 
-def _wait(query: StreamingQuery, stop: threading.Event) -> bool:
+def _wait(query: PipelineQuery, stop: threading.Event) -> bool:
     """Wait for ``query`` to end or ``stop`` to be set, then for the batch in progress to
     commit; stop the query. True when it was stopped before it ended."""
     stopped = False
@@ -149,23 +152,35 @@ def _wait(query: StreamingQuery, stop: threading.Event) -> bool:
     return stopped
 
 
-def _raise_failure(query: StreamingQuery, stop: threading.Event) -> None:
+def _raise_failure(query: PipelineQuery, stop: threading.Event) -> None:
     """Raise the query's error, unless a stop was asked for (see :func:`_wait`)."""
     exc = query.exception()
     if exc is not None and not stop.is_set():
         raise exc
 
 
+def print_group(commit: GroupCommit) -> None:
+    batches = (f"batch {commit.first_batch}" if commit.batches == 1
+               else f"batches {commit.first_batch}-{commit.last_batch}")
+    earlier = " (left by an earlier run)" if commit.recovered else ""
+    click.echo(f"delta: {batches} committed{earlier}, {commit.changes} changes in "
+               f"{sum(commit.seconds.values()):.1f}s, "
+               f"{commit.lag_seconds:.1f}s after the first was handed off")
+
+
 def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None] | None = None,
-            stop: threading.Event | None = None, quiet: bool = False) -> list[BatchReport]:
-    """Run the job until stopped (Ctrl-C or ``stop``), or until idle with ``until_idle``."""
+            stop: threading.Event | None = None, quiet: bool = False,
+            on_sink_commit: Callable[[GroupCommit], None] | None = None) -> list[BatchReport]:
+    """Run the job until stopped (Ctrl-C or ``stop``), or until idle with ``until_idle``;
+    either way Delta has caught up when it returns. ``on_sink_commit``: every sink commit
+    (PostgreSQL's per batch, Delta's per group)."""
     metrics = Metrics(job.name)
     server = None if config.metrics_port is None else MetricsServer(metrics, config.metrics_port)
     say = (lambda _: None) if quiet else click.echo
     if server is not None:
         say(f"metrics: http://localhost:{server.port}/metrics")
     try:
-        return _run(job, config, metrics, on_batch, stop, quiet, say)
+        return _run(job, config, metrics, on_batch, stop, quiet, say, on_sink_commit)
     finally:
         if server is not None:
             server.close()
@@ -182,7 +197,10 @@ def preflight(job: Job, config: RunConfig) -> None:
     if not config.rebuild:
         sinks = build_sinks(job, config)  # without Spark: for reading their lineage only
         try:
-            check_lineage(sinks, Checkpoint.open(checkpoint))
+            # Batches a stopped or killed run handed off to Delta and did not commit count
+            # as held: the run commits them before its query starts (Pipeline.recover).
+            check_lineage(sinks, Checkpoint.open(checkpoint),
+                          handed_off={"delta": Handoff(checkpoint).stored()})
         finally:
             for sink in sinks:
                 sink.close()
@@ -199,7 +217,8 @@ def preflight(job: Job, config: RunConfig) -> None:
 
 def _run(job: Job, config: RunConfig, metrics: Metrics,
          on_batch: Callable[[BatchReport], None] | None, stop: threading.Event | None,
-         quiet: bool, say: Callable[[str], None]) -> list[BatchReport]:
+         quiet: bool, say: Callable[[str], None],
+         on_sink_commit: Callable[[GroupCommit], None] | None = None) -> list[BatchReport]:
     stop = stop or threading.Event()  # set by Ctrl-C too (_ctrl_c_stops)
     preflight(job, config)
     spark = get_session(config.master, app_name=f"txjoin-{job.name}",
@@ -213,7 +232,16 @@ def _run(job: Job, config: RunConfig, metrics: Metrics,
         if on_batch is not None:
             on_batch(r)
 
-    pipeline = Pipeline(spark, job, config, sinks, on_batch=report)
+    def committed(commit: GroupCommit) -> None:
+        metrics.observe_sink(commit)
+        if not quiet and commit.sink == "delta" and commit.wrote:
+            print_group(commit)
+        if on_sink_commit is not None:
+            on_sink_commit(commit)
+
+    pipeline = Pipeline(spark, job, config, sinks, on_batch=report, on_sink_commit=committed)
+    if pipeline.committer is not None:
+        metrics.delta_lag = pipeline.committer.lag
     try:
         path = Path(pipeline.checkpoint)
         if config.rebuild:
@@ -223,7 +251,8 @@ def _run(job: Job, config: RunConfig, metrics: Metrics,
                 + ("" if moved is None else f"; the previous one is kept in {moved}"))
             for sink in sinks:
                 sink.begin_rebuild(checkpoint.id)
-        # Without --rebuild, preflight() compared the sinks' lineage with the checkpoint.
+        # Without --rebuild, preflight() compared the sinks' lineage with the checkpoint
+        # (and pipeline.start() commits to Delta what an earlier run handed off).
         source = source_frame(spark, job, config, pipeline)
         if config.rebuild:
             query = pipeline.start(source, available_now=True, query_name=f"txjoin_{job.name}")
@@ -245,6 +274,7 @@ def _run(job: Job, config: RunConfig, metrics: Metrics,
         _raise_failure(query, stop)
         say(summary_line(pipeline.reports, sinks))
     finally:
+        pipeline.close()
         for sink in sinks:
             sink.close()
     return pipeline.reports

@@ -3,10 +3,12 @@
 The schedule's batches are written for the ``txjoin_replay`` source, which
 delivers exactly one of them per micro-batch, into the same pipeline
 ``txjoin run`` uses (stateful core, Delta sink, and the PostgreSQL sink when a
-DSN is given). After every micro-batch the harness reads back what each sink
-holds. A ``restart`` stops the query and starts a new one on the same
-checkpoint, with new sink objects (sink contents kept), as a new process would.
-Every sink's observations are checked separately against the scenario.
+DSN is given). After every micro-batch the harness has the Delta committer
+commit what was handed off (so each Delta commit is checked as a reader would
+see it), then reads back what each sink holds. A ``restart`` stops the query
+and starts a new one on the same checkpoint, with new sink objects (sink
+contents kept), as a new process would. Every sink's observations are checked
+separately against the scenario.
 """
 
 from __future__ import annotations
@@ -78,7 +80,11 @@ def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | N
         for sink in sinks:
             seen.setdefault(sink.name, RunObservation(outputs=[], changelog=[], released=[]))
 
-        def observe(report: BatchReport, sinks: list[Sink] = sinks) -> None:
+        pipelines: list[Pipeline] = []
+
+        def observe(report: BatchReport, sinks: list[Sink] = sinks,
+                    pipelines: list[Pipeline] = pipelines) -> None:
+            pipelines[0].flush()  # the Delta committer catches up: a check point
             released = report.commit_seq if report.commit_seq > 0 else (
                 0 if report.snapshot_released else None)
             for sink in sinks:
@@ -88,6 +94,7 @@ def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | N
                 obs.released.append(released)
 
         pipeline = Pipeline(spark, job, config, sinks, on_batch=observe)
+        pipelines.append(pipeline)
         source = (spark.readStream.format(SOURCE_NAME)
                   .option("schedule", str(work / "schedule.json"))
                   .option("until", str(until)).load())
@@ -96,6 +103,8 @@ def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | N
             query.awaitTermination()
         except Exception as exc:  # the query failed: report it as the scenario's failure
             error = _message(exc)
+        finally:
+            pipeline.close()
         if error is not None:
             break
         if until < ends[-1]:

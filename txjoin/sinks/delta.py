@@ -1,28 +1,25 @@
 """Delta Lake sink: ``<output_dir>/<table>/current`` (merged by key) and ``.../changelog``.
 
-Written by delta-spark: each micro-batch's changes become a Spark DataFrame
-(from the batch's Arrow table) that the executors append to the changelog and
-MERGE into the current table (by key; a delete removes the row), one commit per
-table. Each commit carries an app transaction ``(txnAppId, txnVersion=batch_id)``,
-which Delta checks inside the commit: a batch already recorded is skipped, not
-applied twice. The append sets them as writer options; MERGE takes them from the
-session confs ``spark.databricks.delta.write.txnAppId``/``txnVersion``, set around
-it on a session of the sink's own (``SparkSession.newSession``: its own SQL
-confs, so no other writer in the process picks them up). ``write`` also reads
-the recorded version first, to skip a replay without starting a Spark job and to
-report it. The changelog is written before the current table, so the current
-table's version is the sink's progress: after a crash between the two commits
-the replay skips the changelog and applies the current table only. A batch with
-no changes commits only to the current table (the progress); the changelog
-records the batches that appended to it.
-
-The app id names the checkpoint (``txjoin-<job>-current-<checkpoint id>``):
-Spark's batch ids restart at 0 in a new checkpoint, and Delta would skip every
-batch id at or below one recorded under the same app id. Every commit also
-carries the run's lineage as JSON in its ``userMetadata`` (``txjoin.checkpoint``,
-``txjoin.frontier_commit_seq``, ``txjoin.last_change_xid``, ``txjoin.batch_id``),
-read back from the table's history by ``held``, which also reads the same keys
-from the commit info of tables written by txjoin's earlier delta-rs writer.
+Written by delta-spark in group commits (``txjoin.sinks.handoff``): the
+micro-batches handed off since the last commit become one Spark DataFrame per
+table (from their Arrow tables), appended to the changelog (every change, in
+commit order) and MERGEd into the current table (the last change per key over
+the whole range; a delete removes the row), one commit per table. A commit
+always ends at a micro-batch boundary, and carries its lineage as JSON in its
+``userMetadata`` (``txjoin.checkpoint``, ``txjoin.batch_id`` (the last batch),
+``txjoin.first_batch_id``, ``txjoin.frontier_commit_seq``,
+``txjoin.last_change_xid``): what makes a replay idempotent. The sink reads
+each table's last txjoin commit from its recent history once (``held``, also
+the keys of tables written by txjoin's earlier delta-rs writer) and keeps it as
+it commits, so checking costs nothing per commit and does not grow with the
+table's history; Delta's app transactions (``txnAppId``/``txnVersion``) are not
+used: looking one up rebuilds the table's whole log state at every commit
+(DESIGN.md 2.2). Tables written before lineage are read by their app
+transaction. The changelog is written before the current table, so the current
+table's last commit is the sink's progress: after a crash between the two
+commits the replay skips the changelog's batches and applies the current
+table's. A range without changes commits only to the current table (the
+progress); the changelog's commits are those that appended to it.
 
 A rebuild writes both tables under ``<table>/_rebuild/`` and then replaces each
 table's contents with one overwrite commit (a new table version: readers see the
@@ -39,6 +36,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +58,7 @@ from txjoin.sinks import (
     last_change_per_key,
     sort_rows,
 )
+from txjoin.sinks.handoff import Parcel, still_needed
 from txjoin.sinks.lineage import Held, Lineage, short
 
 if TYPE_CHECKING:
@@ -67,8 +66,6 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 _HISTORY = 50  # commits searched for the last txjoin commit (others: OPTIMIZE, VACUUM...)
-_TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
-_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 CHECKPOINT_INTERVAL = 100
 """Commits between two Delta log checkpoints of the tables the sink creates."""
@@ -134,6 +131,15 @@ def _data_files(path: str) -> int:
     return sum(1 for f in Path(path).rglob("*.parquet") if "_delta_log" not in f.parts)
 
 
+def _position(held: Held | None) -> tuple[str | None, int | None]:
+    return (None, None) if held is None else (held.checkpoint_id, held.last_batch_id)
+
+
+def _after(last: Parcel, xid: int | None) -> Held:
+    """What a table holds after a commit that ended with ``last``."""
+    return Held(last.lineage.checkpoint_id, last.batch_id, last.lineage.frontier_commit_seq, xid)
+
+
 def _number(info: dict[str, Any], key: str) -> int | None:
     value = info.get(key)
     return None if value is None else int(value)
@@ -159,9 +165,9 @@ class DeltaSink:
         # Its own session: the MERGE's txn and metadata confs stay out of other writers' way.
         self._spark = None if spark is None else spark.newSession()
         if self._spark is not None:
-            # Looking up an app transaction (and MERGE's file list) rebuilds the table's
-            # state from its log in spark.databricks.delta.snapshotPartitions tasks, 50 by
-            # default: measured here, a 25k-row append with txnAppId took 16-46 s with 50
+            # A state reconstruction (MERGE's file list, a log checkpoint) reads the log in
+            # spark.databricks.delta.snapshotPartitions tasks, 50 by default: measured
+            # here, a 25k-row append that looked up an app transaction took 16-46 s with 50
             # and ~5 s with 1 (2 loaded cores). A sink's log is small: one task per core.
             parallelism = str(self._spark.sparkContext.defaultParallelism)
             self._spark.conf.set("spark.databricks.delta.snapshotPartitions", parallelism)
@@ -169,27 +175,30 @@ class DeltaSink:
             # (10,000 by default): measured 20 s per VACUUM of a small table, 1.5 s with 2.
             self._spark.conf.set("spark.sql.sources.parallelPartitionDiscovery.parallelism",
                                  parallelism)
-            # A batch's writes are small jobs; measured per 200-change batch here (2 cores):
-            # 5.5 s as configured by default, ~2 s with these. MERGE's source is an in-memory
-            # frame of the batch (deterministic: no need to materialise it again); the CRC
-            # file Delta writes after each commit only helps validate the log, and computing
-            # it costs a state reconstruction per commit; adaptive execution re-plans jobs
-            # of a few hundred rows for nothing. File statistics stay on: MERGE prunes
-            # files of a large current table with them.
+            # A commit's writes are small jobs: MERGE's source is an in-memory frame of
+            # the batches (deterministic: no need to materialise it again); adaptive
+            # execution re-plans jobs of a few hundred rows for nothing. File statistics
+            # stay on: MERGE prunes files of a large current table with them. Checksum
+            # files stay on (Delta's default): without them the commit after another
+            # writer's (OPTIMIZE) rebuilds the whole log state (DESIGN.md 2.2).
             # A log checkpoint (every delta.checkpointInterval commits, 10 by default)
             # rebuilds the table's state and writes it out inside the commit that reaches
-            # it: measured here it doubled that batch's commit (1.4 s -> 3.7 s), every tenth
-            # batch. Every 100th for the tables the sink creates: the steady commit also got
-            # cheaper (mean 1.52 s -> 1.27 s over 90 commits of 20 changes; the log a commit
-            # reads since the last checkpoint stays small).
+            # it: measured here it doubled that commit (1.4 s -> 3.7 s), every tenth. Every
+            # 100th for the tables the sink creates: the steady commit also got cheaper
+            # (mean 1.52 s -> 1.27 s over 90 commits of 20 changes; the log a commit reads
+            # since the last checkpoint stays small).
             self._spark.conf.set("spark.databricks.delta.properties.defaults.checkpointInterval",
                                  str(CHECKPOINT_INTERVAL))  # and maintain() moves older ones
+            # A range without changes still commits (its lineage is the sink's progress):
+            # Delta drops a commit with no action unless told not to (the app transaction
+            # the sink no longer records used to be that action).
             for key, value in (("spark.databricks.delta.merge.materializeSource", "none"),
-                               ("spark.databricks.delta.writeChecksumFile.enabled", "false"),
+                               ("spark.databricks.delta.skipRecordingEmptyCommits", "false"),
                                ("spark.sql.adaptive.enabled", "false")):
                 self._spark.conf.set(key, value)
         self._rebuild_id: str | None = None
         self._checked: str | None = None  # checkpoint id already compared with the tables
+        self._known: dict[str, Held | None] = {}  # table path -> what it holds (_progress)
 
     def app_id(self, kind: str, checkpoint_id: str | None) -> str:
         """The app transaction id of one table (``changelog``/``current``) for a checkpoint."""
@@ -221,25 +230,17 @@ class DeltaSink:
         if info is None:  # written before lineage: only the app transaction tells the batch
             batch = table.transaction_version(self.app_id(kind, None))
             return None if batch is None else Held(None, batch, None, None)
-        checkpoint = info.get("txjoin.checkpoint")
-        recorded = table.transaction_version(self.app_id(kind, checkpoint))
-        # No app transaction: a rebuild from an empty source (-1), or a delta-rs commit.
-        batch = int(info["txjoin.batch_id"]) if recorded is None else recorded
-        return Held(checkpoint_id=checkpoint, last_batch_id=batch,
+        return Held(checkpoint_id=info.get("txjoin.checkpoint"),
+                    last_batch_id=int(info["txjoin.batch_id"]),
                     frontier_commit_seq=_number(info, "txjoin.frontier_commit_seq"),
                     last_change_xid=_number(info, "txjoin.last_change_xid"))
 
-    def _applied(self, path: str, kind: str, checkpoint_id: str | None) -> int:
-        """Last batch of ``checkpoint_id`` in the table at ``path``; -1 if none."""
-        if not DeltaTable.is_deltatable(path):
-            return -1
-        recorded = DeltaTable(path).transaction_version(self.app_id(kind, checkpoint_id))
-        if recorded is not None:
-            return recorded
-        # Not under this app id: a rebuilt table, or one the delta-rs writer recorded.
-        held = self._held(path, kind)
-        return held.last_batch_id if held is not None and held.checkpoint_id == checkpoint_id \
-            else -1
+    def _progress(self, path: str, kind: str) -> Held | None:
+        """What the table at ``path`` holds: read from its history once, then kept as this
+        sink commits (the only writer), so a commit's check costs nothing per commit."""
+        if path not in self._known:
+            self._known[path] = self._held(path, kind)
+        return self._known[path]
 
     def held(self) -> Held | None:
         """Lineage of the current table's last txjoin commit (the sink's progress)."""
@@ -261,8 +262,11 @@ class DeltaSink:
                 "restore the checkpoint the sink was written with")
         self._checked = lineage.checkpoint_id
 
-    def _metadata(self, batch_id: int, lineage: Lineage | None, last_xid: int | None) -> str:
+    def _metadata(self, batch_id: int, lineage: Lineage | None, last_xid: int | None,
+                  first_batch: int | None = None) -> str:
         metadata: dict[str, Any] = {"txjoin.job": self.job, "txjoin.batch_id": batch_id}
+        if first_batch is not None:
+            metadata["txjoin.first_batch_id"] = first_batch
         if lineage is not None and lineage.checkpoint_id is not None:
             metadata["txjoin.checkpoint"] = lineage.checkpoint_id
         if lineage is not None and lineage.frontier_commit_seq is not None:
@@ -291,53 +295,76 @@ class DeltaSink:
         (SparkDeltaTable.createIfNotExists(self.spark).location(path)
          .addColumns(_spark_schema(schema)).execute())
 
-    def _save(self, frame: DataFrame, path: str, mode: str, app_id: str, batch_id: int,
-              metadata: str) -> None:
-        """One commit of ``frame`` to ``path``, recording ``(app_id, batch_id)`` when >= 0."""
+    def _save(self, frame: DataFrame, path: str, mode: str, metadata: str) -> None:
+        """One commit of ``frame`` to ``path`` with ``metadata`` (the lineage)."""
         writer = frame.write.format("delta").mode(mode).option("userMetadata", metadata)
         if mode == "overwrite":  # a rebuild may follow a change of the job's columns
             writer = writer.option("overwriteSchema", "true")
-        if batch_id >= 0:
-            writer = writer.option("txnAppId", app_id).option("txnVersion", batch_id)
         writer.save(path)
 
     def write(self, batch_id: int, changes: pa.Table, lineage: Lineage | None = None) -> bool:
-        """Append ``changes`` to the changelog, then merge them into the current table."""
-        changes = conform(changes, self.schema, f"delta sink {self.table!r}",
-                          batch_id).cast(self.stored)
-        changelog_path, current_path = self._targets()
-        self._check_lineage(current_path, lineage)
-        checkpoint = None if lineage is None else lineage.checkpoint_id
-        n = changes.num_rows
-        last_xid = None if n == 0 else changes.column(XID)[n - 1].as_py()
-        if last_xid is None:  # an empty batch keeps the last change's xid
-            before = self._held(current_path, "current")
-            last_xid = None if before is None else before.last_change_xid
-        metadata = self._metadata(batch_id, lineage, last_xid)
-        wrote = False
-        # An empty batch appends nothing to the changelog, so it makes no changelog commit
-        # (during a catch-up most batches only buffer; an empty batch's write took 1.0 s
-        # with the changelog's commit and its app transaction lookup, 0.6 s without, p50
-        # of 30 here); the current table's commit still moves the sink's progress.
-        if n > 0 and self._applied(changelog_path, "changelog", checkpoint) < batch_id:
-            self._create(changelog_path, self.stored)
-            self._save(self._frame(changes), changelog_path, "append",
-                       self.app_id("changelog", checkpoint), batch_id, metadata)
-            wrote = True
-            crashpoints.reached(crashpoints.DELTA_BETWEEN_TABLES, batch_id)  # tests only
-        if self._applied(current_path, "current", checkpoint) < batch_id:
-            self._create(current_path, current_schema(self.stored))
-            self._merge_current(current_path, self.app_id("current", checkpoint), batch_id,
-                                metadata, last_change_per_key(changes, self.key_columns))
-            wrote = True
-        return wrote
+        """Append ``changes`` to the changelog, then merge them into the current table (one
+        batch as its own group commit); ``False`` if both tables held it already."""
+        parcel = Parcel(batch_id, changes, lineage or Lineage(None), time.time())
+        return bool(self.write_group([parcel]))
 
-    def _merge_current(self, path: str, app_id: str, batch_id: int, metadata: str,
-                       last: pa.Table) -> None:
+    def write_group(self, parcels: Sequence[Parcel]) -> dict[str, float]:
+        """One commit per table for the micro-batches ``parcels`` (in batch order): the
+        changelog appends all their changes in commit order, the current table merges the
+        last change per key over the whole range. Each table skips the batches its last
+        txjoin commit covers; the seconds of each table committed (none: a replay)."""
+        if not parcels:
+            return {}
+        last = parcels[-1]
+        changelog_path, current_path = self._targets()
+        self._check_lineage(current_path, last.lineage)
+        seconds: dict[str, float] = {}
+        try:
+            # The changelog first: the current table's commit is the sink's progress.
+            held = self._progress(changelog_path, "changelog")
+            todo = self._conformed(still_needed(parcels, *_position(held)))
+            rows = [changes for _, changes in todo if changes.num_rows]
+            if rows:
+                before = time.monotonic()
+                appended = pa.concat_tables(rows)
+                xid = appended.column(XID)[appended.num_rows - 1].as_py()
+                metadata = self._metadata(last.batch_id, last.lineage, xid, todo[0][0])
+                self._create(changelog_path, self.stored)
+                self._save(self._frame(appended), changelog_path, "append", metadata)
+                self._known[changelog_path] = _after(last, xid)
+                seconds["changelog"] = time.monotonic() - before
+                for batch_id, _ in todo:  # tests only: a kill between the two tables' commits
+                    crashpoints.reached(crashpoints.DELTA_BETWEEN_TABLES, batch_id)
+            held = self._progress(current_path, "current")
+            todo = self._conformed(still_needed(parcels, *_position(held)))
+            if todo:
+                before = time.monotonic()
+                changes = pa.concat_tables([c for _, c in todo])
+                n = changes.num_rows
+                # A range without changes keeps the last change's xid.
+                xid = (changes.column(XID)[n - 1].as_py() if n
+                       else None if held is None else held.last_change_xid)
+                metadata = self._metadata(last.batch_id, last.lineage, xid, todo[0][0])
+                self._create(current_path, current_schema(self.stored))
+                self._merge_current(current_path, metadata,
+                                    last_change_per_key(changes, self.key_columns))
+                self._known[current_path] = _after(last, xid)
+                seconds["current"] = time.monotonic() - before
+        except BaseException:
+            self._known.clear()  # a commit may or may not have happened: read it again
+            raise
+        return seconds
+
+    def _conformed(self, parcels: Sequence[Parcel]) -> list[tuple[int, pa.Table]]:
+        return [(p.batch_id, conform(p.changes, self.schema, f"delta sink {self.table!r}",
+                                     p.batch_id).cast(self.stored) if p.changes.num_rows
+                 else self.stored.empty_table())  # Spark refuses a table of no chunk
+                for p in parcels]
+
+    def _merge_current(self, path: str, metadata: str, last: pa.Table) -> None:
         if last.num_rows == 0:
-            # Still one commit, so the progress moves with the (empty) batch.
-            self._save(self._frame(last.drop_columns([OP])), path, "append", app_id, batch_id,
-                       metadata)
+            # Still one commit, so the progress moves with the (empty) batches.
+            self._save(self._frame(last.drop_columns([OP])), path, "append", metadata)
             return
         from delta.tables import DeltaTable as SparkDeltaTable
 
@@ -351,14 +378,11 @@ class DeltaSink:
                  .whenMatchedUpdateAll()
                  .whenNotMatchedInsertAll(f"NOT ({deleted})"))
         conf = self.spark.conf
-        conf.set(_TXN_APP_ID, app_id)
-        conf.set(_TXN_VERSION, str(batch_id))
         conf.set(_USER_METADATA, metadata)
         try:
             merge.execute()
         finally:
-            for key in (_TXN_APP_ID, _TXN_VERSION, _USER_METADATA):
-                conf.unset(key)
+            conf.unset(_USER_METADATA)
 
     def maintain(self, retention_hours: float | None = None) -> list[Upkeep]:
         """Compact both tables' small files, then (``retention_hours``) VACUUM them.
@@ -424,6 +448,7 @@ class DeltaSink:
         """Write into fresh tables under ``<table>/_rebuild/`` from now on."""
         shutil.rmtree(self.rebuild_root, ignore_errors=True)
         self._rebuild_id, self._checked = checkpoint_id, None
+        self._known.clear()
 
     def finish_rebuild(self) -> None:
         """One overwrite commit per table with the rebuilt contents and lineage."""
@@ -440,11 +465,12 @@ class DeltaSink:
             batch = -1 if held is None else held.last_batch_id  # -1: nothing applied yet
             lineage = Lineage(self._rebuild_id,
                               None if held is None else held.frontier_commit_seq)
-            self._save(rows, path, "overwrite", self.app_id(kind, self._rebuild_id), batch,
+            self._save(rows, path, "overwrite",
                        self._metadata(batch, lineage,
                                       None if held is None else held.last_change_xid))
         shutil.rmtree(self.rebuild_root, ignore_errors=True)
         self._rebuild_id, self._checked = None, None
+        self._known.clear()
 
     def read_current(self) -> list[dict]:
         """Current rows ordered by key."""

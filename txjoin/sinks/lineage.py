@@ -144,9 +144,32 @@ def mismatch(sink: Sink, held: Held | None, checkpoint: Checkpoint) -> str | Non
             "restore the checkpoint the sink was written with")
 
 
-def check_lineage(sinks: Iterable[Sink], checkpoint: Checkpoint) -> None:
-    """Raise ``LineageError`` for the first sink that does not match ``checkpoint``."""
+def with_handed_off(held: Held | None, checkpoint: Checkpoint, pending: list[int]) -> Held | None:
+    """What a sink will hold once the batches of ``checkpoint`` handed off to it and not
+    committed yet (``pending``, in the checkpoint's hand-off folder) are committed: they
+    follow its last batch when it is of the same checkpoint (or holds nothing)."""
+    if not pending or (held is not None and held.checkpoint_id != checkpoint.id):
+        return held
+    following = 0 if held is None else held.last_batch_id + 1
+    for batch_id in sorted(pending):  # only an unbroken run of batches after its last counts
+        if batch_id == following:
+            following += 1
+        elif batch_id > following:
+            break
+    if held is not None and following == held.last_batch_id + 1:
+        return held
+    if held is None and following == 0:
+        return None
+    return Held(checkpoint.id, following - 1, None if held is None else held.frontier_commit_seq,
+                None if held is None else held.last_change_xid)
+
+
+def check_lineage(sinks: Iterable[Sink], checkpoint: Checkpoint,
+                  handed_off: dict[str, list[int]] | None = None) -> None:
+    """Raise ``LineageError`` for the first sink that does not match ``checkpoint``;
+    ``handed_off``: sink name -> batches handed off to it and not committed yet."""
     for sink in sinks:
-        problem = mismatch(sink, sink.held(), checkpoint)
+        held = with_handed_off(sink.held(), checkpoint, (handed_off or {}).get(sink.name, []))
+        problem = mismatch(sink, held, checkpoint)
         if problem is not None:
             raise LineageError(problem)

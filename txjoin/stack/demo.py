@@ -149,6 +149,11 @@ class JobProgress:
     latencies_ms: list[float] = field(default_factory=list)
     recent: list[tuple[float, int]] = field(default_factory=list)
     latency_from_ms: float = 0.0  # changes committed earlier (a backlog) are not timed
+    sink_latencies_ms: dict[str, list[float]] = field(default_factory=dict)  # per sink
+    last_batch_id: int | None = None
+    delta_batch_id: int | None = None  # the last batch Delta committed
+    delta_lags_s: list[float] = field(default_factory=list)  # hand-off -> Delta commit
+    delta_lag_batches_max: int = 0
     first_batch: threading.Event = field(default_factory=threading.Event, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -160,6 +165,10 @@ class JobProgress:
             self.released += report.transactions_released
             self.waiting = report.waiting
             self.commit_seq = report.commit_seq
+            self.last_batch_id = report.batch_id
+            if self.delta_batch_id is not None or "delta" in report.written:
+                self.delta_lag_batches_max = max(self.delta_lag_batches_max,
+                                                 self.delta_lag_batches())
             for sink, applied in report.written.items():
                 if applied:
                     self.written[sink] += report.changes
@@ -175,6 +184,26 @@ class JobProgress:
             cutoff = report.finished_at - 10
             self.recent = [(t, n) for t, n in self.recent if t >= cutoff]
         self.first_batch.set()
+
+    def on_sink_commit(self, commit: Any) -> None:
+        """``run_job``'s callback for each sink commit (PostgreSQL's per batch, Delta's per
+        group): per-sink commit-to-sink latency, and Delta's lag behind the batches."""
+        with self.lock:
+            self.sink_latencies_ms.setdefault(commit.sink, []).extend(
+                commit.finished_at * 1000 - ts for ts in commit.commit_ts_ms
+                if ts >= self.latency_from_ms)
+            if commit.commit_ts_ms and commit.sink == "delta":
+                self.last_active_at = max(self.last_active_at or 0.0, commit.finished_at)
+            if commit.sink == "delta":
+                self.delta_batch_id = max(self.delta_batch_id or -1, commit.last_batch)
+                self.delta_lags_s.append(commit.lag_seconds)
+
+    def delta_lag_batches(self) -> int:
+        """Batches PostgreSQL holds that Delta does not yet (caller holds the lock)."""
+        if self.last_batch_id is None:
+            return 0
+        return max(0, self.last_batch_id - (-1 if self.delta_batch_id is None
+                                            else self.delta_batch_id))
 
     def events_per_s(self) -> float:
         """Records read per second over the last ~10 s."""
@@ -232,6 +261,16 @@ class LiveView:
         table.add_row("frontier lag, ms (now / at last commit)", f"{age} / {at_batch}")
         for sink, rows in sorted(p.written.items()):
             table.add_row(f"rows written: {sink}", str(rows))
+        with p.lock:
+            latencies = {k: list(v) for k, v in p.sink_latencies_ms.items()}
+            delta_behind = p.delta_lag_batches()
+            delta_lag = p.delta_lags_s[-1] if p.delta_lags_s else None
+        for sink, values in sorted(latencies.items()):
+            table.add_row(f"commit-to-sink {sink}, ms (p50 / p99)",
+                          f"{_ms(percentile(values, 50))} / {_ms(percentile(values, 99))}")
+        if "delta" in latencies or "delta" in p.written:
+            table.add_row("Delta behind PostgreSQL (batches / s at last commit)",
+                          f"{delta_behind} / {'-' if delta_lag is None else f'{delta_lag:.1f}'}")
         table.add_row("micro-batches", str(p.batches))
         return Group(table, Text("Ctrl-C stops the demo; the stack keeps running", style="dim"))
 
@@ -413,7 +452,8 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
     try:
         if live_ok:
             with Live(view, console=console, refresh_per_second=4, transient=False):
-                run_job(orders, config(False), on_batch=progress.on_batch, stop=stop, quiet=True)
+                run_job(orders, config(False), on_batch=progress.on_batch, stop=stop, quiet=True,
+                        on_sink_commit=progress.on_sink_commit)
         else:
             last = [0.0]
 
@@ -423,7 +463,8 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
                     last[0] = time.monotonic()
                     say(progress.line(view.published()), markup=False)
 
-            run_job(orders, config(False), on_batch=plain_line, stop=stop, quiet=True)
+            run_job(orders, config(False), on_batch=plain_line, stop=stop, quiet=True,
+                    on_sink_commit=progress.on_sink_commit)
     except KeyboardInterrupt:
         stop.set()
         say(f"interrupted; the stack keeps running (`txjoin down --dir {directory}` stops it)")
@@ -431,14 +472,16 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
     if generator.error is not None:
         raise generator.error
     say("workload stopped and captured; draining (until idle)")
-    run_job(orders, config(True), on_batch=progress.on_batch, quiet=True)
+    run_job(orders, config(True), on_batch=progress.on_batch, quiet=True,
+            on_sink_commit=progress.on_sink_commit)
     say(progress.line(published_transactions(info)), markup=False)
 
     others: list[tuple[Any, JobProgress, float]] = []
     for job in jobs[1:]:
         job_progress = JobProgress(job.name)
         began = time.time()
-        run_job(job, config(True), on_batch=job_progress.on_batch, quiet=True)
+        run_job(job, config(True), on_batch=job_progress.on_batch, quiet=True,
+                on_sink_commit=job_progress.on_sink_commit)
         others.append((job, job_progress, time.time() - began))
         say(job_progress.line(published_transactions(info)), markup=False)
 
@@ -457,13 +500,26 @@ def summary_data(rate: float, duration: float, generator: GeneratorThread,
     """The demo's figures as plain data (``txjoin demo --json``): the offered and achieved
     rates, commit-to-sink latency of the streamed job in ms, and each job's verify."""
     gen = generator.result
-    lat = progress.latencies_ms
+    by_sink = progress.sink_latencies_ms
+    # A change is in "the sinks" once every sink holds it: the slower sink's latency.
+    lat = by_sink.get("delta") or by_sink.get("postgres") or progress.latencies_ms
+    lags = progress.delta_lags_s
     data: dict[str, Any] = {
         "rate_tx_per_s": rate, "duration_s": duration,
         "transactions": gen.transactions if gen is not None else 0,
         "events": gen.events if gen is not None else 0,
         "commit_to_sink_ms": {"p50": percentile(lat, 50), "p99": percentile(lat, 99),
                               "max": max(lat) if lat else None, "count": len(lat)},
+        "commit_to_sink_ms_by_sink": {
+            sink: {"p50": percentile(v, 50), "p99": percentile(v, 99),
+                   "max": max(v) if v else None, "count": len(v)}
+            for sink, v in sorted(by_sink.items())},
+        # Delta's lag behind PostgreSQL: batches PostgreSQL held and Delta not yet (the
+        # most at any batch), and a batch's wait from its hand-off to its Delta commit.
+        "delta_lag": {"batches_max": progress.delta_lag_batches_max,
+                      "seconds_p50": percentile(lags, 50) if lags else None,
+                      "seconds_max": max(lags) if lags else None,
+                      "commits": len(lags)},
         "ok": all(r.ok for r in results),
         "verify": {r.job: {"ok": r.ok, "sinks": {s.sink: {"rows": s.rows,
                                                           "mismatches": s.mismatches}
@@ -499,7 +555,15 @@ def _summary(say: Any, up: Any, generator: GeneratorThread, summary: dict[str, A
     lat = summary["commit_to_sink_ms"]
     say(f"  commit-to-sink       p50 {_ms(lat['p50'])}, p99 {_ms(lat['p99'])}"
         f", max {_ms(lat['max'])} over {lat['count']} changes "
-        f"(sink commit time - source commit time)")
+        f"(sink commit time - source commit time, until every sink holds it)")
+    for sink, one in summary["commit_to_sink_ms_by_sink"].items():
+        say(f"    {sink:<18} p50 {_ms(one['p50'])}, p99 {_ms(one['p99'])}, "
+            f"max {_ms(one['max'])}")
+    lag = summary["delta_lag"]
+    if lag["commits"]:
+        say(f"  Delta behind PG      at most {lag['batches_max']} batches; a batch's hand-off "
+            f"to its Delta commit p50 {lag['seconds_p50']:.1f} s, max "
+            f"{lag['seconds_max']:.1f} s ({lag['commits']} group commits)")
     for job, job_progress, seconds in others:
         say(f"  {job.name:<20} caught up on the whole history: {job_progress.events} events "
             f"in {seconds:.1f} s = {job_progress.events / max(seconds, 1e-9):.0f} events/s "

@@ -1,0 +1,80 @@
+"""Per-commit cost of the Delta sink: seconds and Spark jobs per commit at 100 and 25k changes.
+
+    .venv/bin/python scripts/delta_commit_cost.py [--master local[2]] [--commits 6]
+
+One commit = what the sink does for one write (changelog append + MERGE into current),
+through ``DeltaSink.write`` (present in every txjoin version, so the same script measures
+an older checkout: ``PYTHONPATH=<checkout> python scripts/delta_commit_cost.py``). The
+current table is seeded with 100k keys first; each commit then updates/inserts random keys
+of 0..150k. The first commits at each size warm up and are not counted. Prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from datetime import UTC, datetime
+
+import pyarrow as pa
+
+from txjoin.pipeline.session import get_session
+from txjoin.sinks.delta import DeltaSink
+from txjoin.sinks.lineage import Lineage
+
+SCHEMA = pa.schema([("order_id", pa.int64()), ("customer", pa.string()),
+                    ("total", pa.decimal128(12, 2)), ("_op", pa.string()),
+                    ("_commit_seq", pa.int64()), ("_xid", pa.int64()),
+                    ("_commit_ts", pa.timestamp("us", tz="UTC"))])
+
+
+def changes(n: int, seq: int, rnd: random.Random, keys: range) -> pa.Table:
+    ts = datetime.now(UTC)
+    picked = rnd.sample(keys, n)
+    return pa.Table.from_pylist(
+        [{"order_id": k, "customer": f"c{k % 977}", "total": None, "_op": "u",
+          "_commit_seq": seq + i, "_xid": seq + i, "_commit_ts": ts}
+         for i, k in enumerate(picked)], schema=SCHEMA)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--commits", type=int, default=6, help="measured commits per size")
+    parser.add_argument("--warm-up", type=int, default=2)
+    args = parser.parse_args()
+    spark = get_session(args.master, app_name="delta-commit-cost")
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
+    rnd = random.Random(1)
+    out: dict[str, object] = {"master": args.master}
+    with tempfile.TemporaryDirectory(prefix="delta-commit-cost-") as work:
+        sink = DeltaSink(work, "orders", "cost", ["order_id"], SCHEMA, spark=spark)
+        batch, seq = 0, 1
+        sink.write(batch, changes(100_000, seq, rnd, range(100_000)), Lineage("ckpt", seq))
+        batch, seq = batch + 1, seq + 100_000
+        for n in (100, 25_000):
+            seconds, jobs = [], []
+            for i in range(args.warm_up + args.commits):
+                table = changes(n, seq, rnd, range(150_000))
+                group = f"commit-{batch}"
+                sc.setJobGroup(group, group)
+                before = time.monotonic()
+                sink.write(batch, table, Lineage("ckpt", seq + n))
+                took = time.monotonic() - before
+                batch, seq = batch + 1, seq + n
+                if i >= args.warm_up:
+                    seconds.append(took)
+                    jobs.append(len(tracker.getJobIdsForGroup(group)))
+            out[f"changes_{n}"] = {
+                "seconds_mean": round(statistics.mean(seconds), 3),
+                "seconds_min": round(min(seconds), 3), "seconds_max": round(max(seconds), 3),
+                "spark_jobs_per_commit": sorted(set(jobs)), "commits": len(seconds)}
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
