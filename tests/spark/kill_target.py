@@ -31,7 +31,10 @@ def main() -> None:
     spark = get_session("local[2]", app_name="txjoin-kill-target")
     spark.dataSource.register(ReplaySource)
     config = RunConfig(checkpoint_dir=f"{workdir}/ckpt", output_dir=f"{workdir}/out",
-                       postgres_dsn=dsn, trigger_interval="100 milliseconds", shards=shards)
+                       postgres_dsn=dsn, trigger_interval="100 milliseconds", shards=shards,
+                       delta_commit_interval_s=0, delta_handoff_max_batches=2)
+    # Delta commits back to back and the stream runs at most 2 batches ahead of it (the
+    # hand-off's backpressure): a kill lands inside a group commit as often as between two
     sinks = build_sinks(job, config, spark)
     pipeline = Pipeline(spark, job, config, sinks, on_batch=report)
     source = spark.readStream.format(SOURCE_NAME).option("schedule", schedule).load()
