@@ -593,10 +593,14 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
         if any(isinstance(n, exp.AggFunc) or _collected(n) is not None for n in node.walk()):
             agg = next(n for n in node.walk()
                        if isinstance(n, exp.AggFunc) or _collected(n) is not None)
-            c.fail(agg, f"{_Compiler._word(agg)}(...) in {what}: aggregates over child rows "
-                        f"are not supported yet; only json_agg/JSON_ARRAYAGG of an object "
-                        f"over an unnested array, GROUP BY the fact's key, becomes a list",
-                   (_Compiler._word(agg),))
+            word = _Compiler._word(agg)
+            if select.args.get("group") is None:
+                c.fail(agg, f"{word}(...) in {what} without GROUP BY the fact's key: an "
+                            f"aggregate across facts, which one fact's change cannot "
+                            f"re-evaluate; a job has one output row per fact", (word,))
+            c.fail(agg, f"{word}(...) in {what}: aggregates over child rows are not "
+                        f"supported yet; only json_agg/JSON_ARRAYAGG of an object over an "
+                        f"unnested array, GROUP BY the fact's key, becomes a list", (word,))
         try:
             compile_expr(sql, top, what)
         except ExprError as exc:
