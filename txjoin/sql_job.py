@@ -295,8 +295,9 @@ class _Query:
                 known = col.table in self.aliases or col.table in self.unnests
                 if not known:
                     hint = did_you_mean(col.table, [*self.aliases, *self.unnests])
-                    self.c.fail(col, f"{col.sql(dialect=DIALECT)}: no table or unnest is "
-                                     f"named {col.table!r} in FROM/JOIN{hint}")
+                    self.c.fail(col, f"{col.sql(dialect=DIALECT)}: no table or unnest named "
+                                     f"{col.table!r} is in FROM or joined before this point"
+                                     f"{hint}")
                 if col.table in self.aliases and col.name not in self.aliases[col.table].columns:
                     table = self.aliases[col.table]
                     self.c.fail(col, f"{col.sql(dialect=DIALECT)}: {table.name} has no "
@@ -313,14 +314,12 @@ class _Query:
             col.set("table", exp.to_identifier(owners[0]))
 
     def unnest_join(self, join: exp.Join, node: exp.Unnest) -> None:
-        kind = str(join.args.get("kind") or "").upper()
         side = str(join.args.get("side") or "").upper()
         on = join.args.get("on")
         if side or (on is not None and not (isinstance(on, exp.Boolean) and on.this)):
             self.c.fail(node, "unnest(...) joins as CROSS JOIN unnest(o.col) AS u(x): an "
                               "outer or conditional join of an unnest is not supported yet",
                         ("unnest",))
-        del kind
         args = node.expressions
         alias = node.args.get("alias")
         if len(args) != 1 or not isinstance(args[0], exp.Column) or alias is None:
@@ -369,6 +368,12 @@ class _Query:
         self.temporal.append((node, version is not None))
         if version is not None:
             when = version.args.get("expression")
+            if isinstance(when, exp.Column) and when.name.lower() == "proctime" and \
+                    "proctime" not in self.aliases[self.fact_alias].columns:
+                self.c.fail(when, f"FOR SYSTEM_TIME AS OF {when.sql(dialect=DIALECT)}: "
+                                  f"processing time reads the clock: the output would not be "
+                                  f"a function of the committed state; join AS OF the fact's "
+                                  f"own time column (as_of_fact) or plainly (current)")
             if isinstance(when, exp.Column):
                 self.qualify(when)
             if not (isinstance(when, exp.Column) and when.table == self.fact_alias):
@@ -427,12 +432,11 @@ class _Query:
                     self.c.fail(part, f"JOIN {node.name}: {alias}.{mine} is matched twice")
                 on_map[mine] = theirs
             parent_table = self.aliases[parent]
-            for mine, theirs in on_map.items():
+            for theirs in on_map.values():
                 if parent_table.columns[theirs].endswith("[]"):
                     self.c.fail(on, f"JOIN {node.name}: {parent}.{theirs} is an array; "
                                     f"unnest it first (CROSS JOIN unnest({parent}.{theirs}) "
                                     f"WITH ORDINALITY AS u(x, n)) and join on u.x")
-                del mine
         pick = None
         if set(on_map) != set(table.key):
             pick = Pick(table.key[0], "max")

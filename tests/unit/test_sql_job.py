@@ -116,6 +116,26 @@ def test_seed_001_in_postgresql_without_semantics_is_kept_current(tmp_path: Path
         same_output(scenario, hand, job, checks=False)
 
 
+def test_flink_aliases_after_the_temporal_clause(tmp_path: Path) -> None:
+    # Flink SQL writes `t FOR SYSTEM_TIME AS OF o.time AS alias`: with jobs/orders.py's
+    # aliases the declarations are the hand-written job's.
+    query = tmp_path / "aliased.sql"
+    query.write_text(textwrap.dedent("""\
+        INSERT INTO orders_enriched
+        SELECT o.id AS order_id, c.name AS client_name, t.name AS table_name,
+               JSON_ARRAYAGG(JSON_OBJECT('pizza' VALUE p.name, 'price' VALUE p.price)) AS pizzas
+        FROM orders AS o CROSS JOIN UNNEST(o.pizzas) AS u(pizza_id)
+          JOIN pizzas FOR SYSTEM_TIME AS OF o.order_time AS p ON p.id = u.pizza_id
+          JOIN table_assignment FOR SYSTEM_TIME AS OF o.order_time AS ta
+            ON o.table_assignment_id = ta.id
+          JOIN clients FOR SYSTEM_TIME AS OF o.order_time AS c ON ta.client_id = c.id
+          JOIN tables FOR SYSTEM_TIME AS OF o.order_time AS t ON ta.table_id = t.id
+        GROUP BY o.id, c.name, t.name
+        """))
+    assert declarations(compiled(tmp_path, query, "orders", ORDERS)) == declarations(
+        load_job(ORDERS))
+
+
 def test_seed_000_is_the_users_colors_job(tmp_path: Path) -> None:
     # A LEFT JOIN on users_favorite_color.user_id, not its key: the greatest id wins, as
     # jobs/users_colors.py's Pick("id", "max") says.
@@ -268,6 +288,15 @@ REFUSED = [
      ["primary key o.id"]),
     ("SELECT o.id FROM orders o\n  JOIN tables FOR SYSTEM_TIME AS OF o.order_time ON "
      "tables.id = o.id\n  JOIN clients c ON c.id = o.id", 3, 8, ["every join or on none"]),
+    ("SELECT o.id FROM orders o\n"
+     "  JOIN tables FOR SYSTEM_TIME AS OF o.proctime AS t ON t.id = o.id",
+     2, 37, ["processing time reads the clock"]),
+    ("SELECT o.id FROM orders o\n  JOIN tables FOR SYSTEM_TIME AS OF t.id AS t ON t.id = o.id",
+     2, 19, ["must be a column of the fact 'o'"]),
+    ("SELECT o.id FROM orders o JOIN tables t ON t.id = c.id", 1, 51,
+     ["no table or unnest named 'c'"]),
+    ("SELECT o.id, p.name FROM orders o\n  JOIN pizzas p ON p.id = o.pizzas", 2, 20,
+     ["o.pizzas is an array", "unnest it first"]),
     ("SELECT o.id, o.pizas FROM orders o", 1, 14, ["no (supported) column 'pizas'",
                                                     "did you mean 'pizzas'"]),
     ("SELECT o.id, o.order_time + 1 AS x FROM orders o", 1, 14, ["output column 'x'"]),
