@@ -441,8 +441,7 @@ class _Query:
         if set(on_map) != set(table.key):
             pick = Pick(table.key[0], "max")
             self.comments[alias] = (f"{alias}: matched on {', '.join(sorted(on_map))}, not "
-                                    f"the primary key: the match with the greatest "
-                                    f"{table.key[0]} (edit pick= to choose otherwise)")
+                                    f"its key: the greatest {table.key[0]} wins (edit pick=)")
             self.notes.append(
                 f"{self.c.at(node)}: {alias} ({table.name}) is matched on "
                 f"{', '.join(sorted(on_map))}, not its primary key "

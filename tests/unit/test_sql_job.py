@@ -212,6 +212,8 @@ def test_the_command_prints_or_writes_a_job_that_loads(tmp_path: Path) -> None:
                                 str(USERS_COLORS), "--name", "colours"])
     assert done.exit_code == 0, done.output
     assert "note: " in done.stderr and "greatest id" in done.stderr
+    assert "# ufc: matched on user_id, not its key: the greatest id wins" in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) <= 100
     printed = tmp_path / "printed.py"
     printed.write_text(done.stdout)
     assert load_job(printed).name == "colours"
