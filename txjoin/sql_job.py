@@ -53,7 +53,7 @@ CLOCK_NODES: tuple[type[exp.Expr], ...] = (
     exp.Localtime, exp.Rand)
 CLOCK_FUNCTIONS = ("clock_timestamp", "statement_timestamp", "transaction_timestamp",
                    "timeofday", "proctime", "current_row_timestamp", "current_watermark",
-                   "unix_timestamp", "uuid", "gen_random_uuid", "random")
+                   "gen_random_uuid", "random")
 CLOCK_WORDS = ("current_timestamp", "now", "localtimestamp", "current_date", "current_time",
                "localtime", "rand", "random", *CLOCK_FUNCTIONS)
 COLLECTING = ("json_agg", "jsonb_agg", "json_arrayagg")
