@@ -519,6 +519,46 @@ def job_init(dsn: str, tables: str, fact: str | None, lookups: tuple[str, ...],
                    err=True)
 
 
+@job_group.command("from-sql")
+@click.argument("query_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--name", required=True,
+              help="The job's name (and its output table's, unless the query names one with "
+                   "INSERT INTO t / CREATE VIEW t AS).")
+@click.option("--dsn", default=None, envvar=_env("SOURCE_DSN"), show_envvar=True,
+              help="The source database (libpq DSN) whose catalog gives the tables' columns, "
+                   "types and primary keys, as `txjoin job init` reads them.")
+@click.option("--job", "job_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None,
+              help="Take the tables' declarations from this job file instead of a catalog.")
+@click.option("--semantics", type=click.Choice(["as_of_fact", "current"]), default=None,
+              help="The job's semantics. Default: as_of_fact when every join is FOR "
+                   "SYSTEM_TIME AS OF the fact's column (Flink SQL's temporal join), else "
+                   "current.")
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the job file here (refuses to overwrite); default: print it.")
+def job_from_sql(query_file: Path, name: str, dsn: str | None, job_file: Path | None,
+                 semantics: str | None, out: Path | None) -> None:
+    """Compile a SELECT (PostgreSQL or Flink SQL) into a job file: FROM the fact, JOINs
+    lookups, WHERE a filter, expressions computed columns."""
+    from txjoin.sql_job import from_sql
+
+    if out is not None and out.exists():
+        raise ConfigError(f"{out} exists; choose another --out or remove it")
+    if job_file is not None:
+        dsn = None  # --job wins over a TXJOIN_SOURCE_DSN in the environment
+    if dsn is None and job_file is None:
+        raise ConfigError("job from-sql needs the tables' declarations: --dsn DSN (the "
+                          "source catalog) or --job FILE (an existing job's tables)")
+    compiled = from_sql(query_file, name, dsn=dsn, job_file=job_file, semantics=semantics)
+    for note in compiled.notes:
+        click.echo(f"note: {note}", err=True)
+    if out is None:
+        click.echo(compiled.source, nl=False)
+    else:
+        out.write_text(compiled.source)
+        click.echo(f"wrote {out}: txjoin run {out}", err=True)
+
+
 # -- the job's commands that read its sinks or its topics (txjoin.verify, txjoin.export);
 # a running local stack's databases and broker are their defaults
 
