@@ -168,17 +168,11 @@ class _Compiler:
         stmt = self.statement
         target: str | None = None
         columns: list[str] | None = None
-        if isinstance(stmt, exp.Insert):
-            this = stmt.this
-            if isinstance(this, exp.Schema):
-                columns = [i.name for i in this.expressions]
-                this = this.this
-            target = this.name if isinstance(this, exp.Table) else None
-            stmt = stmt.expression
-        elif isinstance(stmt, exp.Create):
-            if str(stmt.args.get("kind", "")).upper() not in ("VIEW", "TABLE"):
-                self.fail(stmt, f"CREATE {stmt.args.get('kind')}: expected a SELECT, INSERT "
-                                f"INTO t SELECT or CREATE VIEW t AS SELECT")
+        if isinstance(stmt, exp.Create) and \
+                str(stmt.args.get("kind", "")).upper() not in ("VIEW", "TABLE"):
+            self.fail(stmt, f"CREATE {stmt.args.get('kind')}: expected a SELECT, INSERT "
+                            f"INTO t SELECT or CREATE VIEW t AS SELECT")
+        if isinstance(stmt, (exp.Insert, exp.Create)):  # INSERT INTO t / CREATE VIEW t AS
             this = stmt.this
             if isinstance(this, exp.Schema):
                 columns = [i.name for i in this.expressions]
