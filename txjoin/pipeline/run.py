@@ -117,9 +117,7 @@ def _await(query: PipelineQuery, until_idle: bool, stop: threading.Event,
            say: Callable[[str], None]) -> bool:
     """Wait for ``query``; False when stopped (Ctrl-C or ``stop``) before it ended. A stop
     lets the batch in progress finish and commit first."""
-    # Installed here, after the session started: a new SparkContext installs its own.
-    with _ctrl_c_stops(stop):
-        stopped = _wait(query, stop)
+    stopped = _wait(query, stop)  # Ctrl-C sets stop (_ctrl_c_stops, from _run)
     if stopped:
         say("stopped (the checkpoint keeps the progress; run again to resume)")
     return not stopped and until_idle
@@ -223,6 +221,18 @@ def _run(job: Job, config: RunConfig, metrics: Metrics,
     preflight(job, config)
     spark = get_session(config.master, app_name=f"txjoin-{job.name}",
                         extra_conf=config.spark_conf)
+    # Installed after the session started (a new SparkContext installs its own handler) and
+    # before anything long: a Ctrl-C while Delta commits what a killed run handed off is a
+    # clean stop too.
+    with _ctrl_c_stops(stop):
+        return _stream(job, config, spark, metrics, on_batch, stop, quiet, say, on_sink_commit)
+
+
+def _stream(job: Job, config: RunConfig, spark: SparkSession, metrics: Metrics,
+            on_batch: Callable[[BatchReport], None] | None, stop: threading.Event,
+            quiet: bool, say: Callable[[str], None],
+            on_sink_commit: Callable[[GroupCommit], None] | None) -> list[BatchReport]:
+    """The run once its Spark session is up: sinks, pipeline, (rebuild,) query, wait."""
     sinks = build_sinks(job, config, spark)
 
     def report(r: BatchReport) -> None:
