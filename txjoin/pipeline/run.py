@@ -39,6 +39,7 @@ from txjoin.pipeline.pipeline import (
 from txjoin.pipeline.session import get_session
 from txjoin.sinks import Sink
 from txjoin.sinks.build import build_sinks
+from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.handoff import GroupCommit, Handoff
 from txjoin.sinks.lineage import Checkpoint, check_lineage, short
 
@@ -198,7 +199,7 @@ def preflight(job: Job, config: RunConfig) -> None:
             # Batches a stopped or killed run handed off to Delta and did not commit count
             # as held: the run commits them before its query starts (Pipeline.recover).
             check_lineage(sinks, Checkpoint.open(checkpoint),
-                          handed_off={"delta": Handoff(checkpoint).stored()})
+                          handed_off={DeltaSink.name: Handoff(checkpoint).stored()})
         finally:
             for sink in sinks:
                 sink.close()
