@@ -689,27 +689,64 @@ def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
               default=DEFAULT_DIR, show_default=True, help="Local stack directory.")
+@click.option("--job", "job_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None,
+              help="Export the topics this job reads (needed with --bootstrap-servers; "
+                   "default: every topic of the local stack).")
+@click.option("--bootstrap-servers", envvar=_env("BOOTSTRAP_SERVERS"), show_envvar=True,
+              help="Your own Kafka's bootstrap servers (with --job). Default: the local "
+                   "stack's broker.")
+@click.option("--topic-prefix", "topic_prefix", envvar=_env("TOPIC_PREFIX"), show_envvar=True,
+              multiple=True, metavar="[NAME=]PREFIX",
+              help="Debezium topic.prefix of the --job's topics, as `txjoin run` takes it.")
 @click.option("--records-per-file", type=int, default=DEFAULT_RECORDS_PER_FILE,
               show_default=True, help="Records per file (Kafka Connect's flush.size).")
 @cli_errors
-def export(out: Path, directory: Path, records_per_file: int) -> None:
-    """Write the local stack's topics to OUT in Kafka Connect's S3/file sink layout.
+def export(out: Path, directory: Path, job_file: Path | None, bootstrap_servers: str | None,
+           topic_prefix: tuple[str, ...], records_per_file: int) -> None:
+    """Write Debezium topics to OUT in Kafka Connect's S3/file sink layout.
 
-    Read them back with `txjoin run JOB.py --source files:OUT`. Running export
-    again appends what was captured since.
+    By default the local stack's topics; with --bootstrap-servers and --job, the
+    topics that job reads on your own Kafka. Read them back with
+    `txjoin run JOB.py --source files:OUT`. Running export again appends what was
+    captured since.
     """
     from txjoin.export import export_topics
+    from txjoin.job import load_job
     from txjoin.stack.stack import load_stack
 
     if records_per_file <= 0:
         raise ConfigError("--records-per-file must be positive")
-    stack = load_stack(directory)
-    if stack is None:
-        raise ConfigError(f"no local stack is running in {directory}/; start one with "
-                          f"`txjoin up --dir {directory}`")
-    counts = export_topics(stack.bootstrap_servers, stack.topics, out, records_per_file)
-    for topic, n in counts.items():
-        click.echo(f"{topic}: {n} records")
+    if bootstrap_servers and job_file is None:
+        raise ConfigError("--bootstrap-servers needs --job JOB.py: export reads the topics "
+                          "that job reads (its tables and transaction topics)")
+    if topic_prefix and job_file is None:
+        raise ConfigError("--topic-prefix needs --job JOB.py: the prefix names that job's "
+                          "topics")
+    job = load_job(job_file) if job_file is not None else None
+    stack = None if bootstrap_servers else load_stack(directory)
+    if not bootstrap_servers:
+        if stack is None:
+            raise ConfigError(f"no local stack is running in {directory}/; start one with "
+                              f"`txjoin up --dir {directory}`, or pass --bootstrap-servers "
+                              f"HOST:PORT --job JOB.py")
+        bootstrap_servers = stack.bootstrap_servers
+    if job is None:
+        assert stack is not None
+        topics = list(stack.topics)
+    else:
+        plain, named = parse_topic_prefixes(topic_prefix, job.source_names, bool(job.sources))
+        if stack is not None and not topic_prefix and not job.sources:
+            plain = stack.topic_prefix
+        topics = job.all_topics(job.source_prefixes(plain, named))
+    counts = export_topics(bootstrap_servers, topics, out, records_per_file)
+    if not counts:
+        raise ConfigError(f"none of the topics to export is on the broker at "
+                          f"{bootstrap_servers} ({', '.join(topics)}); check --topic-prefix "
+                          f"(Debezium's topic.prefix) and that the connector has run")
+    for topic in topics:
+        click.echo(f"{topic}: {counts[topic]} records" if topic in counts
+                   else f"{topic}: not on the broker yet (nothing exported)")
     click.echo(f"exported to {out}/ (read with --source files:{out})")
 
 

@@ -30,3 +30,33 @@ def test_export_archives_every_record_in_offset_order_and_appends_on_rerun(
         ("eshop.public.orders+0+4.json", 4, 1)]
     values = [line for s in segments for line in read_lines(s.path)]
     assert values == ['{"n":1}', "null", '{"n":2}', '{"n":3}', '{"n":4}']
+
+
+def test_export_from_your_own_broker_takes_the_jobs_topics_and_refuses_a_prefix_with_none(
+        kafka_broker: str, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from txjoin.cli import export
+    from txjoin.job import load_job
+
+    job_file = Path(__file__).parents[2] / "jobs" / "orders.py"
+    topics = load_job(job_file).all_topics("ownkafka")
+    create_topics(kafka_broker, topics[:1])
+    produce(kafka_broker, [(topics[0], "k", '{"n":1}'), (topics[0], "k", '{"n":2}')])
+    base = ["--bootstrap-servers", kafka_broker, "--job", str(job_file)]
+
+    result = CliRunner().invoke(export, [str(tmp_path / "a"), *base, "--topic-prefix",
+                                         "ownkafka"])
+    assert result.exit_code == 0, result.output
+    assert f"{topics[0]}: 2 records" in result.output
+    assert f"{topics[1]}: not on the broker yet (nothing exported)" in result.output
+    assert [s.count for s in Catalog(str(tmp_path / "a"), topics).segments(topics[0], 0)] == [2]
+
+    wrong = CliRunner().invoke(export, [str(tmp_path / "b"), *base, "--topic-prefix", "nosuch"])
+    assert wrong.exit_code == 2
+    assert "none of the topics to export is on the broker" in wrong.output
+    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
+
+    alone = CliRunner().invoke(export, [str(tmp_path / "c"), "--bootstrap-servers",
+                                        kafka_broker])
+    assert alone.exit_code == 2 and "--bootstrap-servers needs --job" in alone.output
