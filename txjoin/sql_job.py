@@ -44,7 +44,18 @@ from sqlglot.errors import ParseError, TokenError
 
 from txjoin.errors import JobError, did_you_mean
 from txjoin.expr import ExprError, compile_expr
-from txjoin.job import Collect, Job, Lookup, Output, Pick, Source, Table, load_job
+from txjoin.job import (
+    Aggregate,
+    Children,
+    Collect,
+    Job,
+    Lookup,
+    Output,
+    Pick,
+    Source,
+    Table,
+    load_job,
+)
 
 DIALECT = "postgres"
 
@@ -775,6 +786,10 @@ def render(job: Job, query: str, path: str, comments: Mapping[str, str] | None =
         imports.append("Collect")
     if any(lk.pick is not None for lk in job.lookups):
         imports.append("Pick")
+    if any(isinstance(lk, Children) for lk in job.lookups):
+        imports.append("Children")
+    if any(isinstance(p, Aggregate) for p in job.output.columns.values()):
+        imports.append("Aggregate")
     if job.sources:
         imports.append("Source")
     ind = " " * 8
@@ -806,26 +821,36 @@ def render(job: Job, query: str, path: str, comments: Mapping[str, str] | None =
             lines.append(f"{ind}# {comments[lk.alias]}")
         parts = [_q(lk.alias), _q(lk.table), f"parent={_q(lk.parent)}",
                  f"on={_dict(lk.on, ind, 0, width=1000)}"]
-        if lk.how != "inner":
+        kind = "Children" if isinstance(lk, Children) else "Lookup"
+        if lk.how != ("left" if isinstance(lk, Children) else "inner"):
             parts.append(f"how={_q(lk.how)}")
+        if isinstance(lk, Children) and lk.order_by:
+            parts.append(f"order_by={list(lk.order_by)!r}")
         if lk.array:
             parts.append("array=True")
         if lk.pick is not None:
             parts.append(f"pick=Pick({_q(lk.pick.column)}, {_q(lk.pick.order)})")
         if lk.where is not None:
             parts.append(f"where={_q(lk.where)}")
-        one = f"{ind}Lookup({', '.join(parts)}),"
+        one = f"{ind}{kind}({', '.join(parts)}),"
         if len(one) <= 100:
             lines.append(one)
         else:
-            lines += [f"{ind}Lookup({', '.join(parts[:3])},",
-                      *(f"{ind}       {part}," for part in parts[3:-1]),
-                      f"{ind}       {parts[-1]}),"]
+            pad = " " * (len(kind) + 1)
+            lines += [f"{ind}{kind}({', '.join(parts[:3])},",
+                      *(f"{ind}{pad}{part}," for part in parts[3:-1]),
+                      f"{ind}{pad}{parts[-1]}),"]
     lines += ["    ],", "    output=Output(", f"        table={_q(job.output.table)},",
               f"        key={_dict(job.output.key, ind, 4)},", "        columns={"]
     for col, proj in job.output.columns.items():
         if isinstance(proj, Collect):
             value = f"Collect({_q(proj.alias)}, {_dict(proj.fields, ind + '    ', 30)})"
+        elif isinstance(proj, Aggregate):
+            args = [_q(proj.alias), _q(proj.func), *([] if proj.expr is None else
+                                                     [_q(proj.expr)])]
+            if proj.separator is not None:
+                args.append(f"separator={_q(proj.separator)}")
+            value = f"Aggregate({', '.join(args)})"
         else:
             value = _q(proj)
         lines.append(f"{ind}    {_q(col)}: {value},")
