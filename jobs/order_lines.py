@@ -19,6 +19,12 @@ The query it keeps, in PostgreSQL (``public.order_lines`` references ``public.or
       left join pizzas p on p.id = l.pizza_id
     group by o.id
 
+The demo stack's schema (txjoin/stack/schema.sql) has no order lines: run this job
+against a database that has them, e.g.::
+
+    create table public.order_lines (id serial primary key, order_id int, line_no int,
+                                     pizza_id int, quantity int, gift boolean);
+
 A line with quantity 0 is no line (the Children filter). ``current`` semantics: a line
 added, changed, moved to another order or deleted, and a price change, re-evaluate the
 orders they belong to. Under ``as_of_fact`` a change to a line is a change to its order

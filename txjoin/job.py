@@ -751,8 +751,9 @@ def validate(job: Job) -> None:
                        f"{did_you_mean(col, job.alias_table(alias).columns)}")
         arr = under_array(alias)
         if arr is not None and arr != inside:
-            _fail(job, f"{where}: {ref} lies under the listed alias {arr!r} (an array "
-                       f"lookup or child rows); wrap it in Collect({arr!r}, ...) or "
+            under = (f"lies under child rows {arr!r}" if isinstance(job.lookup(arr), Children)
+                     else f"lies under array lookup {arr!r}")
+            _fail(job, f"{where}: {ref} {under}; wrap it in Collect({arr!r}, ...) or "
                        f"Aggregate({arr!r}, ...)")
         if inside is not None and arr != inside:
             _fail(job, f"{where}: {ref} is not under the collected lookup {inside!r}")

@@ -213,7 +213,8 @@ def _job(**changes: Any) -> Job:
       "output": Output("x", {"order_id": "o.id"}, {"n": Aggregate("l2", "count")})},
      "Children must hang from the fact alias 'o', not 'p'"),
     ({"output": Output("x", {"order_id": "o.id"}, {"q": "l.quantity"})},
-     "l.quantity lies under the listed alias 'l'"),
+     "l.quantity lies under child rows 'l'; wrap it in Collect('l', ...) or "
+     "Aggregate('l', ...)"),
     ({"output": Output("x", {"order_id": "o.id"}, {"n": Aggregate("l", "median", "l.id")})},
      "unknown aggregate 'median'"),
     ({"output": Output("x", {"order_id": "o.id"}, {"n": Aggregate("l", "sum")})},
