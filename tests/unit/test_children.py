@@ -262,3 +262,73 @@ def test_engine_state_with_child_rows_survives_serialisation(data: Any) -> None:
         restarted = Engine.from_state(job, restarted.state_bytes())
         assert a == restarted.process(records, caught_up=caught)
     assert steady.outputs() == restarted.outputs()
+
+
+# -- txjoin job from-sql: GROUP BY the fact's key with aggregates over child rows -------------
+
+ORDER_LINES_SQL = """\
+select o.id as order_id, o.order_time,
+       count(l.id) as line_count,
+       sum(l.quantity * p.price) as total,
+       sum(l.quantity) as pizzas_ordered,
+       avg(p.price) as average_price,
+       max(p.price) as top_price,
+       bool_or(l.gift) as has_gift,
+       string_agg(p.name, ', ' order by l.line_no) as names
+from orders o
+  left join order_lines l on l.order_id = o.id and l.quantity <> 0
+  left join pizzas p on p.id = l.pizza_id
+group by o.id
+"""
+
+
+def _from_sql(tmp_path: Path, query: str) -> Job:
+    from txjoin.sql_job import from_sql
+
+    path = tmp_path / "q.sql"
+    path.write_text(query)
+    out = tmp_path / "compiled.py"
+    out.write_text(from_sql(path, "order_lines", job_file=JOBS / "order_lines.py").source)
+    return load_job(out)
+
+
+@pytest.mark.parametrize("semantics", ["current", "as_of_fact"])
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_group_by_with_aggregates_over_order_lines_is_the_order_lines_job(
+        tmp_path: Path, semantics: str, data: Any) -> None:
+    """The query of jobs/order_lines.py's docstring (its aggregates) compiles to Children and
+    Aggregate columns whose output equals the hand-written job's, after every transaction of
+    random workloads (lines moved, orders deleted, prices changed)."""
+    compiled = replace(_from_sql(tmp_path, ORDER_LINES_SQL), semantics=semantics)
+    hand = replace(ORDER_LINES, semantics=semantics)
+    assert compiled.lookup("l") == replace(hand.lookup("l"))
+    workload = data.draw(workloads(CHILD_ROWS), label="workload")
+    got = outputs_after_each(compiled, workload.snapshot, workload.transactions)
+    want = outputs_after_each(hand, workload.snapshot, workload.transactions)
+    columns = list(compiled.output.column_names)
+    assert [{k: {c: row[c] for c in columns} for k, row in state.items()} for state in want] \
+        == got
+
+
+@pytest.mark.parametrize(("query", "words"), [
+    (ORDER_LINES_SQL.replace("count(l.id)", "count(*)"),
+     ["q.sql:2:8: count(*) over LEFT JOIN public.order_lines", "count(l.id)"]),
+    (ORDER_LINES_SQL.replace("sum(l.quantity) as", "sum(l.quantity * o.id) as"),
+     ["reads o.id, which is not a column of the child rows l"]),
+    (ORDER_LINES_SQL.replace("order by l.line_no", "order by l.line_no desc"),
+     ["child rows are listed by their own columns ascending"]),
+    (ORDER_LINES_SQL.replace("bool_or(l.gift) as has_gift",
+                             "json_agg(json_build_object('n', l.line_no)) as lines"),
+     ["over LEFT JOIN public.order_lines", "collect over JOIN"]),
+    (ORDER_LINES_SQL.replace("group by o.id", "  left join order_lines l2 on l2.order_id = o.id"
+                             "\ngroup by o.id").replace("max(p.price)", "max(l2.quantity)"),
+     ["child rows of l, l2 joined at once"]),
+])
+def test_what_from_sql_cannot_aggregate_over_child_rows_is_refused(
+        tmp_path: Path, query: str, words: list[str]) -> None:
+    with pytest.raises(JobError) as info:
+        _from_sql(tmp_path, query)
+    assert "\n" not in str(info.value)
+    for word in words:
+        assert word in str(info.value)
