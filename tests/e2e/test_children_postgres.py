@@ -61,6 +61,8 @@ def _compare(dsn: str, job: Job, rows: dict[str, list[dict[str, Any]]]) -> int:
                     assert all(_element_equal(got[f], want[f]) for f in typ), (
                         name, key, pg, value)
             else:
+                if typ == "numeric" and isinstance(value, str):  # held as its text
+                    value = Decimal(value)
                 assert _same(pg, value, typ), (
                     f"{name} ({typ}) of order {key}: PostgreSQL {pg!r}, txjoin {value!r}")
     return len(mine)

@@ -145,7 +145,8 @@ def test_aggregates_mean_what_postgresql_means() -> None:
     assert [(x["line_no"], x["pizza"]) for x in one["lines"]] == [
         (1, "Margherita"), (1, "Napoli"), (2, "Diavola"), (None, None)]
     assert one["line_count"] == 4
-    assert one["total"] == Decimal("22.33")  # 1*3.33 + 2*9.50; NULL prices ignored
+    # An unbounded numeric is its text (as txjoin holds a numeric column without a scale).
+    assert one["total"] == "22.33"  # 1*3.33 + 2*9.50; NULL prices ignored
     assert one["pizzas_ordered"] == 7 and isinstance(one["pizzas_ordered"], int)
     # avg of numeric: the exact sum divided at PostgreSQL's numeric division scale
     assert str(one["average_price"]) == "6.4150000000000000"
@@ -156,7 +157,7 @@ def test_aggregates_mean_what_postgresql_means() -> None:
     assert one["halves"] == 3.5
     # The array lookup: each element (duplicates kept), a missing pizza counted by count(*)
     # only; count(pz.id) skips it.
-    assert one["pizza_count"] == 3 and one["pizza_sum"] == Decimal("16.16")
+    assert one["pizza_count"] == 3 and one["pizza_sum"] == "16.16"
     assert one["cheapest"] == "Diavola"  # by code point: "D" < "M"
     # No line: count 0, an empty list, every other aggregate NULL.
     assert two["lines"] == [] and two["line_count"] == 0
@@ -192,7 +193,7 @@ def test_a_line_moved_to_another_order_changes_both_orders(semantics: str) -> No
     assert [x["pizza"] for x in got[(3,)]["lines"]] == ["Napoli", "Diavola"]
     assert got[(1,)]["line_count"] == 3
     # The price change reaches the order holding the line under `current` only.
-    assert got[(3,)]["total"] == (Decimal("2.00") if semantics == "current" else Decimal("19.00"))
+    assert got[(3,)]["total"] == ("2.00" if semantics == "current" else "19.00")
 
 
 # -- declaration errors: one line, naming the job and what to do ------------------------------

@@ -4,8 +4,10 @@ PostgreSQL's meaning (txjoin.job.Aggregate): NULLs are ignored; ``count(*)`` cou
 elements and ``count`` of none is 0; every other aggregate of no non-NULL value is NULL;
 ``sum`` of integers is exact (bigint, numeric for bigint), of numerics exact; ``avg`` of
 integers and numerics is the exact sum divided at PostgreSQL's numeric division scale;
-``sum``/``avg`` of doubles add in the elements' order (verify's SQL aggregates in the
-same order); ``min``/``max`` of text compare by code point (verify: ``COLLATE "C"``).
+an unbounded ``numeric`` result is its text, as txjoin holds a ``numeric`` column
+without a scale (ingest/types.py); ``sum``/``avg`` of doubles add in the elements'
+order (verify's SQL aggregates in the same order); ``min``/``max`` of text compare by
+code point (verify: ``COLLATE "C"``).
 """
 
 from __future__ import annotations
@@ -41,14 +43,19 @@ def aggregator(func: str, result_type: str, separator: str | None
                     acc += v
             else:
                 acc = sum(present)
-            if func == "sum":
-                return acc
             if isinstance(acc, float):
-                return acc / len(present)
-            return numeric_divide(acc, Decimal(len(present)))
+                return acc if func == "sum" else acc / len(present)
+            result = acc if func == "sum" else numeric_divide(acc, Decimal(len(present)))
+            # An unbounded numeric is its text, as txjoin holds such a column (ingest/types.py)
+            return format(result, "f") if numeric and result is not None else result
         return total
     if func in ("min", "max"):
         pick = min if func == "min" else max
+        if result_type == "numeric":  # held as its text: compared as numbers
+            def extreme(values: Sequence[Any]) -> Any:
+                found = pick((Decimal(v) for v in values if v is not None), default=None)
+                return None if found is None else format(found, "f")
+            return extreme
         return lambda values: pick((v for v in values if v is not None), default=None)
     if func in ("bool_and", "bool_or"):
         test = all if func == "bool_and" else any

@@ -235,6 +235,9 @@ def _aggregate(agg: Aggregate, result_type: str, values: list[Any]) -> Any:
         return False not in present
     if agg.func == "bool_or":
         return True in present
+    if agg.func in ("min", "max") and result_type == "numeric":
+        best = (min if agg.func == "min" else max)(Decimal(v) for v in present)
+        return format(best, "f")  # an unbounded numeric, as its column reads: text
     if agg.func == "min":
         return min(present)
     if agg.func == "max":
@@ -246,9 +249,10 @@ def _aggregate(agg: Aggregate, result_type: str, values: list[Any]) -> Any:
         return total if agg.func == "sum" else total / len(present)
     with localcontext(Context(prec=4000)):  # numeric and integer sums are exact
         total = sum(Decimal(v) for v in present)
-    if agg.func == "avg":
-        return numeric_divide(total, len(present))
-    return total if result_type == "numeric" else int(total)
+    if result_type != "numeric":
+        return int(total)
+    result = numeric_divide(total, len(present)) if agg.func == "avg" else total
+    return None if result is None else format(result, "f")  # as a numeric column reads
 
 
 def outputs_after_each(job: Job, snapshot: Mapping[str, Sequence[Mapping[str, Any]]],

@@ -66,15 +66,6 @@ def values_equal(expected: Any, actual: Any) -> bool:
         return expected is None and actual is None
     if isinstance(expected, bool) or isinstance(actual, bool):
         return type(expected) is type(actual) and expected == actual
-    if isinstance(expected, Decimal) != isinstance(actual, Decimal) and isinstance(
-            expected if isinstance(actual, Decimal) else actual, str):
-        # An unbounded numeric is held as its text where it is read (ingest/types.py) and
-        # as a Decimal where it is computed (a division, an aggregate): equal by value.
-        text = expected if isinstance(expected, str) else actual
-        try:
-            return Decimal(text) == (actual if isinstance(actual, Decimal) else expected)
-        except InvalidOperation:
-            return False
     a, b = _number(expected), _number(actual)
     if a is not None or b is not None:
         return a is not None and b is not None and a == b
