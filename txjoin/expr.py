@@ -255,6 +255,13 @@ def _arith(op: str, lk: str, rk: str) -> Callable[[Any, Any], Any]:
     return numeric
 
 
+def numeric_divide(a: Any, b: Any) -> Decimal | None:
+    """``a / b`` as PostgreSQL divides numerics (``select_div_scale``: at least 16
+    significant digits); None when ``b`` is 0 (where PostgreSQL raises)."""
+    result: Decimal | None = _arith("/", "numeric", "numeric")(a, b)
+    return result
+
+
 def _cmp(op: str) -> Callable[[Any, Any], bool]:
     return {"=": lambda a, b: a == b, "<>": lambda a, b: a != b, "<": lambda a, b: a < b,
             "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,

@@ -43,7 +43,7 @@ from txjoin.ingest.debezium import (
     table_topic,
     transaction_topic,
 )
-from txjoin.ingest.types import FAST_TYPES, SCHEMA_MODE, check_type, convert
+from txjoin.ingest.types import FAST_TYPES, SCHEMA_MODE, check_type, column_kind, convert
 
 Semantics = Literal["as_of_fact", "current"]
 SEMANTICS: tuple[str, ...] = ("as_of_fact", "current")
@@ -197,10 +197,66 @@ class Lookup:
     def __post_init__(self) -> None:
         object.__setattr__(self, "on", dict(self.on))
 
+    @property
+    def listed(self) -> bool:
+        """Whether the alias binds a list of elements (an array lookup, or child rows)
+        that only a :class:`Collect` or an :class:`Aggregate` reads."""
+        return self.array
+
+
+@dataclass(frozen=True)
+class Children(Lookup):
+    """One-to-many: ``alias`` = the rows of ``table`` that reference the fact.
+
+    ``on`` maps columns of the child ``table`` to columns of the parent (the fact alias):
+    ``Children("l", "public.order_lines", "o", {"order_id": "id"}, order_by="line_no")``.
+    The child table has its own key; every child row whose ``on`` columns equal the
+    fact's is an element, ordered by ``order_by`` (ascending, NULLs last) then by the
+    child's key. A fact with no child rows keeps its output row (an empty list, a count
+    of 0: a LEFT JOIN). A child row may have many-to-one lookups of its own
+    (``Lookup(..., parent="l")``). Read the elements with :class:`Collect` or
+    :class:`Aggregate`. ``where`` filters which child rows count.
+    """
+
+    how: Literal["inner", "left"] = "left"
+    order_by: Sequence[str] | str = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        order = (self.order_by,) if isinstance(self.order_by, str) else tuple(self.order_by)
+        object.__setattr__(self, "order_by", order)
+
+    @property
+    def listed(self) -> bool:
+        return True
+
+
+AGGREGATES: tuple[str, ...] = ("count", "sum", "min", "max", "avg", "bool_and", "bool_or",
+                               "string_agg")
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """An output column aggregating the elements of a listed alias (child rows or an array
+    lookup), with PostgreSQL's meaning: ``func`` over the SQL expression ``expr`` (over the
+    element's aliases), NULLs ignored; ``count`` without ``expr`` counts the elements
+    (``count(*)``), of none 0; ``sum``/``avg``/``min``/``max``/``bool_and``/``bool_or``/
+    ``string_agg`` of no (non-NULL) value are NULL. ``string_agg`` joins with ``separator``
+    in the elements' order. Types as PostgreSQL gives them (``sum`` of int: bigint, of
+    bigint or numeric: numeric; ``avg`` of an integer or numeric: numeric at PostgreSQL's
+    division scale).
+    """
+
+    alias: str
+    func: str
+    expr: str | None = None
+    separator: str | None = None
+
 
 @dataclass(frozen=True)
 class Collect:
-    """Aggregate the elements of an array lookup into a list of structs, in array order."""
+    """Aggregate the elements of an array lookup (or of child rows) into a list of structs,
+    in array order (child rows: in their ``order_by``)."""
 
     alias: str
     fields: Mapping[str, str]
@@ -209,7 +265,7 @@ class Collect:
         object.__setattr__(self, "fields", dict(self.fields))
 
 
-Projection = str | Collect
+Projection = str | Collect | Aggregate
 
 
 @dataclass(frozen=True)
@@ -353,11 +409,23 @@ class Job:
         return cached
 
     def projection_type(self, name: str) -> str:
-        """The type of a non-Collect output column: its column's, or its expression's."""
+        """The type of a non-Collect output column: its column's, its expression's, or its
+        aggregate's (PostgreSQL's result type)."""
         proj = {**self.output.key, **self.output.columns}[name]
+        if isinstance(proj, Aggregate):
+            arg = self.expressions.aggregates.get(name)
+            return aggregate_type(proj.func, None if arg is None else arg.type)
         assert isinstance(proj, str)
         compiled = self.expressions.columns.get(name)
         return compiled.type if compiled is not None else self.column_type(proj)
+
+    def element_aliases(self, listed: str) -> list[str]:
+        """The aliases an element of the listed alias ``listed`` binds: itself and its
+        lookups (none of them listed: validate refuses a list under a list of child rows)."""
+        out = [listed]
+        for alias in out:
+            out.extend(lk.alias for lk in self.children(alias) if not lk.listed)
+        return out
 
     def __getstate__(self) -> dict[str, Any]:
         # Compiled evaluators are closures: a pickled job (shipped to Spark's workers)
@@ -465,6 +533,8 @@ class Expressions:
     where: Compiled | None
     lookups: Mapping[str, Compiled]
     columns: Mapping[str, Compiled]
+    aggregates: Mapping[str, Compiled] = field(default_factory=dict)
+    """Output column -> the compiled argument of its :class:`Aggregate` (none for count(*))."""
 
 
 def _top_aliases(job: Job) -> list[str]:
@@ -473,7 +543,7 @@ def _top_aliases(job: Job) -> list[str]:
     for lk in job.lookups:
         alias: str | None = lk.alias
         while alias is not None and alias != job.fact_alias:
-            if job.lookup(alias).array:
+            if job.lookup(alias).listed:
                 break
             alias = job.lookup(alias).parent
         else:
@@ -496,6 +566,10 @@ def _compile_expressions(job: Job) -> Expressions:
         columns = {name: compile_expr(proj, top, f"output column {name!r}")
                    for name, proj in job.output.columns.items()
                    if isinstance(proj, str) and not is_plain_ref(proj)}
+        aggregates = {name: compile_expr(proj.expr, _column_types(
+                          job, job.element_aliases(proj.alias)), f"output column {name!r}")
+                      for name, proj in job.output.columns.items()
+                      if isinstance(proj, Aggregate) and proj.expr is not None}
     except ExprError as exc:
         _fail(job, str(exc))
         raise  # unreachable: _fail raises
@@ -504,7 +578,60 @@ def _compile_expressions(job: Job) -> Expressions:
         if compiled is not None and compiled.type != "bool":
             _fail(job, f"{what}: {compiled.text!r} is {compiled.type}, not a boolean "
                        f"predicate; compare it (e.g. {compiled.text} IS NOT NULL)")
-    return Expressions(where, lookups, columns)
+    for name, arg in aggregates.items():
+        agg = job.output.columns[name]
+        assert isinstance(agg, Aggregate)
+        try:
+            aggregate_type(agg.func, arg.type)
+        except ExprError as exc:
+            _fail(job, f"output column {name!r}: {exc}")
+    return Expressions(where, lookups, columns, aggregates)
+
+
+_SUM_TYPE = {"smallint": "bigint", "int": "bigint", "bigint": "numeric"}
+_MIN_MAX_KINDS = frozenset({"int", "bigint", "smallint", "decimal", "numeric", "double", "real",
+                            "text", "timestamp", "timestamptz", "date", "time", "interval"})
+
+
+def aggregate_type(func: str, arg: str | None) -> str:
+    """PostgreSQL's result type of ``func`` over a value of type ``arg`` (None: count(*)).
+
+    Raises ExprError naming what ``func`` accepts when ``arg`` is not one of them.
+    """
+    if func == "count":
+        return "bigint"
+    assert arg is not None
+    base = "" if arg.endswith("[]") else arg
+    try:
+        kind = column_kind(base)[0] if base else "array"
+    except ValueError:
+        kind = "unknown"
+    if func in ("sum", "avg"):
+        if kind in ("int", "bigint", "smallint"):
+            return _SUM_TYPE[kind] if func == "sum" else "numeric"
+        if kind in ("decimal", "numeric"):
+            return "numeric"
+        if kind == "double" or (kind == "real" and func == "avg"):
+            return "double"
+        if kind == "real":  # PostgreSQL adds reals in single precision
+            raise ExprError("sum() of real is not supported; sum a double: "
+                            "sum(CAST(x AS double precision))")
+        raise ExprError(f"{func}() takes an integer, numeric, real or double value, not {arg}")
+    if func in ("min", "max"):
+        if kind not in _MIN_MAX_KINDS:
+            raise ExprError(f"{func}() takes a number, text, date, time, timestamp or "
+                            f"interval value, not {arg}")
+        return arg
+    if func in ("bool_and", "bool_or"):
+        if kind != "bool":
+            raise ExprError(f"{func}() takes a boolean value, not {arg}")
+        return "bool"
+    if func == "string_agg":
+        if kind != "text":
+            raise ExprError(f"string_agg() takes a text value (CAST it: CAST(x AS text)), "
+                            f"not {arg}")
+        return "text"
+    raise ExprError(f"unknown aggregate {func!r}; use one of {', '.join(AGGREGATES)}")
 
 
 def _fail(job: Job, what: str) -> None:
@@ -574,7 +701,9 @@ def validate(job: Job) -> None:
                            f"{is_array}")
         if lk.array and len(lk.on) != 1:
             _fail(job, f"{where}: an array lookup matches exactly one column")
-        if set(lk.on) != set(table.key) and lk.pick is None:
+        if isinstance(lk, Children):
+            _validate_children(job, lk, where)
+        elif set(lk.on) != set(table.key) and lk.pick is None:
             _fail(job, f"{where}: matches on {sorted(lk.on)}, not the primary key "
                        f"{list(table.key)} of {lk.table}, so several rows can match; say how "
                        f"they resolve with pick=Pick(column, 'max'|'min')")
@@ -593,7 +722,15 @@ def validate(job: Job) -> None:
     if sorted(key_refs) != sorted(f"{job.fact_alias}.{k}" for k in fact.key):
         _fail(job, f"output key {job.output.key} must map exactly the fact's primary key "
                    f"{[f'{job.fact_alias}.{k}' for k in fact.key]}")
-    array_aliases = {lk.alias for lk in job.lookups if lk.array}
+    array_aliases = {lk.alias for lk in job.lookups if lk.listed}
+    for lk in job.lookups:
+        above = job.lookup(lk.parent) if lk.parent != job.fact_alias else None
+        while above is not None:
+            if isinstance(above, Children) and lk.listed:
+                _fail(job, f"lookup {lk.alias!r} ({lk.table}): a list (array lookup or "
+                           f"Children) under the child rows {above.alias!r} is not supported; "
+                           f"a child row's own lookups must be many-to-one")
+            above = job.lookup(above.parent) if above.parent != job.fact_alias else None
 
     def under_array(alias: str) -> str | None:
         while alias != job.fact_alias:
@@ -614,8 +751,10 @@ def validate(job: Job) -> None:
                        f"{did_you_mean(col, job.alias_table(alias).columns)}")
         arr = under_array(alias)
         if arr is not None and arr != inside:
-            _fail(job, f"{where}: {ref} lies under array lookup {arr!r}; wrap it in "
-                       f"Collect({arr!r}, ...)")
+            under = (f"lies under child rows {arr!r}" if isinstance(job.lookup(arr), Children)
+                     else f"lies under array lookup {arr!r}")
+            _fail(job, f"{where}: {ref} {under}; wrap it in Collect({arr!r}, ...) or "
+                       f"Aggregate({arr!r}, ...)")
         if inside is not None and arr != inside:
             _fail(job, f"{where}: {ref} is not under the collected lookup {inside!r}")
 
@@ -623,15 +762,54 @@ def validate(job: Job) -> None:
         where = f"output column {name!r}"
         if isinstance(proj, Collect):
             if proj.alias not in array_aliases:
-                _fail(job, f"{where}: Collect({proj.alias!r}) needs an array lookup alias")
+                _fail(job, f"{where}: Collect({proj.alias!r}) needs an array lookup or "
+                           f"Children alias{did_you_mean(proj.alias, sorted(array_aliases))}")
             for fname, ref in proj.fields.items():
                 check_ref(ref, f"{where} field {fname!r}", proj.alias)
+        elif isinstance(proj, Aggregate):
+            if name in job.output.key:
+                _fail(job, f"{where}: an output key column cannot be an Aggregate")
+            _validate_aggregate(job, name, proj, array_aliases)
         elif not isinstance(proj, str):
-            _fail(job, f"{where}: {proj!r} is neither 'alias.column', a SQL expression nor "
-                       f"Collect(...)")
+            _fail(job, f"{where}: {proj!r} is neither 'alias.column', a SQL expression, "
+                       f"Collect(...) nor Aggregate(...)")
         elif is_plain_ref(proj) or name in job.output.key:
             check_ref(proj, where, None)
     job.expressions  # noqa: B018 - compiles (and so checks) every expression at load
+
+
+def _validate_children(job: Job, lk: Children, where: str) -> None:
+    """A Children lookup: from the fact, matching by plain columns, ordered by its columns."""
+    if lk.array or lk.pick is not None:
+        _fail(job, f"{where}: Children take neither array= nor pick= (every referencing row "
+                   f"is an element)")
+    if lk.parent != job.fact_alias:
+        _fail(job, f"{where}: Children must hang from the fact alias {job.fact_alias!r}, not "
+                   f"{lk.parent!r} (child rows of a lookup are not supported yet)")
+    if lk.table == job.fact:
+        _fail(job, f"{where}: the child table cannot be the fact table {job.fact}")
+    table = job.table(lk.table)
+    for col in lk.order_by:
+        if col not in table.columns:
+            _fail(job, f"{where}: order_by column {col!r} is not declared on {lk.table}"
+                       f"{did_you_mean(col, table.columns)}")
+
+
+def _validate_aggregate(job: Job, name: str, agg: Aggregate, listed: set[str]) -> None:
+    where = f"output column {name!r}"
+    if agg.alias not in listed:
+        _fail(job, f"{where}: Aggregate({agg.alias!r}, ...) needs an array lookup or Children "
+                   f"alias{did_you_mean(agg.alias, sorted(listed))}")
+    if agg.func not in AGGREGATES:
+        _fail(job, f"{where}: unknown aggregate {agg.func!r}; use one of "
+                   f"{', '.join(AGGREGATES)}{did_you_mean(agg.func, AGGREGATES)}")
+    if agg.expr is None and agg.func != "count":
+        _fail(job, f"{where}: {agg.func}() needs an expression: Aggregate({agg.alias!r}, "
+                   f"{agg.func!r}, 'alias.column')")
+    if (agg.separator is None) != (agg.func != "string_agg"):
+        _fail(job, f"{where}: " + ("string_agg() needs separator=', ' (or another text)"
+                                   if agg.func == "string_agg" else
+                                   f"separator= is for string_agg(), not {agg.func}()"))
 
 
 def _validate_sources(job: Job) -> None:

@@ -25,7 +25,14 @@ PostgreSQL one keeps PostgreSQL's meaning for every expression (txjoin/expr.py u
 What a job cannot keep transaction-consistent, or txjoin does not support yet, is a
 :class:`~txjoin.errors.JobError` naming the construct with ``FILE:LINE:COLUMN`` and why:
 a join not rooted at one fact key, window functions, ``DISTINCT ON``, aggregates across
-facts or over child rows, subqueries, ``= ANY(array)``, anything that reads the clock.
+facts, subqueries, ``= ANY(array)``, anything that reads the clock.
+
+With ``GROUP BY`` the fact's key, a join from the fact on columns that are not the joined
+table's key, read inside aggregates, is the fact's child rows (:class:`~txjoin.job.Children`,
+one child table per job): ``count``/``sum``/``avg``/``min``/``max``/``bool_and``/``bool_or``/
+``string_agg`` over them (and their lookups) are :class:`~txjoin.job.Aggregate` columns, and
+``json_agg`` of an object over an inner join of them a ``Collect``; an aggregate's ``ORDER
+BY`` of child columns is the child rows' ``order_by``.
 
 Column types come from the catalog as ``txjoin job init`` reads them
 (:func:`txjoin.catalog.read_catalog`), or from the tables of an existing job file.
@@ -34,7 +41,7 @@ Column types come from the catalog as ``txjoin job init`` reads them
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -44,7 +51,18 @@ from sqlglot.errors import ParseError, TokenError
 
 from txjoin.errors import JobError, did_you_mean
 from txjoin.expr import ExprError, compile_expr
-from txjoin.job import Collect, Job, Lookup, Output, Pick, Source, Table, load_job
+from txjoin.job import (
+    Aggregate,
+    Children,
+    Collect,
+    Job,
+    Lookup,
+    Output,
+    Pick,
+    Source,
+    Table,
+    load_job,
+)
 
 DIALECT = "postgres"
 
@@ -253,7 +271,8 @@ class _Query:
         self.aliases: dict[str, Table] = {}
         self.unnests: dict[str, _Unnest] = {}
         self.lookups: list[Lookup] = []
-        self.array_aliases: set[str] = set()
+        self.array_aliases: set[str] = set()  # unnested arrays' lookups and child rows
+        self.child_aliases: set[str] = set()
         self.temporal: list[tuple[exp.Expr, bool]] = []
         self.notes: list[str] = []
         self.comments: dict[str, str] = {}
@@ -277,6 +296,9 @@ class _Query:
                 return True
             alias = self.parent_of[alias]
         return False
+
+    def lookup(self, alias: str) -> Lookup:
+        return next(lk for lk in self.lookups if lk.alias == alias)
 
     @property
     def parent_of(self) -> dict[str, str]:
@@ -565,6 +587,7 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
                                 f"no table is joined on {unnest.name}.{unnest.element}; an "
                                 f"unnested array is a lookup (JOIN t ON t.id = "
                                 f"{unnest.name}.{unnest.element})", ("unnest",))
+    _child_joins(c, q, select)
     temporal = {flag for _, flag in q.temporal}
     if len(temporal) > 1:
         plain = next(node for node, flag in q.temporal if not flag)
@@ -595,9 +618,12 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
                 c.fail(agg, f"{word}(...) in {what} without GROUP BY the fact's key: an "
                             f"aggregate across facts, which one fact's change cannot "
                             f"re-evaluate; a job has one output row per fact", (word,))
-            c.fail(agg, f"{word}(...) in {what}: aggregates over child rows are not "
-                        f"supported yet; only json_agg/JSON_ARRAYAGG of an object over an "
-                        f"unnested array, GROUP BY the fact's key, becomes a list", (word,))
+            c.fail(agg, f"{word}(...) in {what}: not supported yet here; an aggregate is "
+                        f"supported as a whole select item (count, sum, avg, min, max, "
+                        f"bool_and, bool_or, string_agg) "
+                        f"over child rows (a table joined from the fact on a column that is "
+                        f"not its key), and json_agg/JSON_ARRAYAGG of an object over an "
+                        f"unnested array or child rows, GROUP BY the fact's key", (word,))
         try:
             compile_expr(sql, top, what)
         except ExprError as exc:
@@ -636,7 +662,7 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
 
     # -- the SELECT list
     key: dict[str, str] = {}
-    columns: dict[str, str | Collect] = {}
+    columns: dict[str, str | Collect | Aggregate] = {}
     items = list(select.expressions)
     if renames is not None and len(renames) != len(items):
         c.fail(c.statement, f"the output table names {len(renames)} columns and the SELECT "
@@ -652,6 +678,9 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
                          f"(... AS name)")
         if out in key or out in columns:
             c.fail(item, f"output column {out!r} is named twice; rename one with AS")
+        if isinstance(body, exp.Expr) and type(body) in _AGGREGATES and q.child_aliases:
+            columns[out] = _child_aggregate(c, q, body)
+            continue
         collected = _collected(body)
         if collected is not None:
             if group is None:
@@ -725,6 +754,15 @@ def _collect(c: _Compiler, q: _Query, node: exp.Expr, obj: exp.Expr,
         out[k.this] = f"{v.table}.{v.name}"
     arrays = {a for a in q.array_aliases
               if any(a == al or _ancestor(q, a, al) for al in aliases)}
+    if arrays and arrays <= q.child_aliases and len(arrays) == 1:
+        (alias,) = arrays
+        if q.lookup(alias).how == "left":
+            c.fail(node, f"{word}(...) over LEFT JOIN {q.lookup(alias).table}: PostgreSQL lists "
+                         f"one object of NULLs for a fact without child rows, txjoin an empty "
+                         f"list; collect over JOIN (facts without child rows then have no "
+                         f"row), or aggregate them (count, sum, ...)", (word,))
+        _order_children(c, q, alias, order, word)
+        return Collect(alias, out)
     if len(arrays) != 1 or any(not q.under_array(a) for a in aliases):
         c.fail(obj, f"{word}: every field must come from the one table joined on an unnested "
                     f"array (or its lookups); an aggregate of other rows is not supported yet",
@@ -739,6 +777,95 @@ def _collect(c: _Compiler, q: _Query, node: exp.Expr, obj: exp.Expr,
                          f"the array's order; only ORDER BY the unnest's ordinality "
                          f"({unnest.name}.{unnest.ordinality or 'n'}) is supported")
     return Collect(alias, out)
+
+
+_AGGREGATES: dict[type[exp.Expr], str] = {
+    exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max",
+    exp.LogicalAnd: "bool_and", exp.LogicalOr: "bool_or", exp.GroupConcat: "string_agg"}
+"""The aggregates over child rows (GROUP BY the fact's key) a job computes."""
+
+
+def _child_joins(c: _Compiler, q: _Query, select: exp.Select) -> None:
+    """With GROUP BY, a join from the fact on columns that are not the joined table's key,
+    read inside aggregates, is the fact's child rows (:class:`~txjoin.job.Children`)."""
+    if select.args.get("group") is None:
+        return
+    read: set[str] = set()
+    for item in select.expressions:
+        for node in item.walk():
+            if isinstance(node, tuple(_AGGREGATES)) or _collected(node) is not None:
+                q.qualify(node)
+                read |= {col.table for col in node.find_all(exp.Column)}
+    for i, lk in enumerate(q.lookups):
+        if lk.parent != q.fact_alias or lk.array or lk.pick is None:
+            continue
+        if not any(a == lk.alias or _ancestor(q, lk.alias, a) for a in read):
+            continue
+        q.lookups[i] = Children(lk.alias, lk.table, lk.parent, lk.on, how=lk.how,
+                                where=lk.where)
+        q.comments.pop(lk.alias, None)
+        q.notes = [n for n in q.notes if f": {lk.alias} ({lk.table}) is matched on" not in n]
+        q.child_aliases.add(lk.alias)
+        q.array_aliases.add(lk.alias)
+    if len(q.child_aliases) > 1:
+        c.fail(select, f"child rows of {', '.join(sorted(q.child_aliases))} joined at once: "
+                       f"each multiplies the other's rows in every aggregate; aggregate one "
+                       f"child table per job", ("select",))
+
+
+def _order_children(c: _Compiler, q: _Query, alias: str, order: list[exp.Ordered],
+                    word: str) -> None:
+    """The child rows' order, from an aggregate's ORDER BY (the same in every aggregate)."""
+    columns = []
+    for term in order:
+        col = term.this
+        if not (isinstance(col, exp.Column) and col.table == alias) or term.args.get("desc") \
+                or term.args.get("nulls_first"):
+            c.fail(term, f"{word}(... ORDER BY {term.sql(dialect=DIALECT)}): child rows are "
+                         f"listed by their own columns ascending, NULLs last ({alias}.col)")
+        columns.append(col.name)
+    if not columns:
+        return
+    lk = q.lookup(alias)
+    assert isinstance(lk, Children)
+    if lk.order_by and list(lk.order_by) != columns:
+        c.fail(order[0], f"{word}(... ORDER BY ...): another aggregate orders {alias}'s rows "
+                         f"by {', '.join(lk.order_by)}; the child rows have one order")
+    q.lookups[q.lookups.index(lk)] = replace(lk, order_by=columns)
+
+
+def _child_aggregate(c: _Compiler, q: _Query, node: exp.Expr) -> Aggregate:
+    """count/sum/avg/min/max/bool_and/bool_or/string_agg over the fact's child rows."""
+    func = _AGGREGATES[type(node)]
+    arg = node.this
+    separator = None
+    order: list[exp.Ordered] = []
+    if isinstance(node, exp.GroupConcat):
+        sep = node.args.get("separator")
+        if not (isinstance(sep, exp.Literal) and sep.is_string):
+            c.fail(node, "string_agg(x, separator): the separator must be a text literal",
+                   ("string_agg",))
+        separator = sep.this
+    if isinstance(arg, exp.Order):
+        order, arg = list(arg.expressions), arg.this
+    if isinstance(arg, exp.Distinct):
+        c.fail(node, f"{func}(DISTINCT ...): not supported yet", (func,))
+    (alias,) = q.child_aliases
+    lk = q.lookup(alias)
+    if isinstance(arg, exp.Star):
+        if func != "count" or lk.how == "left":
+            c.fail(node, f"count(*) over LEFT JOIN {lk.table}: PostgreSQL counts the row of "
+                         f"NULLs a fact without child rows joins to (1, not 0); count a column "
+                         f"of the child: count({alias}.{q.aliases[alias].key[0]})", ("count",))
+        return Aggregate(alias, "count")
+    q.qualify(arg)
+    for col in arg.find_all(exp.Column):
+        if col.table != alias and not _ancestor(q, alias, col.table):
+            c.fail(col, f"{func}(...) reads {col.table}.{col.name}, which is not a column of "
+                        f"the child rows {alias} or of their lookups; aggregate {alias}'s "
+                        f"rows only", (func,))
+    _order_children(c, q, alias, order, func)
+    return Aggregate(alias, func, arg.sql(dialect=DIALECT), separator)
 
 
 def _ancestor(q: _Query, ancestor: str, alias: str) -> bool:
@@ -775,6 +902,10 @@ def render(job: Job, query: str, path: str, comments: Mapping[str, str] | None =
         imports.append("Collect")
     if any(lk.pick is not None for lk in job.lookups):
         imports.append("Pick")
+    if any(isinstance(lk, Children) for lk in job.lookups):
+        imports.append("Children")
+    if any(isinstance(p, Aggregate) for p in job.output.columns.values()):
+        imports.append("Aggregate")
     if job.sources:
         imports.append("Source")
     ind = " " * 8
@@ -806,26 +937,37 @@ def render(job: Job, query: str, path: str, comments: Mapping[str, str] | None =
             lines.append(f"{ind}# {comments[lk.alias]}")
         parts = [_q(lk.alias), _q(lk.table), f"parent={_q(lk.parent)}",
                  f"on={_dict(lk.on, ind, 0, width=1000)}"]
-        if lk.how != "inner":
+        kind = "Children" if isinstance(lk, Children) else "Lookup"
+        if lk.how != ("left" if isinstance(lk, Children) else "inner"):
             parts.append(f"how={_q(lk.how)}")
+        if isinstance(lk, Children) and lk.order_by:
+            parts.append(f"order_by={_q(lk.order_by[0])}" if len(lk.order_by) == 1 else
+                         f"order_by=[{', '.join(_q(c) for c in lk.order_by)}]")
         if lk.array:
             parts.append("array=True")
         if lk.pick is not None:
             parts.append(f"pick=Pick({_q(lk.pick.column)}, {_q(lk.pick.order)})")
         if lk.where is not None:
             parts.append(f"where={_q(lk.where)}")
-        one = f"{ind}Lookup({', '.join(parts)}),"
+        one = f"{ind}{kind}({', '.join(parts)}),"
         if len(one) <= 100:
             lines.append(one)
         else:
-            lines += [f"{ind}Lookup({', '.join(parts[:3])},",
-                      *(f"{ind}       {part}," for part in parts[3:-1]),
-                      f"{ind}       {parts[-1]}),"]
+            pad = " " * (len(kind) + 1)
+            lines += [f"{ind}{kind}({', '.join(parts[:3])},",
+                      *(f"{ind}{pad}{part}," for part in parts[3:-1]),
+                      f"{ind}{pad}{parts[-1]}),"]
     lines += ["    ],", "    output=Output(", f"        table={_q(job.output.table)},",
               f"        key={_dict(job.output.key, ind, 4)},", "        columns={"]
     for col, proj in job.output.columns.items():
         if isinstance(proj, Collect):
             value = f"Collect({_q(proj.alias)}, {_dict(proj.fields, ind + '    ', 30)})"
+        elif isinstance(proj, Aggregate):
+            args = [_q(proj.alias), _q(proj.func), *([] if proj.expr is None else
+                                                     [_q(proj.expr)])]
+            if proj.separator is not None:
+                args.append(f"separator={_q(proj.separator)}")
+            value = f"Aggregate({', '.join(args)})"
         else:
             value = _q(proj)
         lines.append(f"{ind}    {_q(col)}: {value},")

@@ -34,8 +34,9 @@ NOT_SAVED = {
     SnapshotBuffer: {"tables"},
     Frontier: set(),
     # _where, _lookup_where, _computed: the job's expressions, compiled (txjoin/expr.py)
+    # _aggregates: the job's Aggregate columns, compiled
     TemporalJoin: {"job", "journal", "_columns", "_collected", "_where", "_lookup_where",
-                   "_computed"},  # _columns, _collected: the job's
+                   "_computed", "_aggregates"},  # _columns, _collected: the job's
 }
 
 

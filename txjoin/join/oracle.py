@@ -12,10 +12,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Context, Decimal, localcontext
 from typing import Any, Literal
 
+from txjoin.expr import numeric_divide
 from txjoin.ingest.debezium import Modes
-from txjoin.job import Collect, Job, Lookup
+from txjoin.job import Aggregate, Children, Collect, Job, Lookup
 
 Row = dict[str, Any]
 
@@ -62,6 +64,7 @@ class Oracle:
 
     def apply(self, tx: SourceTransaction) -> None:
         touched: list[Row] = []
+        child_versions: list[tuple[Children, Row]] = []  # every version of a changed child row
         for change in tx.changes:
             if change.table not in self.tables:
                 continue
@@ -73,6 +76,14 @@ class Oracle:
                 rows.append(typed)
             if change.table == self.job.fact:
                 touched.extend(old or [typed])
+            for lk in self.job.lookups:
+                if isinstance(lk, Children) and lk.table == change.table:
+                    child_versions += [(lk, r) for r in [*old, typed]]
+        # A change to a child row is a change to the facts it references, before or after.
+        for lk, child in child_versions:
+            touched += [f for f in self.tables[self.job.fact] if all(
+                child.get(mine) is not None and f.get(theirs) == child.get(mine)
+                for mine, theirs in lk.on.items())]
         if self.job.semantics == "current":
             self.output = {}
             for fact in self.tables[self.job.fact]:
@@ -132,6 +143,11 @@ class Oracle:
         for lk in self.job.lookups:
             if lk.parent != alias:
                 continue
+            if isinstance(lk, Children):
+                env[lk.alias] = self._children(lk, row)
+                if not env[lk.alias] and lk.how == "inner":
+                    return None
+                continue
             if lk.array:
                 array = row.get(next(iter(lk.on.values()))) if row is not None else None
                 elements = []
@@ -155,6 +171,27 @@ class Oracle:
             env.update(sub)
         return env
 
+    def _children(self, lk: Children, parent: Row | None) -> list[dict[str, Any]]:
+        """The rows of the child table whose ``on`` columns equal the parent's, filtered,
+        sorted as ``ORDER BY order_by, key`` (ascending, NULLs last), each with its lookups."""
+        if parent is None:
+            return []
+        where = self.job.expressions.lookups.get(lk.alias)
+        rows = [r for r in self.tables[lk.table]
+                if all(parent.get(theirs) is not None and r.get(mine) == parent.get(theirs)
+                       for mine, theirs in lk.on.items())
+                and (where is None or where.evaluate({lk.alias: r}) is True)]
+        # Stable sorts, least significant column first; NULLs after every value.
+        for col in reversed([*lk.order_by, *self.job.table(lk.table).key]):
+            valued = sorted((r for r in rows if r.get(col) is not None), key=lambda r: r[col])
+            rows = valued + [r for r in rows if r.get(col) is None]
+        elements = []
+        for r in rows:
+            sub = self._join(lk.alias, r)
+            if sub is not None:
+                elements.append(sub)
+        return elements
+
     def evaluate(self, fact: Row) -> Row | None:
         env = self._join(self.job.fact_alias, fact)
         if env is None:
@@ -174,11 +211,48 @@ class Oracle:
             if isinstance(proj, Collect):
                 out[name] = [{f: get(e, ref) for f, ref in proj.fields.items()}
                              for e in env[proj.alias]]
+            elif isinstance(proj, Aggregate):
+                arg = expressions.aggregates.get(name)
+                values = [True if arg is None else arg.evaluate(e) for e in env[proj.alias]]
+                out[name] = _aggregate(proj, self.job.projection_type(name), values)
             elif name in expressions.columns:
                 out[name] = expressions.columns[name].evaluate(env)
             else:
                 out[name] = get(env, proj)
         return out
+
+
+def _aggregate(agg: Aggregate, result_type: str, values: list[Any]) -> Any:
+    """PostgreSQL's aggregate of ``values`` (one per element; NULLs ignored)."""
+    present = [v for v in values if v is not None]
+    if agg.func == "count":
+        return len(present)
+    if not present:
+        return None  # every other aggregate of no value is NULL
+    if agg.func == "string_agg":
+        return (agg.separator or "").join(present)
+    if agg.func == "bool_and":
+        return False not in present
+    if agg.func == "bool_or":
+        return True in present
+    if agg.func in ("min", "max") and result_type == "numeric":
+        best = (min if agg.func == "min" else max)(Decimal(v) for v in present)
+        return format(best, "f")  # an unbounded numeric, as its column reads: text
+    if agg.func == "min":
+        return min(present)
+    if agg.func == "max":
+        return max(present)
+    if isinstance(present[0], float):  # double precision: added in order, then divided
+        total: Any = 0.0
+        for v in present:
+            total += v
+        return total if agg.func == "sum" else total / len(present)
+    with localcontext(Context(prec=4000)):  # numeric and integer sums are exact
+        total = sum(Decimal(v) for v in present)
+    if result_type != "numeric":
+        return int(total)
+    result = numeric_divide(total, len(present)) if agg.func == "avg" else total
+    return None if result is None else format(result, "f")  # as a numeric column reads
 
 
 def outputs_after_each(job: Job, snapshot: Mapping[str, Sequence[Mapping[str, Any]]],

@@ -133,11 +133,19 @@ def changes_to_table(job: Job, changes: Iterable[OutputChange],
     """Output changes as the Arrow table the sinks take (rows in the given order)."""
     schema = output_schema(job)
     with_source = bool(job.sources)
+    # An unbounded numeric is text in Arrow; computed (a division, an aggregate), it is a
+    # Decimal: written as PostgreSQL prints it (no exponent, its scale kept).
+    as_text = [f.name for f in schema if f.type == pa.string()
+               and (f.metadata or {}).get(PG_TYPE) == b"numeric"]
     changes = list(changes)
     records = []
     for n, ch in enumerate(changes):
         row = rows[n] if rows is not None else ch.row
         record = dict(row) if row is not None else key_row(job, ch.key)
+        for name in as_text:
+            value = record.get(name)
+            if isinstance(value, Decimal):
+                record[name] = format(value, "f")
         record["_op"] = ch.op
         record["_commit_seq"] = ch.commit_seq
         record["_xid"] = ch.xid

@@ -8,7 +8,12 @@ The join's state and work are split into ``n`` shards by the fact table's key:
   ``after_elsewhere``);
 - rows of **looked-up tables** (clients, pizzas, ...) go to every shard: each
   shard keeps a full copy, so every lookup is local. The cost is memory and
-  apply work for those tables times ``n``; fact tables are usually the big ones;
+  apply work for those tables times ``n``; fact tables are usually the big ones.
+  **Child rows** (``Children``: an order's lines) are broadcast the same way, and each
+  shard re-evaluates the parents it owns. Routing a child by its parent's key would need,
+  for a line moved to another order, the old order in the line's ``before`` image, which
+  an update carries only under REPLICA IDENTITY FULL (and the JVM router would have to
+  learn every child table's parent columns);
 - **transaction markers** (BEGIN/END), **caught-up markers** and truncates go to
   every shard;
 - every shard also receives the **metadata** of each fact event it does not own

@@ -27,7 +27,8 @@ from typing import Any
 from txjoin.errors import DecodeError, JobError
 from txjoin.ingest.debezium import ChangeEvent
 from txjoin.ingest.types import UNAVAILABLE
-from txjoin.job import Collect, Job, Lookup, Pick
+from txjoin.job import Aggregate, Children, Collect, Job, Lookup, Pick
+from txjoin.join.aggregate import aggregator
 from txjoin.join.routing import is_metadata_only
 from txjoin.join.state import restore_fields, save_fields
 from txjoin.sequence.assembly import Transaction
@@ -111,6 +112,13 @@ class TemporalJoin:
         self._where = None if expressions.where is None else expressions.where.evaluate
         self._lookup_where = {a: c.evaluate for a, c in expressions.lookups.items()}
         self._computed = {n: c.evaluate for n, c in expressions.columns.items()}
+        # Aggregate columns: (listed alias, argument evaluator or None for count(*), function).
+        self._aggregates = {
+            name: (proj.alias,
+                   expressions.aggregates[name].evaluate if name in expressions.aggregates
+                   else None,
+                   aggregator(proj.func, job.projection_type(name), proj.separator))
+            for name, proj in output.columns.items() if isinstance(proj, Aggregate)}
         # Per column: the fields of a collected list (packed as tuples), or None.
         self._collected: list[tuple[str, ...] | None] = [
             tuple(proj.fields) if isinstance(proj, Collect) else None
@@ -121,11 +129,14 @@ class TemporalJoin:
         self.parent_index: dict[str, ColumnIndex] = {}
         self._indexes_by_table: dict[str, list[ColumnIndex]] = defaultdict(list)
         for lk in job.lookups:
-            if not self._on_primary_key(lk):
+            children = isinstance(lk, Children)
+            if children or not self._on_primary_key(lk):
                 ix = ColumnIndex(tuple(lk.on.keys()), array=False)
                 self.match_index[lk.alias] = ix
                 self._indexes_by_table[lk.table].append(ix)
-            if job.semantics == "current":
+            # A child row's change is its parent's under either semantics: its fact is found
+            # through the parent index (under as_of_fact too).
+            if job.semantics == "current" or children:
                 px = ColumnIndex(tuple(lk.on.values()), array=lk.array)
                 self.parent_index[lk.alias] = px
                 self._indexes_by_table[job.alias_table(lk.parent).name].append(px)
@@ -175,6 +186,8 @@ class TemporalJoin:
             facts.add(fact_table.key_of(row))
         if self.job.semantics == "current":
             facts |= self._affected_facts(changed)
+        else:
+            facts |= self._parents_of_children(changed)
         out: list[OutputChange] = []
         for key in sorted(facts, key=repr):
             fact_row = self.rows[self.job.fact].get(key)
@@ -284,6 +297,17 @@ class TemporalJoin:
             else:
                 self.outputs[ch.key] = self.pack(ch.row)
 
+    def _parents_of_children(self, changed: dict[str, list[Row]]) -> set[Key]:
+        """Facts a changed child row (its old or new version) references (``as_of_fact``:
+        a change to a child row is a change to its fact)."""
+        facts: set[Key] = set()
+        for lk in self.job.lookups:
+            if isinstance(lk, Children):
+                index = self.parent_index[lk.alias]
+                for row in changed.get(lk.table, ()):
+                    facts |= index.get(tuple(row.get(c) for c in lk.on))
+        return facts
+
     def _affected_facts(self, changed: dict[str, list[Row]]) -> set[Key]:
         """Facts whose lookup tree reaches a changed row (``current`` semantics)."""
         facts: set[Key] = set()
@@ -335,8 +359,9 @@ class TemporalJoin:
         """Bind the non-array lookups below ``alias``; False if an inner one fails."""
         bound[alias] = row
         for lk in self.job.children(alias):
-            if lk.array:
-                bound[lk.alias] = self._expand(lk, row)
+            if lk.listed:
+                bound[lk.alias] = (self._child_rows(lk, row) if isinstance(lk, Children)
+                                   else self._expand(lk, row))
                 if lk.how == "inner" and not bound[lk.alias]:
                     return False
                 continue
@@ -361,6 +386,29 @@ class TemporalJoin:
                 elements.append(bound)
         return elements
 
+    def _child_rows(self, lk: Children, parent: Row | None) -> list[dict[str, Any]]:
+        """One binding per child row referencing ``parent``, in ``order_by`` then key order
+        (ascending, NULLs last, as PostgreSQL's ORDER BY); a child whose inner lookup
+        finds nothing is no element."""
+        if parent is None:
+            return []
+        values = tuple(parent.get(c) for c in lk.on.values())
+        if any(v is None for v in values):
+            return []
+        rows = self.rows[lk.table]
+        children = [rows[pk] for pk in self.match_index[lk.alias].get(values)]
+        where = self._lookup_where.get(lk.alias)
+        if where is not None:
+            children = [r for r in children if where({lk.alias: r}) is True]
+        order = (*lk.order_by, *self.job.table(lk.table).key)
+        children.sort(key=lambda r: tuple((r.get(c) is None, r.get(c)) for c in order))
+        elements: list[dict[str, Any]] = []
+        for child in children:
+            bound: dict[str, Any] = {}
+            if self._bind(lk.alias, child, bound):
+                elements.append(bound)
+        return elements
+
     def evaluate(self, fact_row: Row) -> Row | None:
         """The output row for one fact, or None when an inner lookup finds nothing."""
         bound: dict[str, Any] = {}
@@ -378,7 +426,13 @@ class TemporalJoin:
                 ]
             elif name in computed:
                 out[name] = computed[name](bound)
+            elif name in self._aggregates:
+                listed, arg, agg = self._aggregates[name]
+                elements = bound[listed]
+                out[name] = agg([True] * len(elements) if arg is None
+                                else [arg(element) for element in elements])
             else:
+                assert isinstance(proj, str)
                 out[name] = _ref(bound, proj)
         return out
 

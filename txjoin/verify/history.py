@@ -402,23 +402,31 @@ def expected_as_of(job: Any, record: Record, source: str) -> AsOfAnswer:
                 assert new is not None
                 tables[table][key_of(table, new)] = new
     oracle = Oracle(job)
+    children = [lk for lk in job.lookups if lk.listed and not lk.array]
+    child_tables = {lk.table for lk in children}
     from_snapshot = dict(tables[job.fact])
     # fact key -> (output key, the job's row or None: deleted, or no row by an inner lookup)
     touched: dict[tuple[Any, ...], tuple[tuple[Any, ...], dict[str, Any] | None]] = {}
     for xid, changes in record.transactions:
         where = f"verify, replaying {SLOT} of {source} (xid {xid}):"
         facts: dict[tuple[Any, ...], dict[str, Any]] = {}  # fact key -> its last row
+        child_versions: list[tuple[str, dict[str, Any]]] = []  # every changed child's versions
         for change in changes:
             if change.table not in tables:
                 continue
+            rows = tables[change.table]
             if change.op == "TRUNCATE":
                 if change.table == job.fact:
                     facts.update(tables[change.table])
-                tables[change.table].clear()
+                if change.table in child_tables:
+                    child_versions.extend((change.table, r) for r in rows.values())
+                rows.clear()
                 continue
             old = typed(change.table, row_values(change.old), where)
             new = typed(change.table, row_values(change.new), where)
-            rows = tables[change.table]
+            if change.table in child_tables:  # the versions as held (an old-key has no more)
+                held = [rows.get(key_of(change.table, v)) for v in (old, new) if v is not None]
+                child_versions.extend((change.table, r) for r in [*held, new] if r is not None)
             if old is not None:
                 rows.pop(key_of(change.table, old), None)
                 if change.table == job.fact:
@@ -427,6 +435,14 @@ def expected_as_of(job: Any, record: Record, source: str) -> AsOfAnswer:
                 rows[key_of(change.table, new)] = new
                 if change.table == job.fact:
                     facts[key_of(change.table, new)] = new
+        # A change to a child row is a change to the facts it references (before or after).
+        for lk in children:
+            for table, child in child_versions:
+                if table != lk.table or any(child.get(c) is None for c in lk.on):
+                    continue
+                facts.update((key, fact) for key, fact in tables[job.fact].items()
+                             if key not in facts and all(fact.get(theirs) == child.get(mine)
+                                                         for mine, theirs in lk.on.items()))
         if not facts:
             continue
         oracle.tables = {t: list(rows.values()) for t, rows in tables.items()}

@@ -54,7 +54,7 @@ import psycopg2.extras
 from txjoin.errors import ConfigError, TxjoinError
 from txjoin.ingest.debezium import Modes
 from txjoin.ingest.types import ColumnValueError, column_kind, convert_value
-from txjoin.job import Collect, Job, Lookup
+from txjoin.job import Aggregate, Children, Collect, Job, Lookup
 from txjoin.sinks import COMMIT_SEQ, XID, Sink, without_metadata
 from txjoin.sinks.build import SinkPlaces, build_sinks
 from txjoin.verify.diff import RowDiff, diff_rows, show
@@ -140,7 +140,7 @@ def _joins_under(job: Job, alias: str, relations: Relations | None) -> list[str]
     """The joins of every non-array lookup below ``alias`` (parents before children)."""
     joins = []
     for child in job.children(alias):
-        if child.array:
+        if child.listed:
             continue
         parent_expr = {mine: _ref(f"{alias}.{theirs}") for mine, theirs in child.on.items()}
         joins.append(_lateral(job, child, parent_expr, relations))
@@ -148,20 +148,66 @@ def _joins_under(job: Job, alias: str, relations: Relations | None) -> list[str]
     return joins
 
 
-def _collect(job: Job, collect: Collect, relations: Relations | None) -> str:
-    """A correlated subquery: the array lookup's elements as a JSON list, in array order."""
-    lookup = job.lookup(collect.alias)
+def _elements(job: Job, alias: str, relations: Relations | None) -> tuple[str, str]:
+    """The elements of a listed alias as ``FROM ... [WHERE ...]`` correlated with its
+    parent, and the ORDER BY that puts them in the engine's order.
+
+    An array lookup: ``unnest(...) WITH ORDINALITY``, in array order. Child rows: the
+    child table's rows whose ``on`` columns equal the parent's (and pass its filter), in
+    ``order_by`` then key order, ascending, NULLs last, text by code point.
+    """
+    lookup = job.lookup(alias)
+    nested = " ".join(_joins_under(job, alias, relations))
+    if isinstance(lookup, Children):
+        table = job.table(lookup.table)
+        where = " AND ".join(f"{_ref(f'{alias}.{mine}')} = {_ref(f'{lookup.parent}.{theirs}')}"
+                             for mine, theirs in lookup.on.items())
+        if alias in job.expressions.lookups:
+            where += f" AND {job.expressions.lookups[alias].render(_alias_column)} IS TRUE"
+        order = ", ".join(
+            (f"{_ref(f'{alias}.{col}')}::text COLLATE \"C\"" if _kind_of(table.columns[col])
+             == "text" else _ref(f"{alias}.{col}")) + " ASC NULLS LAST"
+            for col in (*lookup.order_by, *table.key))
+        return (f"FROM {_relation(lookup.table, relations)} AS {_ident(alias)} {nested} "
+                f"WHERE {where}", order)
     ((mine, theirs),) = lookup.on.items()
     item = _ident(f"{lookup.alias}__item")
     element = _lateral(job, lookup, {mine: f"{item}.v"}, relations)
-    nested = " ".join(_joins_under(job, lookup.alias, relations))
+    return (f"FROM unnest({_ref(f'{lookup.parent}.{theirs}')}) WITH ORDINALITY AS {item}(v, ord) "
+            f"{element} {nested}", f"{item}.ord")
+
+
+def _collect(job: Job, collect: Collect, relations: Relations | None) -> str:
+    """A correlated subquery: the listed alias's elements as a JSON list, in their order."""
+    lookup = job.lookup(collect.alias)
+    source, order = _elements(job, collect.alias, relations)
     fields = ", ".join(f"'{name}', {_ref(ref)}" for name, ref in collect.fields.items())
-    query = (f"(SELECT jsonb_agg(jsonb_build_object({fields}) ORDER BY {item}.ord) "
-             f"FROM unnest({_ref(f'{lookup.parent}.{theirs}')}) WITH ORDINALITY AS {item}(v, ord) "
-             f"{element} {nested})")
+    query = f"(SELECT jsonb_agg(jsonb_build_object({fields}) ORDER BY {order}) {source})"
     # No element: a left lookup collects an empty list (the engine's answer), where
     # jsonb_agg of no rows is NULL; an inner one leaves no output row (filtered by the caller).
     return f"coalesce({query}, '[]'::jsonb)" if lookup.how == "left" else query
+
+
+def _aggregate(job: Job, name: str, agg: Aggregate, relations: Relations | None) -> str:
+    """A correlated subquery: PostgreSQL's own aggregate over the listed alias's elements
+    (over no element: count 0, the others NULL), in the elements' order where the order
+    can change the answer (string_agg; sum and avg of doubles)."""
+    source, order = _elements(job, agg.alias, relations)
+    arg = job.expressions.aggregates.get(name)
+    if arg is None:
+        call = "count(*)"
+    else:
+        value = arg.render(_alias_column)
+        if agg.func in ("min", "max") and _kind_of(arg.type) == "text":
+            value = f"({value})::text COLLATE \"C\""  # by code point, as txjoin compares
+        if agg.func == "string_agg":
+            separator = "'" + (agg.separator or "").replace("'", "''") + "'"
+            call = f"string_agg({value}, {separator} ORDER BY {order})"
+        elif agg.func in ("sum", "avg"):
+            call = f"{agg.func}({value} ORDER BY {order})"
+        else:
+            call = f"{agg.func}({value})"
+    return f"(SELECT {call} {source})"
 
 
 def job_query(job: Job, relations: Relations | None = None) -> str:
@@ -175,10 +221,12 @@ def job_query(job: Job, relations: Relations | None = None) -> str:
     elsewhere (verify's copies of several databases' tables).
     """
     collected = {c.alias for c in job.output.columns.values() if isinstance(c, Collect)}
+    aggregated = {c.alias for c in job.output.columns.values() if isinstance(c, Aggregate)}
     for lookup in job.lookups:
-        if lookup.array and lookup.alias not in collected:
+        if lookup.array and lookup.alias not in collected | aggregated:
             raise ConfigError(f"job {job.name!r}: verify can only compile array lookups that "
-                              f"an output column collects; {lookup.alias!r} is not collected")
+                              f"an output column collects or aggregates; {lookup.alias!r} is "
+                              f"neither")
         parent = lookup.parent
         while parent != job.fact_alias:
             if job.lookup(parent).array and any(lk.array for lk in job.children(parent)):
@@ -192,6 +240,8 @@ def job_query(job: Job, relations: Relations | None = None) -> str:
             select.append(f"{_collect(job, projection, relations)} AS {_ident(name)}")
             if job.lookup(projection.alias).how == "inner":
                 required.append(f"q.{_ident(name)} IS NOT NULL")
+        elif isinstance(projection, Aggregate):
+            select.append(f"{_aggregate(job, name, projection, relations)} AS {_ident(name)}")
         elif name in job.expressions.columns:  # a computed column, as PostgreSQL computes it
             select.append(f"{job.expressions.columns[name].render(_alias_column)} AS "
                           f"{_ident(name)}")
@@ -199,8 +249,15 @@ def job_query(job: Job, relations: Relations | None = None) -> str:
             select.append(f"{_ref(projection)} AS {_ident(name)}")
     query = (f"SELECT {', '.join(select)} FROM {_relation(job.fact, relations)} AS "
              f"{_ident(job.fact_alias)} {' '.join(_joins_under(job, job.fact_alias, relations))}")
+    conditions = []
     if job.expressions.where is not None:
-        query += f" WHERE {job.expressions.where.render(_alias_column)} IS TRUE"
+        conditions.append(f"{job.expressions.where.render(_alias_column)} IS TRUE")
+    # An inner listed alias no column collects: a fact without an element has no row.
+    conditions += [f"EXISTS (SELECT 1 {_elements(job, lk.alias, relations)[0]})"
+                   for lk in job.lookups if lk.listed and lk.how == "inner"
+                   and lk.alias not in collected]
+    if conditions:
+        query += f" WHERE {' AND '.join(conditions)}"
     if required:
         query = f"SELECT * FROM ({query}) AS q WHERE {' AND '.join(required)}"
     return query
