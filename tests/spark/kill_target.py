@@ -9,6 +9,9 @@ until it is killed: by the test, or by a crash point (``TXJOIN_CRASH_AT``,
 
 import json
 import sys
+from collections.abc import Callable
+
+from pyspark.sql import SparkSession
 
 from txjoin.ingest.spark.replay import SOURCE_NAME, ReplaySource
 from txjoin.job import load_job
@@ -23,23 +26,35 @@ def report(r: BatchReport) -> None:
     print(f"batch {r.batch_id} done {json.dumps(r.written, sort_keys=True)}", flush=True)
 
 
-def main() -> None:
-    schedule, workdir, dsn, job_path = sys.argv[1:5]
-    until_idle = "--until-idle" in sys.argv
-    shards = next((int(a.split("=", 1)[1]) for a in sys.argv if a.startswith("--shards=")), None)
+def run(spark: SparkSession, schedule: str, workdir: str, dsn: str, job_path: str,
+        shards: int | None, until_idle: bool, on_batch: Callable[[BatchReport], None]) -> None:
+    """Replay ``schedule`` into both sinks in ``spark`` (the kill test's last run to the end
+    uses the test session's own Spark: a run to the end needs no process of its own)."""
     job = load_job(job_path)
-    spark = get_session("local[2]", app_name="txjoin-kill-target")
-    spark.dataSource.register(ReplaySource)
     config = RunConfig(checkpoint_dir=f"{workdir}/ckpt", output_dir=f"{workdir}/out",
                        postgres_dsn=dsn, trigger_interval="100 milliseconds", shards=shards,
                        delta_commit_interval_s=0, delta_handoff_max_batches=2)
     # Delta commits back to back and the stream runs at most 2 batches ahead of it (the
     # hand-off's backpressure): a kill lands inside a group commit as often as between two
     sinks = build_sinks(job, config, spark)
-    pipeline = Pipeline(spark, job, config, sinks, on_batch=report)
-    source = spark.readStream.format(SOURCE_NAME).option("schedule", schedule).load()
-    query = pipeline.start(source, available_now=until_idle)
-    query.awaitTermination()  # until the schedule is read (--until-idle), or killed
+    pipeline = Pipeline(spark, job, config, sinks, on_batch=on_batch)
+    try:
+        source = spark.readStream.format(SOURCE_NAME).option("schedule", schedule).load()
+        query = pipeline.start(source, available_now=until_idle)
+        query.awaitTermination()  # until the schedule is read (--until-idle), or killed
+    finally:
+        pipeline.close()
+        for sink in sinks:
+            sink.close()
+
+
+def main() -> None:
+    schedule, workdir, dsn, job_path = sys.argv[1:5]
+    until_idle = "--until-idle" in sys.argv
+    shards = next((int(a.split("=", 1)[1]) for a in sys.argv if a.startswith("--shards=")), None)
+    spark = get_session("local[2]", app_name="txjoin-kill-target")
+    spark.dataSource.register(ReplaySource)
+    run(spark, schedule, workdir, dsn, job_path, shards, until_idle, report)
 
 
 if __name__ == "__main__":
