@@ -50,18 +50,36 @@ def main() -> None:
     sc = spark.sparkContext
     tracker = sc.statusTracker()
     rnd = random.Random(1)
+    # Where a commit's seconds go: building the source DataFrames (``DeltaSink._frame``,
+    # the Python side) against the rest (the changelog append's and MERGE's Spark jobs,
+    # Delta's snapshot and checksum), timed around the sink's own steps.
+    spent: dict[str, float] = {}
+
+    def timed(name: str, method):  # type: ignore[no-untyped-def]
+        def wrapper(*a, **k):  # type: ignore[no-untyped-def]
+            before = time.monotonic()
+            try:
+                return method(*a, **k)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.monotonic() - before
+        return wrapper
     out: dict[str, object] = {"master": args.master}
     with tempfile.TemporaryDirectory(prefix="delta-commit-cost-") as work:
         sink = DeltaSink(work, "orders", "cost", ["order_id"], SCHEMA, spark=spark)
+        for step in ("_frame", "_save", "_merge_current", "_create"):
+            if hasattr(sink, step):
+                setattr(sink, step, timed(step, getattr(sink, step)))
         batch, seq = 0, 1
         sink.write(batch, changes(100_000, seq, rnd, range(100_000)), Lineage("ckpt", seq))
         batch, seq = batch + 1, seq + 100_000
         for n in (100, 25_000):
             seconds, jobs = [], []
+            steps: dict[str, list[float]] = {}
             for i in range(args.warm_up + args.commits):
                 table = changes(n, seq, rnd, range(150_000))
                 group = f"commit-{batch}"
                 sc.setJobGroup(group, group)
+                spent.clear()
                 before = time.monotonic()
                 sink.write(batch, table, Lineage("ckpt", seq + n))
                 took = time.monotonic() - before
@@ -69,10 +87,14 @@ def main() -> None:
                 if i >= args.warm_up:
                     seconds.append(took)
                     jobs.append(len(tracker.getJobIdsForGroup(group)))
+                    for step, took_step in spent.items():
+                        steps.setdefault(step, []).append(took_step)
             out[f"changes_{n}"] = {
                 "seconds_mean": round(statistics.mean(seconds), 3),
                 "seconds_min": round(min(seconds), 3), "seconds_max": round(max(seconds), 3),
-                "spark_jobs_per_commit": sorted(set(jobs)), "commits": len(seconds)}
+                "spark_jobs_per_commit": sorted(set(jobs)), "commits": len(seconds),
+                "step_seconds_mean": {k.lstrip("_"): round(statistics.mean(v), 3)
+                                      for k, v in sorted(steps.items())}}
     print(json.dumps(out, indent=2))
 
 
