@@ -42,6 +42,7 @@ from txjoin.sinks.build import build_sinks
 from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.handoff import GroupCommit, Handoff
 from txjoin.sinks.lineage import Checkpoint, check_lineage, short
+from txjoin.sinks.postgres import PostgresSink
 
 
 def print_report(report: BatchReport) -> None:
@@ -187,10 +188,10 @@ def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None]
 
 def preflight(job: Job, config: RunConfig) -> None:
     """Every refusal that needs no Spark, in the order the run would meet them: the sinks'
-    lineage (unless rebuilding), the broker and topics (a Kafka source) and the declared
-    columns against the topics' newest records, the checkpoint's layout and shard count.
-    Raises the run's own one-line errors; writes nothing but the checkpoint's identity (as
-    the run would)."""
+    lineage and the PostgreSQL sink's columns (unless rebuilding), the broker and topics
+    (a Kafka source) and the declared columns against the topics' newest records, the
+    checkpoint's layout and shard count. Raises the run's own one-line errors; writes
+    nothing but the checkpoint's identity (as the run would)."""
     prefixes = config.prefixes(job)
     checkpoint = Path(config.checkpoint_dir) / job.with_source_prefixes(prefixes).name
     if not config.rebuild:
@@ -200,6 +201,9 @@ def preflight(job: Job, config: RunConfig) -> None:
             # as held: the run commits them before its query starts (Pipeline.recover).
             check_lineage(sinks, Checkpoint.open(checkpoint),
                           handed_off={DeltaSink.name: Handoff(checkpoint).stored()})
+            for sink in sinks:
+                if isinstance(sink, PostgresSink):
+                    sink.check_tables()  # a table altered underneath
         finally:
             for sink in sinks:
                 sink.close()

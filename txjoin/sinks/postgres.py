@@ -400,7 +400,19 @@ class PostgresSink:
             + psycopg2.extensions.quote_ident(table, cur),))
         return bool(cur.fetchone()[0])
 
-    def _check_columns(self, cur: Any, schema: str) -> None:
+    def check_tables(self) -> None:
+        """The check every write makes (:meth:`_check_columns`), before a run starts Spark:
+        the sink's tables, once they exist, hold every declared column with its type."""
+        try:
+            with self._conn, self._conn.cursor() as cur:
+                if all(self._exists(cur, self._home, t)
+                       for t in (self.table, self.changelog_table)):
+                    self._check_columns(cur, self._home, "nothing was written")
+        except psycopg2.OperationalError as exc:
+            raise self._service_error("cannot read the sink's tables", exc) from None
+
+    def _check_columns(self, cur: Any, schema: str,
+                       nothing: str = "nothing of this batch was written") -> None:
         """Every declared column present with its declared type, else a one-line error."""
         for table, fields in ((self.table, self.current), (self.changelog_table, self.schema)):
             cur.execute("SELECT a.attname, format_type(a.atttypid, a.atttypmod) "
@@ -418,8 +430,8 @@ class PostgresSink:
                 what = ("is missing" if found is None
                         else f"has type {found}, the job writes {expected}")
                 raise SinkSchemaError(
-                    f"postgres sink table {schema}.{table}: column {f.name!r} {what}; nothing "
-                    f"of this batch was written; restore the column (ALTER TABLE) and run "
+                    f"postgres sink table {schema}.{table}: column {f.name!r} {what}; "
+                    f"{nothing}; restore the column (ALTER TABLE) and run "
                     f"again, or run with --rebuild to recreate the sink's tables")
 
     # -- Sink protocol ----------------------------------------------------------
