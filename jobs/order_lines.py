@@ -19,8 +19,9 @@ The query it keeps, in PostgreSQL (``public.order_lines`` references ``public.or
       left join pizzas p on p.id = l.pizza_id
     group by o.id
 
-The demo stack's schema (txjoin/stack/schema.sql) has no order lines: run this job
-against a database that has them, e.g.::
+The demo stack's schema (txjoin/stack/schema.sql) has no order lines:
+``txjoin up --job jobs/order_lines.py`` builds a database with this job's tables and
+captures it, or run the job against a database that has them, e.g.::
 
     create table public.order_lines (id serial primary key, order_id int, line_no int,
                                      pizza_id int, quantity int, gift boolean);
