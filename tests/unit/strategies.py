@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -179,6 +180,26 @@ def deliveries(draw: Any, produced: Production) -> list[Batch]:
             break
     assert all(pos[t] == len(v) for t, v in by_topic.items())
     return batches
+
+
+def assert_restarts_change_nothing(job: Job, batches: list[Batch],
+                                   caught_of: Callable[[set[str]], set[str]] | None = None
+                                   ) -> None:
+    """Restart an engine from its serialised state before every batch: it emits what an
+    engine that never stopped emits, batch by batch, and ends with the same outputs.
+    ``caught_of``: a batch's caught-up topics -> the streams ``process`` takes (default:
+    the ``shop.`` prefix dropped)."""
+    from txjoin.join.engine import Engine
+
+    caught_of = caught_of or (lambda topics: {t.removeprefix("shop.") for t in topics})
+    steady, restarted = Engine(job), Engine(job)
+    for batch in batches:
+        records = [(r.topic, 0, r.offset, r.value) for r in batch.records]
+        caught = caught_of(batch.caught_up)
+        emitted = steady.process(records, caught_up=caught)
+        restarted = Engine.from_state(job, restarted.state_bytes())
+        assert restarted.process(records, caught_up=caught) == emitted
+    assert steady.outputs() == restarted.outputs()
 
 
 def partition_of(record: Produced, parts: int) -> int:

@@ -250,19 +250,12 @@ def test_collect_over_child_rows_needs_plain_columns_of_the_element() -> None:
 @given(data=st.data())
 def test_engine_state_with_child_rows_survives_serialisation(data: Any) -> None:
     """The child index (match and parent indexes) is part of the saved state."""
-    from tests.unit.strategies import deliveries, produce
+    from tests.unit.strategies import assert_restarts_change_nothing, deliveries, produce
 
     job = VARIANTS["order_lines/as_of_fact"]
     workload = data.draw(workloads(CHILD_ROWS), label="workload")
     batches = data.draw(deliveries(produce(job, workload)), label="delivery")
-    steady, restarted = Engine(job), Engine(job)
-    for batch in batches:
-        records = [(r.topic, 0, r.offset, r.value) for r in batch.records]
-        caught = {t.removeprefix("shop.") for t in batch.caught_up}
-        a = steady.process(records, caught_up=caught)
-        restarted = Engine.from_state(job, restarted.state_bytes())
-        assert a == restarted.process(records, caught_up=caught)
-    assert steady.outputs() == restarted.outputs()
+    assert_restarts_change_nothing(job, batches)
 
 
 # -- txjoin job from-sql: GROUP BY the fact's key with aggregates over child rows -------------

@@ -25,6 +25,7 @@ from tests.unit.strategies import (
     EXPR_COLUMNS,
     PIZZERIA_ROWS,
     USERS_ROWS,
+    assert_restarts_change_nothing,
     deliveries,
     produce,
     sql_expressions,
@@ -91,14 +92,7 @@ def test_filtered_engine_state_survives_serialisation_between_batches(data: Any)
     job = data.draw(filtered_jobs("current"), label="job")
     workload = data.draw(workloads(PIZZERIA_ROWS), label="workload")
     batches = data.draw(deliveries(produce(job, workload)), label="delivery")
-    steady, restarted = Engine(job), Engine(job)
-    for batch in batches:
-        records = [(r.topic, 0, r.offset, r.value) for r in batch.records]
-        caught = {t.removeprefix("shop.") for t in batch.caught_up}
-        a = steady.process(records, caught_up=caught)
-        restarted = Engine.from_state(job, restarted.state_bytes())
-        assert a == restarted.process(records, caught_up=caught)
-    assert steady.outputs() == restarted.outputs()
+    assert_restarts_change_nothing(job, batches)
 
 
 # -- the filters' meaning, on hand-picked rows ----------------------------------------

@@ -19,6 +19,7 @@ from tests.unit.strategies import (
     PIZZERIA_ROWS,
     USERS_ROWS,
     Workload,
+    assert_restarts_change_nothing,
     deliveries,
     produce,
     workloads,
@@ -110,13 +111,4 @@ def test_engine_state_survives_serialisation_between_batches(data: Any) -> None:
     job = ORDERS
     workload = data.draw(workloads(PIZZERIA_ROWS), label="workload")
     batches = data.draw(deliveries(produce(job, workload)), label="delivery")
-    steady, restarted = Engine(job), Engine(job)
-    prefix = "shop."
-    for batch in batches:
-        records = [(r.topic, 0, r.offset, r.value) for r in batch.records]
-        caught = {t.removeprefix(prefix) for t in batch.caught_up}
-        a = steady.process(records, caught_up=caught)
-        restarted = Engine.from_state(job, restarted.state_bytes())
-        b = restarted.process(records, caught_up=caught)
-        assert a == b
-    assert steady.outputs() == restarted.outputs()
+    assert_restarts_change_nothing(job, batches)

@@ -16,7 +16,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.strategies import USERS_ROWS, deliveries, produce, workloads
+from tests.unit.strategies import (
+    USERS_ROWS,
+    assert_restarts_change_nothing,
+    deliveries,
+    produce,
+    workloads,
+)
 from txjoin.cli import parse_topic_prefixes
 from txjoin.errors import ConfigError, JobError
 from txjoin.job import Job, Source, Table, load_job
@@ -163,14 +169,7 @@ def test_two_source_engine_state_survives_serialisation_between_batches(data: An
     job = TWO_DBS
     workload = data.draw(workloads(USERS_ROWS, job=job), label="workload")
     batches = data.draw(deliveries(produce(job, workload)), label="delivery")
-    steady, restarted = Engine(job), Engine(job)
-    for batch in batches:
-        records = [(r.topic, 0, r.offset, r.value) for r in batch.records]
-        caught = _caught(job, batch.caught_up)
-        a = steady.process(records, caught_up=caught)
-        restarted = Engine.from_state(job, restarted.state_bytes())
-        assert restarted.process(records, caught_up=caught) == a
-    assert steady.outputs() == restarted.outputs()
+    assert_restarts_change_nothing(job, batches, lambda topics: _caught(job, topics))
 
 
 # -- an idle source ----------------------------------------------------------------------
