@@ -41,13 +41,15 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import click
 import psutil
 
+from txjoin.errors import ConfigError
 from txjoin.ingest.debezium import transaction_topic
 from txjoin.job import Job, load_job
 from txjoin.join.engine import Engine
@@ -218,10 +220,12 @@ def reference_keys(job: Job, rows: list[tuple[str, int, int, str | None, str | N
 
 
 def prepare_workload(transactions: int, seed: int, snapshot_orders: int, partitions: int,
-                     max_events: int, bootstrap: str | None, schedule: str) -> dict[str, Any]:
+                     max_events: int, bootstrap: str | None, schedule: str,
+                     also_jobs: Sequence[Path] = ()) -> dict[str, Any]:
     """Build the workload and write it to the broker at ``bootstrap`` (topics created) or,
     without one, as a replay schedule in ``schedule``; return its counts, ``topics`` and the
-    ``expected`` output keys (by the core engine alone)."""
+    ``expected`` output keys (by the core engine alone), and each of ``also_jobs``' in
+    ``also_expected``."""
     from txjoin.ingest.spark.replay import write_schedule_dir
     from txjoin.stack.broker import create_topics
 
@@ -253,7 +257,9 @@ def prepare_workload(transactions: int, seed: int, snapshot_orders: int, partiti
         batches = write_schedule_dir(schedule, replay_schedule(rows, max_events))
         click.echo(f"replay schedule: {batches} micro-batches of <= {max_events} records")
     return {**made, "topics": topics, "prefix": synth_prefix,
-            "expected": reference_keys(job, rows, partitions)}
+            "expected": reference_keys(job, rows, partitions),
+            "also_expected": {str(p): reference_keys(load_job(p), rows, partitions)
+                              for p in also_jobs}}
 
 
 def release_memory() -> int:
@@ -269,7 +275,8 @@ def release_memory() -> int:
 
 def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: str,
               keep: bool = False, snapshot_orders: int = 0, source_kind: str = "kafka",
-              shards: int | None = None, partitions: int = 1) -> dict[str, Any]:
+              shards: int | None = None, partitions: int = 1,
+              also_jobs: Sequence[Path] = ()) -> dict[str, Any]:
     from pyspark.sql import DataFrame
 
     from txjoin.ingest.spark.kafka import read_stream
@@ -302,8 +309,9 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
         # peak RSS is the pipeline's, not the workload's.
         with multiprocessing.get_context("fork").Pool(1) as pool:
             made = pool.apply(prepare_workload, (transactions, seed, snapshot_orders, partitions,
-                                                 max_events, bootstrap, schedule))
+                                                 max_events, bootstrap, schedule, also_jobs))
         topics, prefix, expected = made.pop("topics"), made.pop("prefix"), made.pop("expected")
+        also_expected = made.pop("also_expected")
         n_records, n_txs, data_events = made["records"], made["transactions"], made["data_events"]
         result = {**made, **result}
         result["harness_rss_mb"] = release_memory()
@@ -440,6 +448,35 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
         result["sinks_match_oracle_keys"] = delta_rows == set(expected) == pg_rows
         for sink in sinks:
             sink.close()
+
+        # -- other jobs on the same workload, one after the other (--also-job) ----------
+        for path in also_jobs:
+            other = load_job(path)
+            other_config = replace(config, checkpoint_dir=str(work / f"ckpt-{other.name}"),
+                                   output_dir=str(work / f"out-{other.name}"))
+            other_sinks = build_sinks(other, other_config, spark)
+            other_commits: list[GroupCommit] = []
+            other_pipeline = Pipeline(spark, other, other_config, other_sinks,
+                                      on_sink_commit=other_commits.append)
+            started = time.monotonic()
+            full = (other_pipeline.kafka_source() if source_kind == "kafka" else source())
+            other_pipeline.start(full, available_now=True).awaitTermination()
+            seconds = time.monotonic() - started
+            other_pipeline.close()
+            keys = list(other.output.key)
+            held = [{tuple(r[k] for k in keys) for r in sink.read_current()}
+                    for sink in other_sinks]
+            for sink in other_sinks:
+                sink.close()
+            want = also_expected[str(path)]
+            result.setdefault("also_jobs", {})[other.name] = {
+                "job": str(path), "pipeline_seconds": round(seconds, 2),
+                "events_per_s": round(n_records / seconds),
+                "events_per_s_vs_main": round(n_records / seconds / result["events_per_s"], 3),
+                "micro_batches": len(other_pipeline.reports),
+                "output_rows": len(want),
+                "sinks_match_oracle_keys": all(h == set(want) for h in held),
+                **sink_figures(other_commits)}
     finally:
         if broker is not None:
             stop_broker(broker.process)
@@ -497,6 +534,11 @@ def sink_figures(commits: list[GroupCommit]) -> dict[str, Any]:
                    "throughput and inconsistent observable states (txjoin.peers.bench).")
 @click.option("--chart", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="With --peer or --source files:DIR: a PNG chart of the comparison.")
+@click.option("--also-job", "also_jobs", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Also run this job (over the pizzeria's tables, e.g. jobs/orders_totals.py) "
+                   "on the same workload after the orders job, and report its events/s and "
+                   "the ratio to the orders job's (repeatable; kafka and replay sources).")
 @click.option("--source", "source_kind", default="kafka", show_default=True,
               help="kafka: through an Apache Kafka broker and Spark's kafka source; replay: the "
                    "same records without a broker (the engine apart from the broker); "
@@ -504,13 +546,23 @@ def sink_figures(commits: list[GroupCommit]) -> dict[str, Any]:
                    "it with the file source.")
 def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, master: str,
           snapshot_orders: int, source_kind: str, shards: int | None, partitions: int,
-          keep: bool, peers: tuple[str, ...], chart: Path | None) -> None:
+          keep: bool, peers: tuple[str, ...], chart: Path | None,
+          also_jobs: tuple[Path, ...]) -> None:
     """Benchmark the full pipeline (source -> shards -> Delta + PostgreSQL) against its ceiling.
 
     With --peer or --source files:DIR: the same workload through txjoin's file source and
     the peers, compared (txjoin.peers.bench).
     """
+    for path in also_jobs:
+        tables = set(load_job(path).table_names)
+        if not tables <= set(load_job(JOB).table_names):
+            raise ConfigError(f"--also-job {path}: reads {', '.join(sorted(tables))}; the "
+                              "benchmark's workload is the pizzeria's "
+                              f"({', '.join(load_job(JOB).table_names)})")
     if peers or chart is not None or source_kind.startswith("files:"):
+        if also_jobs:
+            raise ConfigError("--also-job runs with the kafka and replay sources, not with "
+                              "--peer, --chart or --source files:DIR")
         from txjoin.ingest.spark.files import parse_source
         from txjoin.peers.bench import run_peer_bench
 
@@ -524,7 +576,7 @@ def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, 
         raise click.BadParameter("expected kafka, replay or files:DIR", param_hint="--source")
     result = run_bench(transactions, max_events_per_trigger, seed, out, master, keep,
                        snapshot_orders=snapshot_orders, source_kind=source_kind, shards=shards,
-                       partitions=partitions)
+                       partitions=partitions, also_jobs=also_jobs)
     shown = {k: v for k, v in result.items() if k != "batches"}  # per batch: in the file
     width = max(len(k) for k in shown)
     for key, value in shown.items():

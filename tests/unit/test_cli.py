@@ -149,3 +149,14 @@ def test_a_wrong_topic_prefix_for_a_two_database_job_is_one_line_and_exit_2(
     code, _out, err = invoke(*args)
     assert code == 2
     assert err.count("\n") == 1 and what in err, err
+
+
+def test_bench_refuses_an_also_job_over_other_tables_before_starting_anything() -> None:
+    jobs = Path(__file__).resolve().parents[2] / "jobs"
+    code, _, err = invoke("bench", "--also-job", str(jobs / "order_lines.py"))
+    assert code == 2
+    assert err.startswith(f"error: --also-job {jobs / 'order_lines.py'}: reads ")
+    assert "public.order_lines" in err and "the benchmark's workload is the pizzeria's" in err
+    code, _, err = invoke("bench", "--also-job", str(jobs / "orders_totals.py"), "--peer",
+                          "flink")
+    assert code == 2 and "--also-job runs with the kafka and replay sources" in err
