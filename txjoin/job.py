@@ -178,7 +178,10 @@ class Lookup:
 
     ``on`` maps columns of ``table`` to columns of the parent alias. With
     ``array=True`` the (single) parent column holds an array and the lookup
-    yields one element per array element, in array order, duplicates kept.
+    yields one element per array element, in array order, duplicates kept. With
+    ``distinct=True`` as well it yields each matching row once, in the order of its
+    value's first occurrence in the array, NULL elements skipped: PostgreSQL's ``JOIN t
+    ON t.id = ANY(o.col)`` (which matches each row once, in no set order); inner only.
 
     ``where``: a SQL predicate over this alias's own columns (``"p.available"``): only
     rows of ``table`` for which it is true match (before ``pick`` chooses among them);
@@ -193,9 +196,19 @@ class Lookup:
     array: bool = False
     pick: Pick | None = None
     where: str | None = None
+    distinct: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "on", dict(self.on))
+
+    def elements(self, array: Any) -> list[Any]:
+        """The values an array lookup matches, in order: the array's elements (all of
+        them, or with ``distinct`` each non-NULL value once, at its first occurrence)."""
+        if not isinstance(array, list):
+            return []
+        if not self.distinct:
+            return array
+        return list(dict.fromkeys(v for v in array if v is not None))
 
     @property
     def listed(self) -> bool:
@@ -701,6 +714,12 @@ def validate(job: Job) -> None:
                            f"{is_array}")
         if lk.array and len(lk.on) != 1:
             _fail(job, f"{where}: an array lookup matches exactly one column")
+        if lk.distinct and not lk.array:
+            _fail(job, f"{where}: distinct=True applies to an array lookup (array=True)")
+        if lk.distinct and lk.how != "inner":
+            _fail(job, f"{where}: a distinct array lookup is inner (PostgreSQL's LEFT JOIN "
+                       f"... = ANY(...) keeps one row of NULLs for an array that matches "
+                       f"nothing, not one per element); drop how='left' or distinct=True")
         if isinstance(lk, Children):
             _validate_children(job, lk, where)
         elif set(lk.on) != set(table.key) and lk.pick is None:

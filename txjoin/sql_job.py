@@ -12,6 +12,9 @@ SELECT ...``, which name the output table) compiles into a job file that loads w
   UNNEST(o.col) AS u(x)`` (Flink SQL), then a join on ``u.x``, is an array lookup, and
   ``json_agg`` / ``jsonb_agg`` / ``JSON_ARRAYAGG`` of an object over it with ``GROUP BY``
   the fact's key is a :class:`~txjoin.job.Collect` (in array order: ``ORDER BY n``);
+- ``JOIN t ON t.id = ANY(o.col)`` is a distinct array lookup (``distinct=True``): each
+  matching row once, as PostgreSQL matches it, listed in the order of its value's first
+  occurrence in the array (PostgreSQL's own order is unspecified);
 - ``WHERE`` is the job's filter, other select items its computed columns
   (txjoin/expr.py);
 - ``FOR SYSTEM_TIME AS OF <fact>.<column>`` on every lookup (Flink SQL's temporal join) is
@@ -25,7 +28,8 @@ PostgreSQL one keeps PostgreSQL's meaning for every expression (txjoin/expr.py u
 What a job cannot keep transaction-consistent, or txjoin does not support yet, is a
 :class:`~txjoin.errors.JobError` naming the construct with ``FILE:LINE:COLUMN`` and why:
 a join not rooted at one fact key, window functions, ``DISTINCT ON``, aggregates across
-facts, subqueries, ``= ANY(array)``, anything that reads the clock.
+facts, subqueries, ``= ANY(array)`` outside a join's ``ON``, anything that reads the
+clock.
 
 With ``GROUP BY`` the fact's key, a join from the fact on columns that are not the joined
 table's key, read inside aggregates, is the fact's child rows (:class:`~txjoin.job.Children`,
@@ -233,12 +237,13 @@ class _Compiler:
                                 f"replay would give another answer; compare with a column or "
                                 f"a literal instead (o.order_time > timestamp '2024-01-01')",
                           CLOCK_WORDS)
-            if isinstance(node, exp.Any):
-                self.fail(node, "= ANY(array): PostgreSQL matches each row once, in no set "
-                                "order, and txjoin's array lookup keeps the array's order and "
-                                "duplicates, so the meaning would change; write CROSS JOIN "
+            if isinstance(node, exp.Any) and not (
+                    isinstance(node.parent, exp.EQ) and node.find_ancestor(exp.Join)):
+                self.fail(node, "= ANY(array) outside a JOIN's ON: a membership test is not "
+                                "supported yet; as a lookup write JOIN t ON t.id = "
+                                "ANY(o.col) (each matching row once) or CROSS JOIN "
                                 "unnest(o.col) WITH ORDINALITY AS u(x, n) JOIN t ON t.id = u.x "
-                                "and aggregate ORDER BY u.n", ("any",))
+                                "(every element, in array order)", ("any",))
         for key in ("having", "qualify"):
             if select.args.get(key) is not None:
                 self.fail(select.args[key], f"{key.upper()}: a filter on aggregates over "
@@ -272,6 +277,7 @@ class _Query:
         self.unnests: dict[str, _Unnest] = {}
         self.lookups: list[Lookup] = []
         self.array_aliases: set[str] = set()  # unnested arrays' lookups and child rows
+        self.any_joins: dict[str, exp.Expr] = {}  # alias -> its `= ANY(array)` condition
         self.child_aliases: set[str] = set()
         self.temporal: list[tuple[exp.Expr, bool]] = []
         self.notes: list[str] = []
@@ -401,8 +407,20 @@ class _Query:
         self.qualify(on)
         links: list[tuple[str, str, str, exp.Expr]] = []  # mine, parent, theirs, node
         filters: list[exp.Expr] = []
+        any_part: exp.Expr | None = None
         for part in _conjuncts(on):
             cols = list(part.find_all(exp.Column))
+            if isinstance(part, exp.EQ) and isinstance(part.expression, exp.Any):
+                a, b = part.this, part.expression.this
+                b = b.unnest() if isinstance(b, exp.Paren) else b
+                if not (isinstance(a, exp.Column) and a.table == alias and
+                        isinstance(b, exp.Column) and b.table != alias):
+                    self.c.fail(part, f"JOIN {node.name} ON {part.sql(dialect=DIALECT)}: "
+                                      f"expected {alias}.col = ANY(parent.array_column)",
+                                ("any",))
+                links.append((a.name, b.table, b.name, part))
+                any_part = part
+                continue
             if isinstance(part, exp.EQ) and all(isinstance(s, exp.Column)
                                                 for s in (part.this, part.expression)):
                 a, b = part.this, part.expression
@@ -428,8 +446,24 @@ class _Query:
                             f"is matched to {', '.join(sorted(parents))} at once; a lookup "
                             f"hangs from one table joined before")
         (parent,) = parents
-        array = False
-        if parent in self.unnests:
+        array = distinct = False
+        if any_part is not None:
+            if len(links) != 1:
+                self.c.fail(on, f"JOIN {node.name}: an = ANY(array) join matches on the "
+                                f"array alone ({alias}.col = ANY({parent}.array_column))")
+            mine, _, theirs, _ = links[0]
+            if parent in self.unnests or not self.aliases[parent].columns[theirs] \
+                    .endswith("[]"):
+                self.c.fail(any_part, f"JOIN {node.name}: {parent}.{theirs} is not an array "
+                                      f"column; = ANY(...) joins on an array", ("any",))
+            if self.under_array(parent) or parent in self.array_aliases:
+                self.c.fail(any_part, f"JOIN {node.name}: = ANY of an array inside an array "
+                                      f"lookup: nested array lookups are not supported yet",
+                            ("any",))
+            on_map = {mine: theirs}
+            array = distinct = True
+            self.any_joins[alias] = any_part
+        elif parent in self.unnests:
             unnest = self.unnests[parent]
             if len(links) != 1 or links[0][2] != unnest.element:
                 self.c.fail(on, f"JOIN {node.name}: join an unnested array on its element "
@@ -473,11 +507,16 @@ class _Query:
             except ExprError as exc:
                 self.c.fail(filters[0], str(exc))
         how = "left" if str(join.args.get("side") or "").upper() == "LEFT" else "inner"
+        if distinct and how == "left":
+            self.c.fail(node, f"LEFT JOIN {node.name} ON ... = ANY(...): PostgreSQL keeps one "
+                              f"row of NULLs for an array that matches nothing, which a list "
+                              f"of elements cannot say; use JOIN")
         if array and how == "left":
             self.c.fail(node, f"LEFT JOIN {node.name} on an unnested array: not supported "
                               f"yet (an element that matches nothing)")
         self.lookups.append(Lookup(alias, table.name, parent=parent, on=on_map,
-                                   how=how, array=array, pick=pick, where=where))  # type: ignore[arg-type]
+                                   how=how, array=array, pick=pick, where=where,  # type: ignore[arg-type]
+                                   distinct=distinct))
         if array:
             self.array_aliases.add(alias)
 
@@ -708,6 +747,11 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
                        f"({missing[0]} AS ...)", ("select",))
     collected_aliases = {p.alias for p in columns.values() if isinstance(p, Collect)}
     for lk in q.lookups:
+        if lk.array and lk.alias not in collected_aliases and lk.alias in q.any_joins:
+            c.fail(q.any_joins[lk.alias], f"the table joined on = ANY(...) ({lk.alias}) is "
+                                          f"not aggregated: a job has one row per fact; "
+                                          f"collect it with json_agg(json_build_object(...)) "
+                                          f"and GROUP BY the fact's key", ("any",))
         if lk.array and lk.alias not in collected_aliases:
             unnest = next(u for u in q.unnests.values() if u.used_by == lk.alias)
             c.fail(unnest.node, f"the unnested array {unnest.parent}.{unnest.column} "
@@ -768,6 +812,15 @@ def _collect(c: _Compiler, q: _Query, node: exp.Expr, obj: exp.Expr,
                     f"array (or its lookups); an aggregate of other rows is not supported yet",
                (word,))
     (alias,) = arrays
+    if alias in q.any_joins:
+        if order:
+            c.fail(order[0], f"{word}(... ORDER BY {order[0].sql(dialect=DIALECT)}) over = "
+                             f"ANY(...): txjoin lists each matching row once in the order of "
+                             f"its first occurrence in the array (PostgreSQL's own order is "
+                             f"unspecified); drop the ORDER BY, or unnest WITH ORDINALITY "
+                             f"and ORDER BY the ordinality for every element in array order",
+                   (word,))
+        return Collect(alias, out)
     unnest = next(u for u in q.unnests.values() if u.used_by == alias)
     for term in order:
         col = term.this
@@ -945,6 +998,8 @@ def render(job: Job, query: str, path: str, comments: Mapping[str, str] | None =
                          f"order_by=[{', '.join(_q(c) for c in lk.order_by)}]")
         if lk.array:
             parts.append("array=True")
+        if lk.distinct:
+            parts.append("distinct=True")
         if lk.pick is not None:
             parts.append(f"pick=Pick({_q(lk.pick.column)}, {_q(lk.pick.order)})")
         if lk.where is not None:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from tests.e2e.test_expressions_postgres import _load, _same
 from tests.fixtures.postgres import new_database
-from tests.unit.test_children import CHILD_ROWS, ROWS, WITH_ARRAY
+from tests.unit.test_children import CHILD_ROWS, ROWS, WITH_ARRAY, WITH_DISTINCT
 from txjoin.job import Job
 from txjoin.join.oracle import Oracle
 from txjoin.verify.verify import _connect, _fetch, job_query
@@ -97,3 +97,43 @@ def child_tables(draw: Any) -> dict[str, list[dict[str, Any]]]:
 def test_random_child_rows_equal_postgresqls_answer(dsn: str, rows: dict[str, Any]) -> None:
     _load(dsn, WITH_ARRAY, rows)
     _compare(dsn, WITH_ARRAY, rows)
+
+
+# PostgreSQL's own `= ANY`, written by hand (not verify's rendering): each matching pizza
+# once; listed by its first occurrence in the array (array_position), the order txjoin keeps.
+ANY_QUERY = """
+SELECT o.id AS order_id, count(pz.id) AS pizza_count, sum(pz.price) AS pizza_sum,
+       jsonb_agg(jsonb_build_object('id', pz.id, 'name', pz.name)
+                 ORDER BY array_position(o.pizzas, pz.id)) AS pizza_list
+FROM public.orders o JOIN public.pizzas pz ON pz.id = ANY(o.pizzas)
+GROUP BY o.id
+"""
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(rows=child_tables())
+def test_a_distinct_array_lookup_is_postgresqls_equals_any(dsn: str,
+                                                           rows: dict[str, Any]) -> None:
+    # NULL elements too (never a match for = ANY), in every other order's array.
+    rows = {**rows, "public.orders": [
+        {**o, "pizzas": [*o["pizzas"][:1], None, *o["pizzas"][1:]]}
+        if o["pizzas"] and o["id"] % 2 == 0 else o for o in rows["public.orders"]]}
+    _load(dsn, WITH_DISTINCT, rows)
+    _compare(dsn, WITH_DISTINCT, rows)  # verify's SQL for the same job
+    with _connect(dsn, "source") as conn:
+        answer = {r["order_id"]: r for r in _fetch(conn, ANY_QUERY)}
+    oracle = Oracle(WITH_DISTINCT)
+    oracle.load_snapshot({t: rows.get(t, []) for t in WITH_DISTINCT.table_names})
+    mine = {key[0]: row for key, row in oracle.output.items()}
+    assert sorted(answer) == sorted(mine)
+    for key, row in mine.items():
+        pg = answer[key]
+        listed = pg["pizza_list"]
+        listed = json.loads(listed) if isinstance(listed, str) else listed
+        assert [(p["id"], p["name"]) for p in listed] == [
+            (p["id"], p["name"]) for p in row["pizza_list"]], (key, listed, row)
+        assert pg["pizza_count"] == row["pizza_count"]
+        assert (pg["pizza_sum"] is None) == (row["pizza_sum"] is None)
+        if row["pizza_sum"] is not None:
+            assert Decimal(str(pg["pizza_sum"])) == Decimal(row["pizza_sum"])

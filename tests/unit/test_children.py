@@ -59,11 +59,25 @@ WITH_ARRAY = replace(
         "halves": Aggregate("l", "sum", "CAST(l.quantity AS double precision) / 2"),
     }))
 
+# The order's pizzas as PostgreSQL's `JOIN pizzas pz ON pz.id = ANY(o.pizzas)`: each
+# matching pizza once, by first occurrence (an inner, distinct array lookup), listed too.
+WITH_DISTINCT = replace(
+    WITH_ARRAY,
+    lookups=[*ORDER_LINES.lookups,
+             Lookup("pz", "public.pizzas", parent="o", on={"id": "pizzas"}, array=True,
+                    distinct=True)],
+    output=Output("order_lines_enriched", {"order_id": "o.id"}, {
+        **WITH_ARRAY.output.columns,
+        "pizza_list": Collect("pz", {"id": "pz.id", "name": "pz.name"}),
+    }))
+
 VARIANTS = {
     "order_lines/current": ORDER_LINES,
     "order_lines/as_of_fact": replace(ORDER_LINES, semantics="as_of_fact"),
     "with_array/current": WITH_ARRAY,
     "with_array/as_of_fact": replace(WITH_ARRAY, semantics="as_of_fact"),
+    "with_distinct/current": WITH_DISTINCT,
+    "with_distinct/as_of_fact": replace(WITH_DISTINCT, semantics="as_of_fact"),
 }
 
 

@@ -99,6 +99,12 @@ INVALID: dict[str, tuple[Callable[[], Job], list[str]]] = {
     "array=True on a scalar column": (
         lambda: make_job(lookups=_replace([TA, C, P], "c", array=True)),
         ["lookup 'c' (public.clients)", "is not an array; set array=False"]),
+    "distinct=True without array=True": (
+        lambda: make_job(lookups=_replace([TA, C, P], "c", distinct=True)),
+        ["lookup 'c' (public.clients)", "distinct=True applies to an array lookup"]),
+    "a left distinct array lookup": (
+        lambda: make_job(lookups=_replace([TA, C, P], "p", distinct=True, how="left")),
+        ["lookup 'p' (public.pizzas)", "a distinct array lookup is inner"]),
     "a non-key lookup without pick": (
         lambda: make_job(lookups=[TA, C, P, Lookup("fav", "public.favourites", parent="c",
                                                    on={"client_id": "id"}, how="left")]),

@@ -150,6 +150,12 @@ class Oracle:
                 continue
             if lk.array:
                 array = row.get(next(iter(lk.on.values()))) if row is not None else None
+                if lk.distinct:  # = ANY(array): each value once, first occurrence first
+                    seen: list[Any] = []
+                    for value in array or []:
+                        if value is not None and value not in seen:
+                            seen.append(value)
+                    array = seen
                 elements = []
                 for value in array or []:
                     match = self._find(lk, row, value)

@@ -374,10 +374,11 @@ class TemporalJoin:
         return True
 
     def _expand(self, lk: Lookup, parent: Row | None) -> list[dict[str, Any]]:
-        """One binding per array element, in array order (duplicates kept)."""
+        """One binding per array element, in array order (duplicates kept; a distinct
+        lookup: each value once, at its first occurrence)."""
         array = None if parent is None else parent.get(next(iter(lk.on.values())))
         elements: list[dict[str, Any]] = []
-        for value in array if isinstance(array, list) else []:
+        for value in lk.elements(array):
             match = self._match(lk, (value,))
             if match is None and lk.how == "inner":
                 continue

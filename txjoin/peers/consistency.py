@@ -193,10 +193,10 @@ class GroupedPrefixStates(PrefixStates):
             raise ConfigError("grouped prefix states need exactly one Collect column")
         self.collected, collect = collects[0]
         (lookup,) = [lk for lk in job.lookups if lk.alias == collect.alias]
-        if not lookup.array or lookup.parent != job.fact_alias or any(
+        if not lookup.array or lookup.distinct or lookup.parent != job.fact_alias or any(
                 lk.parent == lookup.alias for lk in job.lookups):
             raise ConfigError(f"grouped prefix states: {lookup.alias!r} must be an array lookup "
-                              "from the fact table with no lookups below it")
+                              "(not distinct) from the fact table with no lookups below it")
         self.element_table = lookup.table
         self.array_column = next(iter(lookup.on.values()))
         self.element_fields = {f: ref.split(".", 1)[1] for f, ref in collect.fields.items()}

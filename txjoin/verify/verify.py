@@ -152,7 +152,8 @@ def _elements(job: Job, alias: str, relations: Relations | None) -> tuple[str, s
     """The elements of a listed alias as ``FROM ... [WHERE ...]`` correlated with its
     parent, and the ORDER BY that puts them in the engine's order.
 
-    An array lookup: ``unnest(...) WITH ORDINALITY``, in array order. Child rows: the
+    An array lookup: ``unnest(...) WITH ORDINALITY``, in array order (a distinct one: each
+    value once, at its first occurrence, NULLs skipped). Child rows: the
     child table's rows whose ``on`` columns equal the parent's (and pass its filter), in
     ``order_by`` then key order, ascending, NULLs last, text by code point.
     """
@@ -173,8 +174,12 @@ def _elements(job: Job, alias: str, relations: Relations | None) -> tuple[str, s
     ((mine, theirs),) = lookup.on.items()
     item = _ident(f"{lookup.alias}__item")
     element = _lateral(job, lookup, {mine: f"{item}.v"}, relations)
-    return (f"FROM unnest({_ref(f'{lookup.parent}.{theirs}')}) WITH ORDINALITY AS {item}(v, ord) "
-            f"{element} {nested}", f"{item}.ord")
+    array = f"unnest({_ref(f'{lookup.parent}.{theirs}')}) WITH ORDINALITY"
+    if lookup.distinct:  # = ANY(array): each value once, ordered by its first occurrence
+        return (f"FROM (SELECT u.v, min(u.ord) AS ord FROM {array} AS u(v, ord) "
+                f"WHERE u.v IS NOT NULL GROUP BY u.v) AS {item} {element} {nested}",
+                f"{item}.ord")
+    return f"FROM {array} AS {item}(v, ord) {element} {nested}", f"{item}.ord"
 
 
 def _collect(job: Job, collect: Collect, relations: Relations | None) -> str:
