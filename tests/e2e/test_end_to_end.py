@@ -44,6 +44,7 @@ from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.postgres import PostgresSink
 from txjoin.stack.demo import wait_until_captured
 from txjoin.stack.generate import GenerateResult, generate
+from txjoin.stack.latency import DELTA_LEGS, POSTGRES_LEGS
 from txjoin.verify.diff import canonical, show
 from txjoin.verify.verify import VerifyResult, verify_job
 
@@ -391,6 +392,13 @@ def test_demo_json_summarises_a_live_run_it_verified(e2e_stack: E2EStack) -> Non
     assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
     assert set(summary["verify"]["orders"]["sinks"]) == {"delta", "postgres"}
     assert "summary" in done.stderr
+    # Where the time went, leg by leg, for the changes the capture consumer saw: every leg
+    # a duration (the clocks are one machine's), at least one change timed per sink.
+    for sink, legs in (("postgres", POSTGRES_LEGS), ("delta", DELTA_LEGS)):
+        where = summary["where_ms"][sink]
+        assert where["changes"] > 0, summary["where_ms"]
+        assert all(where[leg]["p50"] >= 0 for leg in legs), where
+        assert where["total"]["p50"] <= summary["commit_to_sink_ms_by_sink"][sink]["max"]
 
     # `txjoin status` shows the job from its progress row in the stack's sink database.
     shown = CliRunner().invoke(main, ["status", "--dir", str(e2e_stack.directory)])

@@ -41,6 +41,7 @@ from rich.text import Text
 
 from txjoin.errors import ServiceError, TxjoinError
 from txjoin.stack import stack as stack_mod
+from txjoin.stack.latency import CaptureTimes, legs_per_sink
 from txjoin.stack.stack import StackInfo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -154,6 +155,8 @@ class JobProgress:
     delta_batch_id: int | None = None  # the last batch Delta committed
     delta_lags_s: list[float] = field(default_factory=list)  # hand-off -> Delta commit
     delta_lag_batches_max: int = 0
+    batch_started: dict[int, float] = field(default_factory=dict)  # batch id -> unix s
+    sink_commits: list[Any] = field(default_factory=list)  # every GroupCommit, in order
     first_batch: threading.Event = field(default_factory=threading.Event, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -166,6 +169,7 @@ class JobProgress:
             self.waiting = report.waiting
             self.commit_seq = report.commit_seq
             self.last_batch_id = report.batch_id
+            self.batch_started.setdefault(report.batch_id, report.finished_at - report.seconds)
             if self.delta_batch_id is not None or "delta" in report.written:
                 self.delta_lag_batches_max = max(self.delta_lag_batches_max,
                                                  self.delta_lag_batches())
@@ -189,6 +193,7 @@ class JobProgress:
         """``run_job``'s callback for each sink commit (PostgreSQL's per batch, Delta's per
         group): per-sink commit-to-sink latency, and Delta's lag behind the batches."""
         with self.lock:
+            self.sink_commits.append(commit)
             self.sink_latencies_ms.setdefault(commit.sink, []).extend(
                 commit.finished_at * 1000 - ts for ts in commit.commit_ts_ms
                 if ts >= self.latency_from_ms)
@@ -371,9 +376,10 @@ def _ms(value: float | None) -> str:
 @click.option("--plain", is_flag=True,
               help="Plain progress lines even on a terminal (the default without one).")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the summary as one JSON object on stdout (commit_to_sink_ms with "
-                   "p50/p99/max, events_per_s and end_to_end_s, verify results); progress "
-                   "goes to stderr.")
+              help="Print the summary as one JSON object on stdout (commit_to_sink_ms and "
+                   "commit_to_sink_ms_by_sink with p50/p99/max, where_ms: each sink's time "
+                   "leg by leg (Debezium, Kafka, waiting for a batch, the batch, the sink), "
+                   "events_per_s and end_to_end_s, verify results); progress goes to stderr.")
 def demo(directory: Path, duration: float, rate: float, seed: int, writers: int,
          orders_only: bool, master: str, plain: bool, as_json: bool) -> None:
     """Start the stack, write a live workload, stream it through txjoin, verify, summarise.
@@ -441,6 +447,11 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
     # Something new to read, so the first micro-batch runs even on a resumed checkpoint.
     commit_barrier(info.pg_dsn_source)
     progress.latency_from_ms = time.time() * 1000
+    # Beside the pipeline: when each transaction reached Debezium and Kafka (``where_ms``).
+    capture = CaptureTimes(info.bootstrap_servers, orders.topics(info.topic_prefix),
+                           info.transaction_topic, int(progress.latency_from_ms))
+    capture.start()
+    capture.ready.wait(30)
     generator.start()
 
     def stop_when_captured() -> None:
@@ -474,6 +485,7 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
     say("workload stopped and captured; draining (until idle)")
     run_job(orders, config(True), on_batch=progress.on_batch, quiet=True,
             on_sink_commit=progress.on_sink_commit)
+    capture.stop()
     say(progress.line(published_transactions(info)), markup=False)
 
     others: list[tuple[Any, JobProgress, float]] = []
@@ -489,6 +501,9 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
                           {s.name: info.source(s.name).dsn for s in job.sources} or None)
                for job in jobs]
     summary = summary_data(rate, duration, generator, progress, results)
+    summary["where_ms"] = {
+        sink: legs.summary() for sink, legs in legs_per_sink(
+            capture.by_commit_ms(), progress.batch_started, progress.sink_commits).items()}
     _summary(say, up, generator, summary, others, results)
     say(f"the stack keeps running: `txjoin down --dir {directory}` stops it "
         f"(`--wipe` also removes its data)")
@@ -559,6 +574,12 @@ def _summary(say: Any, up: Any, generator: GeneratorThread, summary: dict[str, A
     for sink, one in summary["commit_to_sink_ms_by_sink"].items():
         say(f"    {sink:<18} p50 {_ms(one['p50'])}, p99 {_ms(one['p99'])}, "
             f"max {_ms(one['max'])}")
+    for sink, where in summary.get("where_ms", {}).items():
+        if where["changes"]:
+            say(f"    {sink} leg by leg (ms, p50 / p99 / mean of the slowest 1%): " + ", ".join(
+                f"{leg} {where[leg]['p50']:.0f}/{where[leg]['p99']:.0f}/"
+                f"{where[leg]['slowest_1pct_mean']:.0f}"
+                for leg in where if leg not in ("changes", "total")), markup=False)
     lag = summary["delta_lag"]
     if lag["commits"]:
         say(f"  Delta behind PG      at most {lag['batches_max']} batches; a batch's hand-off "
