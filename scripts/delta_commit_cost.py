@@ -5,8 +5,8 @@
 One commit = what the sink does for one write (changelog append + MERGE into current),
 through ``DeltaSink.write`` (present in every txjoin version, so the same script measures
 an older checkout: ``PYTHONPATH=<checkout> python scripts/delta_commit_cost.py``). The
-current table is seeded with 100k keys first; each commit then updates/inserts random keys
-of 0..150k. The first commits at each size warm up and are not counted. Prints JSON.
+current table is seeded with 100k keys first (``--keys``); each commit then updates/inserts
+random keys of 0..150k. The first commits at each size warm up and are not counted. Prints JSON.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from txjoin.pipeline.session import get_session
+from txjoin.sinks import delta as delta_sink
 from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.lineage import Lineage
 
@@ -45,7 +46,17 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--commits", type=int, default=6, help="measured commits per size")
     parser.add_argument("--warm-up", type=int, default=2)
+    parser.add_argument("--keys", type=int, default=100_000,
+                        help="keys the current table is seeded with (commits then touch "
+                             "random keys of 0..1.5x this)")
+    parser.add_argument("--sizes", default="100,25000",
+                        help="changes per commit, comma-separated")
+    parser.add_argument("--merge", action="store_true",
+                        help="MERGE into the current table even when it is small enough to "
+                             "rewrite whole (the sink's way before REWRITE_MAX_ROWS)")
     args = parser.parse_args()
+    if args.merge:
+        delta_sink.REWRITE_MAX_ROWS = -1
     spark = get_session(args.master, app_name="delta-commit-cost")
     sc = spark.sparkContext
     tracker = sc.statusTracker()
@@ -63,20 +74,21 @@ def main() -> None:
             finally:
                 spent[name] = spent.get(name, 0.0) + time.monotonic() - before
         return wrapper
-    out: dict[str, object] = {"master": args.master}
+    out: dict[str, object] = {"master": args.master, "keys": args.keys,
+                               "current_table": "merge" if args.merge else "sink's default"}
     with tempfile.TemporaryDirectory(prefix="delta-commit-cost-") as work:
         sink = DeltaSink(work, "orders", "cost", ["order_id"], SCHEMA, spark=spark)
         for step in ("_frame", "_save", "_merge_current", "_create"):
             if hasattr(sink, step):
                 setattr(sink, step, timed(step, getattr(sink, step)))
         batch, seq = 0, 1
-        sink.write(batch, changes(100_000, seq, rnd, range(100_000)), Lineage("ckpt", seq))
-        batch, seq = batch + 1, seq + 100_000
-        for n in (100, 25_000):
+        sink.write(batch, changes(args.keys, seq, rnd, range(args.keys)), Lineage("ckpt", seq))
+        batch, seq = batch + 1, seq + args.keys
+        for n in (int(size) for size in args.sizes.split(",")):
             seconds, jobs = [], []
             steps: dict[str, list[float]] = {}
             for i in range(args.warm_up + args.commits):
-                table = changes(n, seq, rnd, range(150_000))
+                table = changes(n, seq, rnd, range(args.keys * 3 // 2))
                 group = f"commit-{batch}"
                 sc.setJobGroup(group, group)
                 spent.clear()

@@ -26,6 +26,7 @@ from tests.fixtures import restartable_postgres
 from tests.fixtures.postgres import free_port, new_database
 from txjoin.errors import ConfigError, LineageError, ServiceError, SinkSchemaError
 from txjoin.sinks import Sink
+from txjoin.sinks import delta as delta_sink
 from txjoin.sinks.delta import CHECKPOINT_INTERVAL, DeltaSink
 from txjoin.sinks.lineage import Checkpoint, Lineage, check_lineage
 from txjoin.sinks.postgres import PostgresSink, mask_dsn
@@ -131,6 +132,37 @@ def test_current_holds_the_last_change_per_key_and_the_changelog_everything(
     assert sink.read_current() == [current_of(changes_1[2]), current_of(changes_1[5]),
                                    current_of(changes_1[4])]
     assert sink.read_changelog() == changes_0 + changes_1
+
+
+def test_a_current_table_grown_past_the_rewrite_limit_is_merged_from_then_on(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Small current tables are rewritten whole from the rows the sink keeps (an overwrite:
+    # WRITE in the history); once past REWRITE_MAX_ROWS the sink MERGEs them (the large
+    # tables' way); a sink opened on a table back under the limit rewrites it again.
+    monkeypatch.setattr(delta_sink, "REWRITE_MAX_ROWS", 2)
+
+    def sink() -> DeltaSink:
+        return DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
+
+    def last_operation() -> str:
+        return str(DeltaTable(first.current_path).history(1)[0]["operation"])
+
+    first, operations = sink(), []
+    for batch_id, changes in enumerate([
+            [change("c", 1, 1), change("c", 2, 2)],  # 2 rows
+            [change("c", 3, 3), change("u", 1, 4, total="5.00")],  # 3: past the limit
+            [change("d", 2, 5), change("c", 4, 6)]]):  # 3
+        first.write(batch_id, batch(*changes))
+        operations.append(last_operation())
+    second = sink()  # reopened on 3 rows
+    second.write(3, batch(change("d", 4, 7), change("d", 3, 8)))  # 1 row
+    operations.append(last_operation())
+    third = sink()  # reopened on 1 row
+    third.write(4, batch(change("u", 1, 9, customer="zoe")))
+    operations.append(last_operation())
+    assert operations == ["WRITE", "WRITE", "MERGE", "MERGE", "WRITE"]
+    assert third.read_current() == [current_of(change("u", 1, 9, customer="zoe"))]
+    assert [c["_commit_seq"] for c in third.read_changelog()] == list(range(1, 10))
 
 
 def test_a_key_created_and_deleted_in_one_batch_leaves_no_row(

@@ -142,6 +142,20 @@ def last_change_per_key(changes: pa.Table, key_columns: list[str]) -> pa.Table:
     return changes.take(pc.take(last[f"{position}_max"], rows))
 
 
+def apply_changes(rows: pa.Table, last: pa.Table, key_columns: list[str]) -> pa.Table:
+    """``rows`` (a current table) after ``last`` (at most one change per key, with ``_op``):
+    every row whose key changed goes, then the rows of the changes that are not deletes
+    come in (without ``_op``), cast to ``rows``' schema."""
+    position = "__txjoin_row"
+    keys = rows.select(key_columns).append_column(
+        position, pa.array(range(rows.num_rows), pa.int64()))
+    kept = keys.join(last.select(key_columns), key_columns, join_type="left anti",
+                     use_threads=False)
+    survivors = rows.take(pc.take(kept[position], pc.sort_indices(kept[position])))
+    inserted = last.filter(pc.not_equal(last[OP], OP_DELETE)).drop_columns([OP])
+    return pa.concat_tables([survivors, inserted.select(rows.schema.names).cast(rows.schema)])
+
+
 def sort_rows(rows: list[dict], columns: list[str]) -> list[dict]:
     """Rows ordered by ``columns`` (stable, ``None`` first) for deterministic reads."""
     return sorted(rows, key=lambda r: tuple((r[c] is not None, r[c]) for c in columns))

@@ -3,8 +3,11 @@
 Written by delta-spark in group commits (``txjoin.sinks.handoff``): the
 micro-batches handed off since the last commit become one Spark DataFrame per
 table (from their Arrow tables), appended to the changelog (every change, in
-commit order) and MERGEd into the current table (the last change per key over
-the whole range; a delete removes the row), one commit per table. A commit
+commit order) and applied to the current table (the last change per key over
+the whole range; a delete removes the row), one commit per table. A current
+table of at most ``REWRITE_MAX_ROWS`` rows is rewritten whole from the rows the
+sink keeps (read once, then kept as it commits: one overwrite commit); a larger
+one is MERGEd. A commit
 always ends at a micro-batch boundary, and carries its lineage as JSON in its
 ``userMetadata`` (``txjoin.checkpoint``, ``txjoin.batch_id`` (the last batch),
 ``txjoin.first_batch_id``, ``txjoin.frontier_commit_seq``,
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from txjoin import crashpoints
@@ -52,6 +56,7 @@ from txjoin.sinks import (
     OP_DELETE,
     XID,
     Upkeep,
+    apply_changes,
     check_changes_schema,
     conform,
     current_schema,
@@ -66,6 +71,9 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 _HISTORY = 50  # commits searched for the last txjoin commit (others: OPTIMIZE, VACUUM...)
+REWRITE_MAX_ROWS = 1_000_000
+"""A current table of at most this many rows is rewritten whole at each group commit
+from the rows the sink keeps (an overwrite: one write job); a larger one is MERGEd."""
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 CHECKPOINT_INTERVAL = 100
 """Commits between two Delta log checkpoints of the tables the sink creates."""
@@ -199,6 +207,9 @@ class DeltaSink:
         self._rebuild_id: str | None = None
         self._checked: str | None = None  # checkpoint id already compared with the tables
         self._known: dict[str, Held | None] = {}  # table path -> what it holds (_progress)
+        # Current table path -> its rows (stored schema), kept while the table is small
+        # enough to rewrite whole (REWRITE_MAX_ROWS); None: too large, MERGE it.
+        self._rows: dict[str, pa.Table | None] = {}
 
     def app_id(self, kind: str, checkpoint_id: str | None) -> str:
         """The app transaction id of one table (``changelog``/``current``) for a checkpoint."""
@@ -295,10 +306,13 @@ class DeltaSink:
         (SparkDeltaTable.createIfNotExists(self.spark).location(path)
          .addColumns(_spark_schema(schema)).execute())
 
-    def _save(self, frame: DataFrame, path: str, mode: str, metadata: str) -> None:
-        """One commit of ``frame`` to ``path`` with ``metadata`` (the lineage)."""
+    def _save(self, frame: DataFrame, path: str, mode: str, metadata: str,
+              new_schema: bool = False) -> None:
+        """One commit of ``frame`` to ``path`` with ``metadata`` (the lineage); ``new_schema``
+        (an overwrite): the table takes the frame's schema (a rebuild may follow a change of
+        the job's columns), else it keeps its own (key columns NOT NULL among them)."""
         writer = frame.write.format("delta").mode(mode).option("userMetadata", metadata)
-        if mode == "overwrite":  # a rebuild may follow a change of the job's columns
+        if new_schema:
             writer = writer.option("overwriteSchema", "true")
         writer.save(path)
 
@@ -351,7 +365,9 @@ class DeltaSink:
                 self._known[current_path] = _after(last, xid)
                 seconds["current"] = time.monotonic() - before
         except BaseException:
-            self._known.clear()  # a commit may or may not have happened: read it again
+            # A commit may or may not have happened: read the tables again.
+            self._known.clear()
+            self._rows.clear()
             raise
         return seconds
 
@@ -365,6 +381,16 @@ class DeltaSink:
         if last.num_rows == 0:
             # Still one commit, so the progress moves with the (empty) batches.
             self._save(self._frame(last.drop_columns([OP])), path, "append", metadata)
+            return
+        rows = self._current_rows(path)
+        if rows is not None:
+            # Small enough to rewrite whole: the new state from the rows kept, written in
+            # one overwrite commit (readers see the old state or the new one). Delta's
+            # MERGE costs two jobs (find the files holding a changed key, rewrite them)
+            # and, with keys spread over every file, rewrites the whole table anyway.
+            after = apply_changes(rows, last, self.key_columns)
+            self._save(self._frame(after), path, "overwrite", metadata)
+            self._rows[path] = after if after.num_rows <= REWRITE_MAX_ROWS else None
             return
         from delta.tables import DeltaTable as SparkDeltaTable
 
@@ -383,6 +409,22 @@ class DeltaSink:
             merge.execute()
         finally:
             conf.unset(_USER_METADATA)
+
+    def _current_rows(self, path: str) -> pa.Table | None:
+        """The current table's rows, read once and then kept as the sink commits; ``None``
+        when it holds more than ``REWRITE_MAX_ROWS`` rows."""
+        if path not in self._rows:
+            table = DeltaTable(path)
+            # Rows from the log's file statistics (a file without them: too large to tell).
+            counts = pa.table(table.get_add_actions(flatten=True)).column("num_records")
+            small = counts.null_count == 0 and (pc.sum(counts).as_py() or 0) <= REWRITE_MAX_ROWS
+            self._rows[path] = (None if not small else
+                                read_table(table).select(self._current_columns())
+                                .cast(current_schema(self.stored)))
+        return self._rows[path]
+
+    def _current_columns(self) -> list[str]:
+        return current_schema(self.stored).names
 
     def maintain(self, retention_hours: float | None = None) -> list[Upkeep]:
         """Compact both tables' small files, then (``retention_hours``) VACUUM them.
@@ -449,6 +491,7 @@ class DeltaSink:
         shutil.rmtree(self.rebuild_root, ignore_errors=True)
         self._rebuild_id, self._checked = checkpoint_id, None
         self._known.clear()
+        self._rows.clear()
 
     def finish_rebuild(self) -> None:
         """One overwrite commit per table with the rebuilt contents and lineage."""
@@ -467,10 +510,12 @@ class DeltaSink:
                               None if held is None else held.frontier_commit_seq)
             self._save(rows, path, "overwrite",
                        self._metadata(batch, lineage,
-                                      None if held is None else held.last_change_xid))
+                                      None if held is None else held.last_change_xid),
+                       new_schema=True)
         shutil.rmtree(self.rebuild_root, ignore_errors=True)
         self._rebuild_id, self._checked = None, None
         self._known.clear()
+        self._rows.clear()
 
     def read_current(self) -> list[dict]:
         """Current rows ordered by key."""
