@@ -74,6 +74,7 @@ def main() -> None:
             finally:
                 spent[name] = spent.get(name, 0.0) + time.monotonic() - before
         return wrapper
+    stages: dict[int, list[list[str]]] = {}
     out: dict[str, object] = {"master": args.master, "keys": args.keys,
                                "current_table": "merge" if args.merge else "sink's default"}
     with tempfile.TemporaryDirectory(prefix="delta-commit-cost-") as work:
@@ -98,13 +99,20 @@ def main() -> None:
                 batch, seq = batch + 1, seq + n
                 if i >= args.warm_up:
                     seconds.append(took)
-                    jobs.append(len(tracker.getJobIdsForGroup(group)))
+                    ids = sorted(tracker.getJobIdsForGroup(group))
+                    jobs.append(len(ids))
+                    # What each job was (its stages' call sites), for the last commit.
+                    stages[n] = [[info.name for sid in job.stageIds
+                                  if (info := tracker.getStageInfo(sid)) is not None]
+                                 for job in (tracker.getJobInfo(i) for i in ids)
+                                 if job is not None]
                     for step, took_step in spent.items():
                         steps.setdefault(step, []).append(took_step)
             out[f"changes_{n}"] = {
                 "seconds_mean": round(statistics.mean(seconds), 3),
                 "seconds_min": round(min(seconds), 3), "seconds_max": round(max(seconds), 3),
                 "spark_jobs_per_commit": sorted(set(jobs)), "commits": len(seconds),
+                "last_commit_jobs_stages": stages.get(n, []),
                 "step_seconds_mean": {k.lstrip("_"): round(statistics.mean(v), 3)
                                       for k, v in sorted(steps.items())}}
     print(json.dumps(out, indent=2))

@@ -80,7 +80,11 @@ class CaptureTimes(threading.Thread):
             metadata = consumer.list_topics(timeout=10).topics
             wanted = [TopicPartition(t, p, self.since_ms) for t in topics if t in metadata
                       for p in metadata[t].partitions]
-            consumer.assign(consumer.offsets_for_times(wanted, timeout=10))
+            positions = consumer.offsets_for_times(wanted, timeout=10)
+            for tp in positions:  # nothing at or after since_ms yet: from the end, now
+                if tp.offset < 0:
+                    tp.offset = consumer.get_watermark_offsets(tp, timeout=10)[1]
+            consumer.assign(positions)
             self.ready.set()
             while not self._stopping.is_set():
                 for msg in consumer.consume(2000, 0.2):
