@@ -24,13 +24,14 @@ def test_each_leg_of_a_change_and_their_sum_is_its_commit_to_sink_time() -> None
     captured = {1000: (1050, 1070)}
     commits = [_commit("postgres", 4, [1000], 1.9, 2.0),
                _commit("delta", 4, [1000], 11.0, 13.5)]
-    legs = legs_per_sink(captured, {4: 1.2}, commits)
+    # Of the batch's 0.7 s before the sink, 0.5 s computing it (0.2 s in its slowest shard).
+    legs = legs_per_sink(captured, {4: 1.2}, {4: (0.5, 0.2)}, commits)
     pg, delta = legs["postgres"], legs["delta"]
     assert pg.totals == [pytest.approx(1000.0)]
-    assert pg.legs == [pytest.approx((50, 20, 130, 700, 100))]
+    assert pg.legs == [pytest.approx((50, 20, 130, 300, 200, 200, 100))]
     assert sum(pg.legs[0]) == pytest.approx(pg.totals[0])
     assert delta.totals == [pytest.approx(12500.0)]
-    assert delta.legs == [pytest.approx((50, 20, 130, 700, 100, 9000, 2500))]
+    assert delta.legs == [pytest.approx((50, 20, 130, 300, 200, 200, 100, 9000, 2500))]
     assert sum(delta.legs[0]) == pytest.approx(delta.totals[0])
 
 
@@ -38,7 +39,7 @@ def test_replayed_batches_and_changes_not_captured_are_left_out() -> None:
     commits = [_commit("postgres", 1, [5], 1.0, 1.1, wrote=False),  # a replay: not timed
                _commit("postgres", 2, [5, 9], 2.0, 2.1),  # 9 was never seen in Kafka
                _commit("postgres", 3, [7], 3.0, 3.1)]  # batch 3's start is unknown
-    legs = legs_per_sink({5: (6, 7), 7: (8, 9)}, {1: 0.5, 2: 1.5}, commits)
+    legs = legs_per_sink({5: (6, 7), 7: (8, 9)}, {1: 0.5, 2: 1.5}, {}, commits)
     assert legs["postgres"].totals == [pytest.approx(2100 - 5)]
     assert legs["postgres"].legs[0][2] == pytest.approx(1500 - 7)  # waited in its own batch
     assert legs["delta"].totals == []

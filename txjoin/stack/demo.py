@@ -156,6 +156,7 @@ class JobProgress:
     delta_lags_s: list[float] = field(default_factory=list)  # hand-off -> Delta commit
     delta_lag_batches_max: int = 0
     batch_started: dict[int, float] = field(default_factory=dict)  # batch id -> unix s
+    batch_split: dict[int, tuple[float, float]] = field(default_factory=dict)  # compute, shard
     sink_commits: list[Any] = field(default_factory=list)  # every GroupCommit, in order
     first_batch: threading.Event = field(default_factory=threading.Event, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -170,6 +171,8 @@ class JobProgress:
             self.commit_seq = report.commit_seq
             self.last_batch_id = report.batch_id
             self.batch_started.setdefault(report.batch_id, report.finished_at - report.seconds)
+            self.batch_split.setdefault(report.batch_id, (
+                report.breakdown.get("compute", 0.0), report.breakdown.get("shard_total", 0.0)))
             if self.delta_batch_id is not None or "delta" in report.written:
                 self.delta_lag_batches_max = max(self.delta_lag_batches_max,
                                                  self.delta_lag_batches())
@@ -378,8 +381,9 @@ def _ms(value: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True,
               help="Print the summary as one JSON object on stdout (commit_to_sink_ms and "
                    "commit_to_sink_ms_by_sink with p50/p99/max, where_ms: each sink's time "
-                   "leg by leg (Debezium, Kafka, waiting for a batch, the batch, the sink), "
-                   "events_per_s and end_to_end_s, verify results); progress goes to stderr.")
+                   "leg by leg (Debezium, Kafka, waiting for a batch, Spark's and the "
+                   "shards' part of the batch, the sink), events_per_s and end_to_end_s, "
+                   "verify results); progress goes to stderr.")
 def demo(directory: Path, duration: float, rate: float, seed: int, writers: int,
          orders_only: bool, master: str, plain: bool, as_json: bool) -> None:
     """Start the stack, write a live workload, stream it through txjoin, verify, summarise.
@@ -503,7 +507,8 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
     summary = summary_data(rate, duration, generator, progress, results)
     summary["where_ms"] = {
         sink: legs.summary() for sink, legs in legs_per_sink(
-            capture.by_commit_ms(), progress.batch_started, progress.sink_commits).items()}
+            capture.by_commit_ms(), progress.batch_started, progress.batch_split,
+            progress.sink_commits).items()}
     _summary(say, up, generator, summary, others, results)
     say(f"the stack keeps running: `txjoin down --dir {directory}` stops it "
         f"(`--wipe` also removes its data)")

@@ -9,8 +9,11 @@ splits that time into its legs, for each change:
   Kafka (the record's timestamp: Connect's producer batching and the broker's append);
 - ``wait_for_batch``: -> the micro-batch that read it started (the trigger interval, and
   the batch before it still running);
-- ``batch``: -> the batch's output reached the sinks (reading the topics, sequencing, the
-  join, decoding the output);
+- the batch, until its output reached the sinks, in three: ``batch_spark`` (Spark's part
+  of computing it: planning, reading the topics, routing, the shuffle, the state store,
+  handing rows to and from the shards' Python), ``batch_shards`` (the slowest shard's
+  Python: decoding, sequencing, the join, its state) and ``batch_output`` (decoding the
+  shards' output, the lineage);
 - ``sink``: -> PostgreSQL committed it. For Delta: ``handed_off`` (-> PostgreSQL's commit
   of the batch, after which the batch hands its output off durably), ``wait_for_commit``
   (-> the group commit holding it started: the commit interval, or the commit before it)
@@ -33,9 +36,10 @@ from typing import Any
 
 from txjoin.sinks.handoff import GroupCommit
 
-POSTGRES_LEGS = ("debezium", "to_kafka", "wait_for_batch", "batch", "sink")
-DELTA_LEGS = ("debezium", "to_kafka", "wait_for_batch", "batch", "handed_off",
-              "wait_for_commit", "commit")
+UPSTREAM_LEGS = ("debezium", "to_kafka", "wait_for_batch", "batch_spark", "batch_shards",
+                 "batch_output")
+POSTGRES_LEGS = (*UPSTREAM_LEGS, "sink")
+DELTA_LEGS = (*UPSTREAM_LEGS, "handed_off", "wait_for_commit", "commit")
 
 
 @dataclass
@@ -168,11 +172,13 @@ class Legs:
 
 
 def legs_per_sink(captured: dict[int, tuple[int, int]], batch_started: dict[int, float],
+                  batch_split: dict[int, tuple[float, float]],
                   commits: Sequence[GroupCommit]) -> dict[str, Legs]:
     """Each timed change's legs per sink, from the capture times (``CaptureTimes``), when
-    each micro-batch started (unix s, by batch id) and the sinks' commits (``postgres`` per
-    batch, ``delta`` per group: see the module docstring). A change whose capture or batch
-    start is unknown is left out."""
+    each micro-batch started (unix s, by batch id), the seconds of computing it and of
+    its slowest shard (by batch id: the report's ``compute`` and ``shard_total``) and the
+    sinks' commits (``postgres`` per batch, ``delta`` per group: see the module
+    docstring). A change whose capture or batch start is unknown is left out."""
     out = {"postgres": Legs(POSTGRES_LEGS), "delta": Legs(DELTA_LEGS)}
     # The legs of a change up to its batch's output reaching the sinks, from the batch that
     # committed it to PostgreSQL, and when that commit started and finished (unix ms): the
@@ -189,8 +195,11 @@ def legs_per_sink(captured: dict[int, tuple[int, int]], batch_started: dict[int,
             if ts not in captured or ts in upstream:
                 continue
             debezium, kafka = captured[ts]
+            batch = began - started * 1000
+            compute, shards = (1000 * x for x in batch_split.get(commit.first_batch, (0, 0)))
             first: tuple[float, ...] = (debezium - ts, kafka - debezium,
-                                        started * 1000 - kafka, began - started * 1000)
+                                        started * 1000 - kafka, compute - shards, shards,
+                                        batch - compute)
             upstream[ts] = (first, began, done)
             out["postgres"].add(done - ts, (*first, done - began))
     for commit in commits:
