@@ -40,10 +40,14 @@ pytestmark = pytest.mark.e2e
 
 
 def cluster_args(stack: E2EStack, master: str, work: Path, sink_dsn: str) -> list[str]:
+    # Delta commits at most every second (the default is 10 s): the test waits for 2 group
+    # commits before the kill and 2 after it; a group commit takes every batch pending, so
+    # the second after the kill still needs a batch the stream finished after the first one
+    # began, as with 10 s; only the waits between the commits are shorter (issue 34).
     return [str(ORDERS), "--dir", str(stack.directory), "--master", master,
             "--checkpoint-dir", str(work / "checkpoints"), "--output-dir", str(work / "output"),
             "--postgres-dsn", sink_dsn, "--shards", "2",
-            "--spark-conf", "spark.executor.memory=1g"]
+            "--spark-conf", "spark.executor.memory=1g", "--delta-commit-interval", "1"]
 
 
 def test_orders_on_a_standalone_cluster_survive_losing_a_worker(e2e_stack: E2EStack,
@@ -60,6 +64,7 @@ def test_orders_on_a_standalone_cluster_survive_losing_a_worker(e2e_stack: E2ESt
         # only a bound: it is stopped once the job has committed twice after the kill
         workload = Workload(e2e_stack, rate=20, duration=600, seed=21)
         workload.start()
+        started = time.monotonic()
         with streaming_run(log, *args) as run:
             deadline = time.monotonic() + RUN_TIMEOUT_S
             while not (DeltaTable.is_deltatable(str(changelog))
@@ -70,7 +75,7 @@ def test_orders_on_a_standalone_cluster_survive_losing_a_worker(e2e_stack: E2ESt
             cluster.kill_worker(0)
             killed_version = DeltaTable(str(changelog)).version()
             print(f"\n[e2e] killed worker 0 (SIGKILL) at Delta changelog version "
-                  f"{killed_version}")
+                  f"{killed_version}, {time.monotonic() - started:.0f}s after the start")
             assert workload.is_alive(), "the workload ended before the kill: lengthen it"
             # The job keeps committing on the remaining worker.
             deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -78,6 +83,8 @@ def test_orders_on_a_standalone_cluster_survive_losing_a_worker(e2e_stack: E2ESt
                 assert run.poll() is None, f"txjoin run died after the kill:\n{tail(log)}"
                 assert time.monotonic() < deadline, f"no commit after the kill:\n{tail(log)}"
                 time.sleep(0.5)
+            print(f"[e2e] Delta changelog at version {killed_version + 2} "
+                  f"{time.monotonic() - started:.0f}s after the start")
             # The faults are behind us and the job recovered: no need to write on.
             result = workload.finish(early=True)
             wait_until_captured(e2e_stack.info)

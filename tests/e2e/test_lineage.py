@@ -44,8 +44,11 @@ SECRET = f":{postgres_mod.DB_PASSWORD}@"  # the password as it would sit in a DS
 
 def txjoin_run(log: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``txjoin run ARGS``, its output appended to ``log`` too."""
+    started = time.monotonic()
     done = subprocess.run(txjoin_command("run", *args), capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S, check=False)
+    print(f"[e2e] txjoin run {' '.join(a for a in args if a.startswith('--'))}: exit "
+          f"{done.returncode} in {time.monotonic() - started:.1f}s")
     with open(log, "a") as fh:
         # The command line is ours (with the DSN we passed); only its output is checked.
         fh.write(f"$ txjoin run {mask_dsn(' '.join(args))}\n{done.stdout}{done.stderr}"
