@@ -13,6 +13,7 @@ NAME=PREFIX.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
 from collections import Counter
@@ -26,7 +27,13 @@ from click.testing import CliRunner
 from confluent_kafka import Consumer
 
 from tests.e2e.conftest import E2EStack
-from tests.e2e.test_end_to_end import fresh_sink_database, run_until_idle, streaming_run, tail
+from tests.e2e.test_end_to_end import (
+    RUN_TIMEOUT_S,
+    fresh_sink_database,
+    run_until_idle,
+    streaming_run,
+    tail,
+)
 from tests.fixtures.broker import consume_all
 from txjoin.cli import main, run
 from txjoin.job import load_job
@@ -242,11 +249,16 @@ def test_two_db_job_matches_both_databases_while_and_after_racing_writers(
     # Small enough for verify's replay of every observable state (it evaluates the job
     # once per _commit_seq).
     writers = Writers(info, duration=15, seed=5)
-    # Streaming while both databases are written; then drained after they stop.
+    # Streaming while both databases are written; then drained after they stop. The
+    # streaming run must release some of the racing transactions before it is stopped:
+    # else that part checks nothing (under load its JVM was still starting when the 15 s
+    # of writes ended, and the run was killed before its first batch).
+    streamed_from = log.stat().st_size if log.exists() else 0
     with streaming_run(log, *args) as proc:
         writers.start()
         writers.join()
         assert writers.error is None, writers.error
+        wait_for_batch(log, proc, since=streamed_from, released=True)
         assert proc.poll() is None, f"txjoin run died:\n{tail(log)}"
     seconds = run_until_idle(log, *args)
     print(f"[two-db] txjoin run --until-idle: {seconds:.1f}s")
@@ -270,6 +282,21 @@ def test_two_db_job_matches_both_databases_while_and_after_racing_writers(
     assert_two_db_verified(verify_job(load_job(TWO_DBS), (info.pg_dsn_source, sink_dsn),
                                       tmp_path / "output",
                                       {s.name: s.dsn for s in info.sources}))
+
+
+BATCH_LINE = re.compile(rb"^batch \d+: \d+ records, (\d+) transactions released", re.M)
+
+
+def wait_for_batch(log: Path, proc: Any, since: int, released: bool = False) -> None:
+    """Wait until the streaming run ``proc`` printed a batch line after byte ``since`` of
+    ``log`` (``released``: one that released transactions)."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not any(not released or int(m.group(1)) > 0
+                  for m in BATCH_LINE.finditer(log.read_bytes()[since:] if log.exists()
+                                               else b"")):
+        assert proc.poll() is None, f"txjoin run died:\n{tail(log)}"
+        assert time.monotonic() < deadline, f"no such batch yet:\n{tail(log)}"
+        time.sleep(0.5)
 
 
 def plain_sql_transactions(dsn: str, statements: Any, writers: int = 4, each: int = 15,

@@ -71,11 +71,13 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 _HISTORY = 50  # commits searched for the last txjoin commit (others: OPTIMIZE, VACUUM...)
-REWRITE_MAX_ROWS = 250_000
+REWRITE_MAX_ROWS = 50_000
 """A current table of at most this many rows is rewritten whole at each group commit
 from the rows the sink keeps (an overwrite: no search for the files holding a changed
-key; measured at 100k rows, a second less than a MERGE); a larger one is MERGEd, which
-rewrites only the files holding a changed key (few, when changes touch recent keys)."""
+key: a 2k-row table's commit measured a fifth less, 3.3 s against 4.1 s on a loaded
+machine); a larger one is MERGEd as before, which rewrites only the files holding a
+changed key (few, when changes touch recent keys): at 100k-263k rows the measurements
+disagreed (scripts/delta_commit_cost.py, txjoin bench)."""
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 CHECKPOINT_INTERVAL = 100
 """Commits between two Delta log checkpoints of the tables the sink creates."""
