@@ -422,13 +422,10 @@ class DeltaSink:
             # Rows from the log's file statistics (a file without them: too large to tell).
             counts = pa.table(table.get_add_actions(flatten=True)).column("num_records")
             small = counts.null_count == 0 and (pc.sum(counts).as_py() or 0) <= REWRITE_MAX_ROWS
-            self._rows[path] = (None if not small else
-                                read_table(table).select(self._current_columns())
-                                .cast(current_schema(self.stored)))
+            schema = current_schema(self.stored)
+            self._rows[path] = (read_table(table).select(schema.names).cast(schema)
+                                if small else None)
         return self._rows[path]
-
-    def _current_columns(self) -> list[str]:
-        return current_schema(self.stored).names
 
     def maintain(self, retention_hours: float | None = None) -> list[Upkeep]:
         """Compact both tables' small files, then (``retention_hours``) VACUUM them.
