@@ -258,7 +258,7 @@ def test_two_db_job_matches_both_databases_while_and_after_racing_writers(
         writers.start()
         writers.join()
         assert writers.error is None, writers.error
-        wait_for_batch(log, proc, since=streamed_from, released=True)
+        wait_for_released_batch(log, proc, since=streamed_from)
         assert proc.poll() is None, f"txjoin run died:\n{tail(log)}"
     seconds = run_until_idle(log, *args)
     print(f"[two-db] txjoin run --until-idle: {seconds:.1f}s")
@@ -287,13 +287,12 @@ def test_two_db_job_matches_both_databases_while_and_after_racing_writers(
 BATCH_LINE = re.compile(rb"^batch \d+: \d+ records, (\d+) transactions released", re.M)
 
 
-def wait_for_batch(log: Path, proc: Any, since: int, released: bool = False) -> None:
-    """Wait until the streaming run ``proc`` printed a batch line after byte ``since`` of
-    ``log`` (``released``: one that released transactions)."""
+def wait_for_released_batch(log: Path, proc: Any, since: int) -> None:
+    """Wait until the streaming run ``proc`` printed, after byte ``since`` of ``log``, a
+    batch line that released transactions."""
     deadline = time.monotonic() + RUN_TIMEOUT_S
-    while not any(not released or int(m.group(1)) > 0
-                  for m in BATCH_LINE.finditer(log.read_bytes()[since:] if log.exists()
-                                               else b"")):
+    while not any(int(m.group(1)) > 0
+                  for m in BATCH_LINE.finditer(log.read_bytes()[since:])):
         assert proc.poll() is None, f"txjoin run died:\n{tail(log)}"
         assert time.monotonic() < deadline, f"no such batch yet:\n{tail(log)}"
         time.sleep(0.5)

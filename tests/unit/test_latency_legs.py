@@ -25,7 +25,7 @@ def test_each_leg_of_a_change_and_their_sum_is_its_commit_to_sink_time() -> None
     commits = [_commit("postgres", 4, [1000], 1.9, 2.0),
                _commit("delta", 4, [1000], 11.0, 13.5)]
     # Of the batch's 0.7 s before the sink, 0.5 s computing it (0.2 s in its slowest shard).
-    legs = legs_per_sink(captured, {4: 1.2}, {4: (0.5, 0.2)}, commits)
+    legs = legs_per_sink(captured, {4: (1.2, 0.5, 0.2)}, commits)
     pg, delta = legs["postgres"], legs["delta"]
     assert pg.totals == [pytest.approx(1000.0)]
     assert pg.legs == [pytest.approx((50, 20, 130, 300, 200, 200, 100))]
@@ -39,7 +39,7 @@ def test_replayed_batches_and_changes_not_captured_are_left_out() -> None:
     commits = [_commit("postgres", 1, [5], 1.0, 1.1, wrote=False),  # a replay: not timed
                _commit("postgres", 2, [5, 9], 2.0, 2.1),  # 9 was never seen in Kafka
                _commit("postgres", 3, [7], 3.0, 3.1)]  # batch 3's start is unknown
-    legs = legs_per_sink({5: (6, 7), 7: (8, 9)}, {1: 0.5, 2: 1.5}, {}, commits)
+    legs = legs_per_sink({5: (6, 7), 7: (8, 9)}, {1: (0.5, 0, 0), 2: (1.5, 0, 0)}, commits)
     assert legs["postgres"].totals == [pytest.approx(2100 - 5)]
     assert legs["postgres"].legs[0][2] == pytest.approx(1500 - 7)  # waited in its own batch
     assert legs["delta"].totals == []

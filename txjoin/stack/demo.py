@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shutil
 import sys
@@ -41,7 +40,7 @@ from rich.text import Text
 
 from txjoin.errors import ServiceError, TxjoinError
 from txjoin.stack import stack as stack_mod
-from txjoin.stack.latency import CaptureTimes, legs_per_sink
+from txjoin.stack.latency import CaptureTimes, legs_per_sink, percentile
 from txjoin.stack.stack import StackInfo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,15 +122,6 @@ def published_transactions(info: StackInfo) -> int | None:
 # -- figures --------------------------------------------------------------------------------
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (``q`` in 0..100); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
 @dataclass
 class JobProgress:
     """What one job's micro-batches did, updated from Spark's foreachBatch thread."""
@@ -155,8 +145,8 @@ class JobProgress:
     delta_batch_id: int | None = None  # the last batch Delta committed
     delta_lags_s: list[float] = field(default_factory=list)  # hand-off -> Delta commit
     delta_lag_batches_max: int = 0
-    batch_started: dict[int, float] = field(default_factory=dict)  # batch id -> unix s
-    batch_split: dict[int, tuple[float, float]] = field(default_factory=dict)  # compute, shard
+    # batch id -> when it started (unix s), seconds computing it, of which its slowest shard
+    batch_times: dict[int, tuple[float, float, float]] = field(default_factory=dict)
     sink_commits: list[Any] = field(default_factory=list)  # every GroupCommit, in order
     first_batch: threading.Event = field(default_factory=threading.Event, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -170,9 +160,9 @@ class JobProgress:
             self.waiting = report.waiting
             self.commit_seq = report.commit_seq
             self.last_batch_id = report.batch_id
-            self.batch_started.setdefault(report.batch_id, report.finished_at - report.seconds)
-            self.batch_split.setdefault(report.batch_id, (
-                report.breakdown.get("compute", 0.0), report.breakdown.get("shard_total", 0.0)))
+            self.batch_times.setdefault(report.batch_id, (
+                report.finished_at - report.seconds, report.breakdown.get("compute", 0.0),
+                report.breakdown.get("shard_total", 0.0)))
             if self.delta_batch_id is not None or "delta" in report.written:
                 self.delta_lag_batches_max = max(self.delta_lag_batches_max,
                                                  self.delta_lag_batches())
@@ -507,8 +497,7 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
     summary = summary_data(rate, duration, generator, progress, results)
     summary["where_ms"] = {
         sink: legs.summary() for sink, legs in legs_per_sink(
-            capture.by_commit_ms(), progress.batch_started, progress.batch_split,
-            progress.sink_commits).items()}
+            capture.by_commit_ms(), progress.batch_times, progress.sink_commits).items()}
     _summary(say, up, generator, summary, others, results)
     say(f"the stack keeps running: `txjoin down --dir {directory}` stops it "
         f"(`--wipe` also removes its data)")

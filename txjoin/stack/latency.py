@@ -136,6 +136,15 @@ class CaptureTimes(threading.Thread):
         return out
 
 
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
 @dataclass
 class Legs:
     """Each change's legs (ms) for one sink, and its whole commit-to-sink time."""
@@ -156,29 +165,25 @@ class Legs:
         order = sorted(range(len(self.totals)), key=lambda i: self.totals[i])
         slowest = order[min(len(order) - 1, int(0.99 * len(order))):]
 
-        def pct(values: list[float], q: float) -> float:
-            ranked = sorted(values)
-            return ranked[min(len(ranked) - 1, max(0, math.ceil(len(ranked) * q / 100) - 1))]
-
         out: dict[str, Any] = {"changes": len(self.totals),
-                               "total": {"p50": pct(self.totals, 50),
-                                         "p99": pct(self.totals, 99)}}
+                               "total": {"p50": percentile(self.totals, 50),
+                                         "p99": percentile(self.totals, 99)}}
         for i, name in enumerate(self.names):
             values = [legs[i] for legs in self.legs]
-            out[name] = {"p50": pct(values, 50), "p99": pct(values, 99),
+            out[name] = {"p50": percentile(values, 50), "p99": percentile(values, 99),
                          "slowest_1pct_mean": sum(self.legs[j][i] for j in slowest)
                          / len(slowest)}
         return out
 
 
-def legs_per_sink(captured: dict[int, tuple[int, int]], batch_started: dict[int, float],
-                  batch_split: dict[int, tuple[float, float]],
+def legs_per_sink(captured: dict[int, tuple[int, int]],
+                  batches: dict[int, tuple[float, float, float]],
                   commits: Sequence[GroupCommit]) -> dict[str, Legs]:
-    """Each timed change's legs per sink, from the capture times (``CaptureTimes``), when
-    each micro-batch started (unix s, by batch id), the seconds of computing it and of
-    its slowest shard (by batch id: the report's ``compute`` and ``shard_total``) and the
-    sinks' commits (``postgres`` per batch, ``delta`` per group: see the module
-    docstring). A change whose capture or batch start is unknown is left out."""
+    """Each timed change's legs per sink, from the capture times (``CaptureTimes``), each
+    micro-batch's times by batch id (when it started, unix s; the seconds of computing it
+    and of its slowest shard: the report's ``compute`` and ``shard_total``) and the sinks'
+    commits (``postgres`` per batch, ``delta`` per group: see the module docstring). A
+    change whose capture or batch is unknown is left out."""
     out = {"postgres": Legs(POSTGRES_LEGS), "delta": Legs(DELTA_LEGS)}
     # The legs of a change up to its batch's output reaching the sinks, from the batch that
     # committed it to PostgreSQL, and when that commit started and finished (unix ms): the
@@ -187,16 +192,15 @@ def legs_per_sink(captured: dict[int, tuple[int, int]], batch_started: dict[int,
     for commit in commits:
         if commit.sink != "postgres" or not commit.wrote:
             continue
-        started = batch_started.get(commit.first_batch)
-        if started is None:
+        if commit.first_batch not in batches:
             continue
+        started, compute_s, shards_s = batches[commit.first_batch]
         began, done = commit.started_at * 1000, commit.finished_at * 1000
         for ts in commit.commit_ts_ms:
             if ts not in captured or ts in upstream:
                 continue
             debezium, kafka = captured[ts]
-            batch = began - started * 1000
-            compute, shards = (1000 * x for x in batch_split.get(commit.first_batch, (0, 0)))
+            batch, compute, shards = began - started * 1000, compute_s * 1000, shards_s * 1000
             first: tuple[float, ...] = (debezium - ts, kafka - debezium,
                                         started * 1000 - kafka, compute - shards, shards,
                                         batch - compute)
