@@ -63,6 +63,7 @@ from txjoin.sinks import (
     last_change_per_key,
     sort_rows,
 )
+from txjoin.sinks.delta_commit import DeltaCommitter
 from txjoin.sinks.handoff import Parcel, still_needed
 from txjoin.sinks.lineage import Held, Lineage, short
 
@@ -209,6 +210,8 @@ class DeltaSink:
                                ("spark.databricks.delta.skipRecordingEmptyCommits", "false"),
                                ("spark.sql.adaptive.enabled", "false")):
                 self._spark.conf.set(key, value)
+        # Commits of Arrow rows without a Spark job, to tables plain enough (delta_commit).
+        self._committer: DeltaCommitter | None = None
         self._rebuild_id: str | None = None
         self._checked: str | None = None  # checkpoint id already compared with the tables
         self._known: dict[str, Held | None] = {}  # table path -> what it holds (_progress)
@@ -321,6 +324,18 @@ class DeltaSink:
             writer = writer.option("overwriteSchema", "true")
         writer.save(path)
 
+    def _commit_rows(self, path: str, rows: pa.Table, schema: pa.Schema, mode: str,
+                     metadata: str) -> None:
+        """One commit of ``rows`` (of the table's ``schema``; ``mode`` append or overwrite)
+        to the table at ``path``: through delta-spark's transaction without a Spark job
+        when the table is plain (``txjoin.sinks.delta_commit``), else a DataFrame write."""
+        if self._committer is None:
+            self._committer = DeltaCommitter(self.spark)
+        rows = rows.cast(schema)
+        if not self._committer.commit(path, rows, schema, _spark_schema(schema).jsonValue(),
+                                      metadata, overwrite=mode == "overwrite"):
+            self._save(self._frame(rows), path, mode, metadata)
+
     def write(self, batch_id: int, changes: pa.Table, lineage: Lineage | None = None) -> bool:
         """Append ``changes`` to the changelog, then merge them into the current table (one
         batch as its own group commit); ``False`` if both tables held it already."""
@@ -349,7 +364,7 @@ class DeltaSink:
                 xid = appended.column(XID)[appended.num_rows - 1].as_py()
                 metadata = self._metadata(last.batch_id, last.lineage, xid, todo[0][0])
                 self._create(changelog_path, self.stored)
-                self._save(self._frame(appended), changelog_path, "append", metadata)
+                self._commit_rows(changelog_path, appended, self.stored, "append", metadata)
                 self._known[changelog_path] = _after(last, xid)
                 seconds["changelog"] = time.monotonic() - before
                 for batch_id, _ in todo:  # tests only: a kill between the two tables' commits
@@ -373,6 +388,8 @@ class DeltaSink:
             # A commit may or may not have happened: read the tables again.
             self._known.clear()
             self._rows.clear()
+            if self._committer is not None:
+                self._committer.forget()
             raise
         return seconds
 
@@ -385,7 +402,8 @@ class DeltaSink:
     def _merge_current(self, path: str, metadata: str, last: pa.Table) -> None:
         if last.num_rows == 0:
             # Still one commit, so the progress moves with the (empty) batches.
-            self._save(self._frame(last.drop_columns([OP])), path, "append", metadata)
+            self._commit_rows(path, last.drop_columns([OP]), current_schema(self.stored), "append",
+                              metadata)
             return
         rows = self._current_rows(path)
         if rows is not None:
@@ -394,7 +412,7 @@ class DeltaSink:
             # MERGE costs two jobs (find the files holding a changed key, rewrite them)
             # and, with keys spread over every file, rewrites the whole table anyway.
             after = apply_changes(rows, last, self.key_columns)
-            self._save(self._frame(after), path, "overwrite", metadata)
+            self._commit_rows(path, after, current_schema(self.stored), "overwrite", metadata)
             self._rows[path] = after if after.num_rows <= REWRITE_MAX_ROWS else None
             return
         from delta.tables import DeltaTable as SparkDeltaTable

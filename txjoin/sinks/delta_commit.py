@@ -1,0 +1,221 @@
+"""Delta commits of Arrow rows through delta-spark's own transaction, without a Spark job.
+
+A DataFrame write (``df.write.format("delta")``) of a few thousand rows costs delta-spark
+1.3-2.6 s of CPU on these machines, most of it not the rows: for any commit that is not a
+blind append it rebuilds the table's whole log state twice (an overwrite's domain metadata,
+its list of files to remove), and each write is several Spark jobs (DESIGN.md 2.2). The
+sink already holds the rows a commit writes, as Arrow. So this writes them as one Parquet
+file with pyarrow, in the table's folder, and commits the file through delta-spark's
+``OptimisticTransaction`` (``DeltaLog.startTransaction().commit(actions, Write(...))``):
+the same transaction, conflict check, commit info (``userMetadata``), checksum file and
+log checkpoints as a DataFrame write, with the files to remove (an overwrite) known from
+the sink's own last commit or read with delta-rs, never by rebuilding the log state.
+Measured with ``scripts/delta_commit_cost.py``: see ``docs/benchmarks.md``.
+
+Only tables this can write exactly as delta-spark would are written this way
+(:func:`plain`): unpartitioned, no column mapping, no CHECK constraint, no change data
+feed, no generated, identity or default columns, no deletion vectors or row tracking
+(table features beyond ``PLAIN_WRITER_FEATURES``), and the schema the sink writes. Any
+other table (one altered by hand, say) is written by a DataFrame write as before:
+:meth:`DeltaCommitter.commit` says ``False`` and writes nothing.
+
+Statistics: each file's ``numRecords``, each top-level column's ``nullCount`` and, for
+integer and date columns, ``minValues``/``maxValues`` (exact, so a reader's data skipping
+and a MERGE's file pruning stay right); other columns have none, which a reader takes as
+"may match" (no skipping), never as a wrong answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+PLAIN_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "timestampNtz"})
+"""Table features of a table this module writes: the ones delta-spark gives a table created
+from the sink's schema (``invariants``: NOT NULL key columns, which :func:`_check_not_null`
+enforces here as delta-spark's writer would)."""
+PLAIN_READER_FEATURES = frozenset({"timestampNtz"})
+_PLAIN_WRITER_VERSION = 2  # legacy protocol: 2 = appendOnly + invariants, 3+ = constraints...
+_PLAIN_READER_VERSION = 1
+
+
+@dataclass(frozen=True)
+class _Table:
+    """What a transaction read of the table: its version and whether it is plain."""
+
+    version: int
+    plain: bool
+    append_only: bool
+
+
+def plain(metadata: dict[str, Any], protocol: dict[str, Any], schema: dict[str, Any]) -> bool:
+    """Whether a table of this ``metaData`` and ``protocol`` action holds exactly ``schema``
+    (a Delta schema as JSON) and needs nothing of a writer but Parquet files of it."""
+    if metadata.get("partitionColumns"):
+        return False
+    config = metadata.get("configuration") or {}
+    if any(key.startswith("delta.constraints.") for key in config):
+        return False
+    if config.get("delta.columnMapping.mode", "none") != "none":
+        return False
+    if config.get("delta.enableChangeDataFeed", "false").lower() == "true":
+        return False
+    if json.loads(metadata.get("schemaString") or "{}") != schema:
+        return False
+    reader, writer = protocol.get("minReaderVersion", 1), protocol.get("minWriterVersion", 1)
+    if writer == 7:
+        writer_ok = set(protocol.get("writerFeatures") or ()) <= PLAIN_WRITER_FEATURES
+    else:
+        writer_ok = writer <= _PLAIN_WRITER_VERSION
+    if reader == 3:
+        reader_ok = set(protocol.get("readerFeatures") or ()) <= PLAIN_READER_FEATURES
+    else:
+        reader_ok = reader <= _PLAIN_READER_VERSION
+    return writer_ok and reader_ok
+
+
+def _stat(value: Any) -> Any:
+    return value.isoformat() if hasattr(value, "isoformat") else value
+
+
+def file_stats(rows: pa.Table) -> str:
+    """The ``stats`` JSON of a file holding ``rows`` (see the module docstring)."""
+    stats: dict[str, Any] = {"numRecords": rows.num_rows}
+    nulls: dict[str, int] = {}
+    low: dict[str, Any] = {}
+    high: dict[str, Any] = {}
+    for field, column in zip(rows.schema, rows.columns, strict=True):
+        if pa.types.is_nested(field.type):
+            continue
+        nulls[field.name] = column.null_count
+        if ((pa.types.is_integer(field.type) or pa.types.is_date(field.type))
+                and column.null_count < len(column)):
+            bounds = pc.min_max(column)
+            low[field.name] = _stat(bounds["min"].as_py())
+            high[field.name] = _stat(bounds["max"].as_py())
+    if low:
+        stats["minValues"], stats["maxValues"] = low, high
+    stats["nullCount"] = nulls
+    return json.dumps(stats)
+
+
+def _check_not_null(rows: pa.Table, schema: pa.Schema) -> None:
+    """Delta's NOT NULL invariant, as delta-spark's writer enforces it (top-level columns)."""
+    for field in schema:
+        if not field.nullable and rows.column(field.name).null_count:
+            raise ValueError(f"column {field.name!r} is NOT NULL in the Delta table but "
+                             f"{rows.column(field.name).null_count} rows to write hold NULL")
+
+
+class DeltaCommitter:
+    """Commits Arrow rows to plain Delta tables through delta-spark's transaction API.
+
+    One per sink (its Spark session). Keeps, per table, the files its last overwrite left,
+    so the next overwrite removes them without reading the log; a table someone else
+    committed to since (``txjoin maintain``'s OPTIMIZE) has its files read with delta-rs.
+    """
+
+    def __init__(self, spark: SparkSession) -> None:
+        self._spark = spark
+        self._jvm: Any = spark._jvm
+        self._files: dict[str, tuple[int, list[tuple[str, int]]]] = {}
+        self._plain: dict[tuple[str, str, str], bool] = {}
+
+    def forget(self) -> None:
+        """Drop what is kept of every table (after a failed commit, a rebuild)."""
+        self._files.clear()
+
+    def commit(self, path: str, rows: pa.Table, schema: pa.Schema, spark_schema: dict[str, Any],
+               metadata: str, overwrite: bool) -> bool:
+        """One commit to the Delta table at ``path``: append ``rows`` or (``overwrite``)
+        replace the table's rows with them; ``metadata`` its ``userMetadata``. ``schema``
+        is the rows' Arrow schema as stored, ``spark_schema`` the same as Delta's schema
+        JSON. ``False``, with nothing written, if the table is not plain (:func:`plain`)."""
+        jvm = self._jvm
+        session = self._spark._jsparkSession
+        # The transaction reads its settings (empty commits recorded) from the active session.
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(session)
+        txn = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(session, path).startTransaction()
+        table = self._table(txn, spark_schema)
+        if not table.plain or (overwrite and table.append_only):
+            return False
+        now = int(time.time() * 1000)
+        actions: list[str] = []
+        if overwrite:
+            txn.readWholeTable()  # an overwrite conflicts with any concurrent change
+            actions += [json.dumps({"remove": {
+                "path": name, "deletionTimestamp": now, "dataChange": True,
+                "extendedFileMetadata": True, "partitionValues": {}, "size": size}})
+                for name, size in self._live_files(path, table.version)]
+        added: list[tuple[str, int]] = []
+        if rows.num_rows:
+            _check_not_null(rows, schema)
+            name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+            file = Path(path) / name
+            # Spark reads microseconds: Delta has no finer timestamp.
+            pq.write_table(rows.cast(schema), file, compression="snappy",
+                           coerce_timestamps="us", allow_truncated_timestamps=True)
+            size = os.path.getsize(file)
+            added.append((name, size))
+            actions.append(json.dumps({"add": {
+                "path": name, "partitionValues": {}, "size": size,
+                "modificationTime": int(os.path.getmtime(file) * 1000), "dataChange": True,
+                "stats": file_stats(rows)}}))
+        version = txn.commit(self._seq([jvm.org.apache.spark.sql.delta.actions.Action
+                                        .fromJson(a) for a in actions]),
+                             self._operation(overwrite, metadata))
+        if overwrite:
+            self._files[path] = (int(version), added)
+        elif path in self._files and self._files[path][0] == table.version:
+            self._files[path] = (int(version), self._files[path][1] + added)
+        return True
+
+    def _table(self, txn: Any, spark_schema: dict[str, Any]) -> _Table:
+        metadata, protocol = txn.metadata().json(), txn.protocol().json()
+        key = (metadata, protocol, json.dumps(spark_schema, sort_keys=True))
+        meta = json.loads(metadata)["metaData"]
+        if key not in self._plain:
+            self._plain[key] = plain(meta, json.loads(protocol)["protocol"], spark_schema)
+        append_only = (meta.get("configuration") or {}).get("delta.appendOnly") == "true"
+        return _Table(int(txn.snapshot().version()), self._plain[key], append_only)
+
+    def _live_files(self, path: str, version: int) -> list[tuple[str, int]]:
+        """(path, size) of the data files of the table at ``version``."""
+        kept = self._files.get(path)
+        if kept is None or kept[0] != version:
+            adds = pa.table(DeltaTable(path, version=version).get_add_actions(flatten=True))
+            kept = (version, list(zip(adds.column("path").to_pylist(),
+                                      adds.column("size_bytes").to_pylist(), strict=True)))
+            self._files[path] = kept
+        return kept[1]
+
+    def _seq(self, items: list[Any]) -> Any:
+        jvm = self._jvm
+        java_list = jvm.java.util.ArrayList()
+        for item in items:
+            java_list.add(item)
+        return jvm.scala.jdk.javaapi.CollectionConverters.asScala(java_list).toList()
+
+    def _operation(self, overwrite: bool, metadata: str) -> Any:
+        """delta-spark's ``Write`` operation (what a DataFrame write records in the history)."""
+        jvm = self._jvm
+        none = getattr(jvm.scala, "None$").__getattr__("MODULE$")
+        mode = jvm.org.apache.spark.sql.SaveMode
+        # Write(mode, partitionBy, predicate, userMetadata, isDynamicPartitionOverwrite,
+        #       canOverwriteSchema, canMergeSchema, replaceOnCond, replaceUsingCols)
+        return jvm.org.apache.spark.sql.delta.DeltaOperations.Write(
+            mode.Overwrite if overwrite else mode.Append, none, none, jvm.scala.Some(metadata),
+            none, none, none, none, none)
