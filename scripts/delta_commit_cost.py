@@ -1,6 +1,7 @@
 """Per-commit cost of the Delta sink: seconds and Spark jobs per commit at 100 and 25k changes.
 
     .venv/bin/python scripts/delta_commit_cost.py [--master local[2]] [--commits 6]
+        [--keys 100000] [--sizes 100,25000] [--merge] [--dataframe]
 
 One commit = what the sink does for one write (changelog append + MERGE into current),
 through ``DeltaSink.write`` (present in every txjoin version, so the same script measures
@@ -54,7 +55,14 @@ def main() -> None:
     parser.add_argument("--merge", action="store_true",
                         help="MERGE into the current table even when it is small enough to "
                              "rewrite whole (the sink's way before REWRITE_MAX_ROWS)")
+    parser.add_argument("--dataframe", action="store_true",
+                        help="write every commit as a delta-spark DataFrame write (the sink's "
+                             "way before txjoin.sinks.delta_commit)")
     args = parser.parse_args()
+    if args.dataframe:
+        from txjoin.sinks import delta_commit
+
+        delta_commit.DeltaCommitter.commit = lambda *a, **k: False  # type: ignore[method-assign]
     if args.merge:
         delta_sink.REWRITE_MAX_ROWS = -1
     spark = get_session(args.master, app_name="delta-commit-cost")
@@ -76,10 +84,11 @@ def main() -> None:
         return wrapper
     stages: dict[int, list[list[str]]] = {}
     out: dict[str, object] = {"master": args.master, "keys": args.keys,
-                               "current_table": "merge" if args.merge else "sink's default"}
+                               "current_table": "merge" if args.merge else "sink's default",
+                               "writer": "dataframe" if args.dataframe else "sink's default"}
     with tempfile.TemporaryDirectory(prefix="delta-commit-cost-") as work:
         sink = DeltaSink(work, "orders", "cost", ["order_id"], SCHEMA, spark=spark)
-        for step in ("_frame", "_save", "_merge_current", "_create"):
+        for step in ("_frame", "_save", "_commit_rows", "_merge_current", "_create"):
             if hasattr(sink, step):
                 setattr(sink, step, timed(step, getattr(sink, step)))
         batch, seq = 0, 1

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (Python >= 3.11), install txjoin with everything the demo and tests need, and
-# fetch its pinned JVM jars with mvn into .jars/ (scripts/jars.sh).
+# fetch its pinned JVM jars with mvn into .jars/ (scripts/jars.sh), then record the classes a
+# Spark driver loads into .jars/spark-driver-*.jsa (scripts/class_archive.py).
 # Idempotent: a second run only checks. Sourced by demo.sh and test.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -24,3 +25,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     touch "$stamp"
 fi
 bash scripts/jars.sh
+# Spark drivers start ~3 s sooner from a class-data-sharing archive (scripts/class_archive.py,
+# ~1 min once per java + jars); without one they start as before.
+if ! .venv/bin/python scripts/class_archive.py 2> .jars/class-archive.log; then
+    echo "warning: no class archive for Spark drivers (log: .jars/class-archive.log); they start without one" >&2
+fi

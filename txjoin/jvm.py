@@ -38,3 +38,42 @@ def classpath(name: str) -> str:
 def spark_jars() -> str:
     """The ``spark.jars`` value: every jar of the ``spark`` folder, comma-separated."""
     return ",".join(str(jar) for jar in sorted(jars_dir("spark").glob("*.jar")))
+
+
+# -- the Spark driver's class-data-sharing archive ---------------------------------------------
+
+CLASS_ARCHIVE_OPTIONS = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
+"""With an archive: use it when it matches this JVM and classpath, else start as without it,
+silently (the JVM checks; a stale or damaged archive is ignored, never an error)."""
+
+
+def class_archive() -> Path:
+    """Where the class-data-sharing archive of Spark's driver JVM is (``scripts/setup.sh``
+    writes it with ``scripts/class_archive.py``): the classes a driver loads to start
+    Spark, plan and run a micro-batch and commit to Delta, stored parsed and verified so
+    the next JVM maps them instead of loading them from the jars (a driver started ~3 s
+    sooner here, a first job 1.5 s sooner: docs/benchmarks.md). Its name holds what it
+    was made from (the ``java`` binary, pyspark's and txjoin's jars), so a changed one
+    is a missing archive, not a stale one."""
+    import hashlib
+    import shutil
+
+    import pyspark
+
+    java = Path(shutil.which("java") or "java").resolve()
+    spark_home = Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
+    try:
+        jars = spark_jars()
+    except ConfigError:
+        jars = ""
+    made_of = [str(java), str(java.stat().st_mtime_ns) if java.exists() else "",
+               pyspark.__version__, str(spark_home), jars]
+    digest = hashlib.sha256("\n".join(made_of).encode()).hexdigest()[:16]
+    root = Path(os.environ.get(JARS_ENV) or REPO_ROOT / ".jars")
+    return root / f"spark-driver-{digest}.jsa"
+
+
+def class_archive_options() -> str:
+    """Java options of a Spark driver: the class archive's when it exists, else none."""
+    archive = class_archive()
+    return f"-XX:SharedArchiveFile={archive} {CLASS_ARCHIVE_OPTIONS}" if archive.is_file() else ""

@@ -30,7 +30,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from txjoin.errors import SPARK_LOG_ENV, verbose
-from txjoin.jvm import spark_jars
+from txjoin.jvm import class_archive_options, spark_jars
 
 # PySpark 4.2's applyInPandasWithState serializer pads its output with all-NA rows
 # and concatenates them (pyspark/sql/pandas/serializers.py), which pandas 2.x
@@ -55,7 +55,7 @@ def default_conf(shuffle_partitions: int = 2) -> dict[str, str]:
         "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.driver.extraJavaOptions": _JAVA_OPTIONS,
+        "spark.driver.extraJavaOptions": f"{_JAVA_OPTIONS} {class_archive_options()}".strip(),
         "spark.executor.extraJavaOptions": _JAVA_OPTIONS,
         # Small local jobs: the default 200 shuffle partitions means 200 tiny
         # tasks (and 200 state store instances) per stateful micro-batch.
