@@ -48,6 +48,9 @@ DEMO_JOBS = (REPO / "jobs" / "orders.py", REPO / "jobs" / "users_colors.py")
 BARRIER_TABLE = "public.tables"
 PLAIN_LINE_EVERY_S = 2.0
 READY_TIMEOUT_S = 120.0
+CATCH_UP_TIMEOUT_S = 60.0
+"""Once the workload is captured, how long the streaming query may take to release every
+transaction Debezium published before it is stopped anyway (the drain run does the rest)."""
 
 
 # -- knowing that Debezium has published everything ---------------------------------------
@@ -448,11 +451,28 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
     capture.ready.wait(30)
     generator.start()
 
-    def stop_when_captured() -> None:
+    caught_up: list[str] = []
+
+    def stop_when_caught_up() -> None:
+        # The streaming query runs until it released every transaction of the workload:
+        # stopped earlier, the last second's changes would wait for the drain run's query
+        # to start (seconds: a restart, not the stream's pace) and make the p99.
         generator.done.wait()
+        waited = time.monotonic()
+        while time.monotonic() - waited < CATCH_UP_TIMEOUT_S:
+            published = published_transactions(info)
+            if published is not None and progress.commit_seq >= published:
+                caught_up.append(f"the stream released all {published} published "
+                                 f"transactions {time.monotonic() - waited:.1f}s after the "
+                                 "workload was captured")
+                break
+            time.sleep(0.2)
+        else:
+            caught_up.append(f"the stream had not released every published transaction "
+                             f"{CATCH_UP_TIMEOUT_S:g}s after the workload was captured")
         stop.set()
 
-    threading.Thread(target=stop_when_captured, daemon=True).start()
+    threading.Thread(target=stop_when_caught_up, daemon=True).start()
     view = LiveView(info, progress, generator)
     try:
         if live_ok:
@@ -476,7 +496,8 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
         raise SystemExit(130) from None
     if generator.error is not None:
         raise generator.error
-    say("workload stopped and captured; draining (until idle)")
+    say(f"workload stopped and captured; {caught_up[0] if caught_up else 'interrupted'}; "
+        "draining (until idle)")
     run_job(orders, config(True), on_batch=progress.on_batch, quiet=True,
             on_sink_commit=progress.on_sink_commit)
     capture.stop()
