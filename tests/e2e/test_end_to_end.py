@@ -382,7 +382,8 @@ def test_demo_json_summarises_a_live_run_it_verified(e2e_stack: E2EStack) -> Non
     figures from changes the job really streamed, and both sinks verified."""
     done = subprocess.run(
         txjoin_command("demo", "--dir", str(e2e_stack.directory), "--duration", "4",
-                       "--rate", "20", "--orders-only", "--master", MASTER, "--json"),
+                       "--warm-up", "2", "--rate", "20", "--orders-only", "--master", MASTER,
+                       "--json"),
         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S,
         check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -394,6 +395,13 @@ def test_demo_json_summarises_a_live_run_it_verified(e2e_stack: E2EStack) -> Non
     assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
     assert set(summary["verify"]["orders"]["sinks"]) == {"delta", "postgres"}
     assert "summary" in done.stderr
+    # The warm-up's changes are timed apart, not with the figures above.
+    warm = summary["warm_up"]
+    assert warm["seconds"] == 2
+    assert {sink: one["count"] > 0 for sink, one in warm["commit_to_sink_ms_by_sink"].items()} \
+        == {"delta": True, "postgres": True}, warm
+    assert summary["slowest_batches"][0]["compute_ms"] >= summary["slowest_batches"][-1][
+        "compute_ms"] > 0
     # Where the time went, leg by leg, for the changes the capture consumer saw: every leg
     # a duration (the clocks are one machine's), at least one change timed per sink.
     for sink, legs in (("postgres", POSTGRES_LEGS), ("delta", DELTA_LEGS)):

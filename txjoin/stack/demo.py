@@ -26,7 +26,7 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,12 @@ DEMO_JOBS = (REPO / "jobs" / "orders.py", REPO / "jobs" / "users_colors.py")
 BARRIER_TABLE = "public.tables"
 PLAIN_LINE_EVERY_S = 2.0
 READY_TIMEOUT_S = 120.0
+WARM_UP_S = 10.0
+"""Seconds the workload writes before its timed ``--duration`` (``--warm-up``): a fresh
+driver's first batches load classes, compile and start Python workers (measured here: the
+first three batches after start took 4.9, 2.3 and 0.6 s, the next ones 0.3-0.5 s), which is
+the start-up's cost, not the stream's pace. Their changes are verified but timed apart."""
+SLOWEST_BATCHES = 5  # listed in the summary (`--json`: slowest_batches, longest_gaps)
 CATCH_UP_TIMEOUT_S = 60.0
 """Once the workload is captured, how long the streaming query may take to release every
 transaction Debezium published before it is stopped anyway (the drain run does the rest)."""
@@ -143,6 +149,8 @@ class JobProgress:
     latencies_ms: list[float] = field(default_factory=list)
     recent: list[tuple[float, int]] = field(default_factory=list)
     latency_from_ms: float = 0.0  # changes committed earlier (a backlog) are not timed
+    warm_up_from_ms: float | None = None  # changes from here to latency_from_ms: warm-up
+    warm_up_ms: dict[str, list[float]] = field(default_factory=dict)  # per sink
     sink_latencies_ms: dict[str, list[float]] = field(default_factory=dict)  # per sink
     last_batch_id: int | None = None
     delta_batch_id: int | None = None  # the last batch Delta committed
@@ -193,6 +201,10 @@ class JobProgress:
             self.sink_latencies_ms.setdefault(commit.sink, []).extend(
                 commit.finished_at * 1000 - ts for ts in commit.commit_ts_ms
                 if ts >= self.latency_from_ms)
+            if self.warm_up_from_ms is not None:
+                self.warm_up_ms.setdefault(commit.sink, []).extend(
+                    commit.finished_at * 1000 - ts for ts in commit.commit_ts_ms
+                    if self.warm_up_from_ms <= ts < self.latency_from_ms)
             if commit.commit_ts_ms and commit.sink == "delta":
                 self.last_active_at = max(self.last_active_at or 0.0, commit.finished_at)
             if commit.sink == "delta":
@@ -284,8 +296,10 @@ class GeneratorThread(threading.Thread):
     start-up), runs ``txjoin generate``, commits the barrier and sets ``done``."""
 
     def __init__(self, info: StackInfo, rate: float, duration: float, seed: int,
-                 writers: int, ready: threading.Event, level: int | None = None) -> None:
+                 writers: int, ready: threading.Event, level: int | None = None,
+                 on_start: Callable[[float], None] | None = None) -> None:
         super().__init__(name="txjoin-demo-generator", daemon=True)
+        self.on_start = on_start
         self.info, self.rate, self.duration, self.seed, self.writers = (
             info, rate, duration, seed, writers)
         self.level = level
@@ -302,6 +316,8 @@ class GeneratorThread(threading.Thread):
         try:
             self.ready.wait(READY_TIMEOUT_S)
             self.started_at = time.time()
+            if self.on_start is not None:
+                self.on_start(self.started_at)
             self.result = generate(self.info.pg_dsn_source, self.rate, self.duration,
                                    seed=self.seed, writers=self.writers, level=self.level)
             self.generated_at = time.time()
@@ -360,7 +376,11 @@ def _ms(value: float | None) -> str:
               help="Stack directory; checkpoints and Delta output go to <dir>/checkpoints "
                    "and <dir>/output, as with `txjoin run`.")
 @click.option("--duration", type=float, default=60.0, show_default=True,
-              help="Seconds the workload writes.")
+              help="Seconds the workload writes after the warm-up, timed.")
+@click.option("--warm-up", type=click.FloatRange(min=0), default=WARM_UP_S, show_default=True,
+              help="Seconds the workload writes first, at the same rate: a fresh driver's "
+                   "first batches (class loading, compiling, Python workers starting) are "
+                   "verified but timed apart (warm_up in --json).")
 @click.option("--rate", type=float, default=50.0, show_default=True,
               help="Workload transactions per second.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -377,8 +397,8 @@ def _ms(value: float | None) -> str:
                    "leg by leg (Debezium, Kafka, waiting for a batch, Spark's and the "
                    "shards' part of the batch, the sink), events_per_s and end_to_end_s, "
                    "verify results); progress goes to stderr.")
-def demo(directory: Path, duration: float, rate: float, seed: int, writers: int,
-         orders_only: bool, master: str, plain: bool, as_json: bool) -> None:
+def demo(directory: Path, duration: float, warm_up: float, rate: float, seed: int,
+         writers: int, orders_only: bool, master: str, plain: bool, as_json: bool) -> None:
     """Start the stack, write a live workload, stream it through txjoin, verify, summarise.
 
     The stack keeps running afterwards (`txjoin down` stops it). Exit code 0 when every sink
@@ -387,7 +407,7 @@ def demo(directory: Path, duration: float, rate: float, seed: int, writers: int,
     console = Console(stderr=True) if as_json else None
     try:
         summary = run_demo(directory, duration, rate, seed, writers, orders_only, master,
-                           plain or as_json, console)
+                           plain or as_json, console, warm_up=warm_up)
     except TxjoinError as exc:
         click.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(exc.exit_code)
@@ -398,7 +418,7 @@ def demo(directory: Path, duration: float, rate: float, seed: int, writers: int,
 
 def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, writers: int = 2,
              orders_only: bool = False, master: str = "local[2]", plain: bool = False,
-             console: Console | None = None) -> dict[str, Any]:
+             console: Console | None = None, warm_up: float = WARM_UP_S) -> dict[str, Any]:
     """The demo; its summary (``summary_data``), ``ok`` when every verification passed."""
     from txjoin.job import load_job
     from txjoin.pipeline.pipeline import RunConfig
@@ -437,10 +457,18 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
 
     orders = jobs[0]
     progress = JobProgress(orders.name)
-    generator = GeneratorThread(info, rate, duration, seed, writers, progress.first_batch)
+
+    def timed_after_warm_up(started_at: float) -> None:
+        with progress.lock:
+            progress.warm_up_from_ms = started_at * 1000
+            progress.latency_from_ms = (started_at + warm_up) * 1000
+
+    generator = GeneratorThread(info, rate, warm_up + duration, seed, writers,
+                                progress.first_batch, on_start=timed_after_warm_up)
     stop = threading.Event()
     say(f"job {orders.name} streaming; once its first micro-batch is done the workload "
-        f"writes {rate:g} tx/s for {duration:g}s with {writers} writers (seed {seed})")
+        f"writes {rate:g} tx/s for {warm_up:g}s of warm-up, then {duration:g}s timed, with "
+        f"{writers} writers (seed {seed})")
     # Something new to read, so the first micro-batch runs even on a resumed checkpoint.
     commit_barrier(info.pg_dsn_source)
     progress.latency_from_ms = time.time() * 1000
@@ -516,13 +544,22 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
                           {s.name: info.source(s.name).dsn for s in job.sources} or None)
                for job in jobs]
     summary = summary_data(rate, duration, generator, progress, results)
+    summary["warm_up"] = {"seconds": warm_up, "commit_to_sink_ms_by_sink": {
+        sink: _latency(v) for sink, v in sorted(progress.warm_up_ms.items())}}
+    timed = {ms: times for ms, times in capture.by_commit_ms().items()
+             if ms >= progress.latency_from_ms}
     summary["where_ms"] = {
         sink: legs.summary() for sink, legs in legs_per_sink(
-            capture.by_commit_ms(), progress.batch_times, progress.sink_commits).items()}
+            timed, progress.batch_times, progress.sink_commits).items()}
     _summary(say, up, generator, summary, others, results)
     say(f"the stack keeps running: `txjoin down --dir {directory}` stops it "
         f"(`--wipe` also removes its data)")
     return summary
+
+
+def _latency(values: list[float]) -> dict[str, Any]:
+    return {"p50": percentile(values, 50), "p99": percentile(values, 99),
+            "max": max(values) if values else None, "count": len(values)}
 
 
 def summary_data(rate: float, duration: float, generator: GeneratorThread,
@@ -540,10 +577,7 @@ def summary_data(rate: float, duration: float, generator: GeneratorThread,
         "events": gen.events if gen is not None else 0,
         "commit_to_sink_ms": {"p50": percentile(lat, 50), "p99": percentile(lat, 99),
                               "max": max(lat) if lat else None, "count": len(lat)},
-        "commit_to_sink_ms_by_sink": {
-            sink: {"p50": percentile(v, 50), "p99": percentile(v, 99),
-                   "max": max(v) if v else None, "count": len(v)}
-            for sink, v in sorted(by_sink.items())},
+        "commit_to_sink_ms_by_sink": {sink: _latency(v) for sink, v in sorted(by_sink.items())},
         # Delta's lag behind PostgreSQL: batches PostgreSQL held and Delta not yet (the
         # most at any batch), and a batch's wait from its hand-off to its Delta commit.
         "delta_lag": {"batches_max": progress.delta_lag_batches_max,
@@ -557,6 +591,23 @@ def summary_data(rate: float, duration: float, generator: GeneratorThread,
     }
     if gen is not None:
         data["achieved_tx_per_s"] = gen.transactions / max(gen.seconds, 1e-9)
+    # What a p99 is made of: the batches that took longest (Spark's part) and the longest
+    # waits from one batch's start to the next one's, and when they were.
+    began = generator.started_at or progress.started
+    batches = sorted(progress.batch_times.items())
+
+    def described(batch_id: int, started: float, compute: float, shards: float,
+                  previous: float | None) -> dict[str, Any]:
+        return {"batch_id": batch_id, "at_s": round(started - began, 1),
+                "compute_ms": round(compute * 1000), "shards_ms": round(shards * 1000),
+                "since_previous_ms": None if previous is None
+                else round((started - previous) * 1000)}
+
+    listed = [described(b, *times, batches[i - 1][1][0] if i else None)
+              for i, (b, times) in enumerate(batches)]
+    data["slowest_batches"] = sorted(listed, key=lambda b: -b["compute_ms"])[:SLOWEST_BATCHES]
+    data["longest_gaps"] = sorted((b for b in listed if b["since_previous_ms"] is not None),
+                                  key=lambda b: -b["since_previous_ms"])[:SLOWEST_BATCHES]
     # events_per_s: from the first write to the last sink commit, end to end
     end = progress.last_active_at
     data["end_to_end_s"] = data["events_per_s"] = None
@@ -589,6 +640,11 @@ def _summary(say: Any, up: Any, generator: GeneratorThread, summary: dict[str, A
     for sink, one in summary["commit_to_sink_ms_by_sink"].items():
         say(f"    {sink:<18} p50 {_ms(one['p50'])}, p99 {_ms(one['p99'])}, "
             f"max {_ms(one['max'])}")
+    warm = summary.get("warm_up", {})
+    if warm.get("commit_to_sink_ms_by_sink"):
+        say(f"    the {warm['seconds']:g} s warm-up before (not in the figures above): " +
+            ", ".join(f"{sink} p50 {_ms(one['p50'])}, p99 {_ms(one['p99'])}"
+                      for sink, one in warm["commit_to_sink_ms_by_sink"].items()))
     for sink, where in summary.get("where_ms", {}).items():
         if where["changes"]:
             say(f"    {sink} leg by leg (ms, p50 / p99 / mean of the slowest 1%): " + ", ".join(
