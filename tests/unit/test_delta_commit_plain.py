@@ -23,6 +23,28 @@ def test_a_table_delta_spark_created_from_the_sinks_schema_is_plain() -> None:
     assert plain(METADATA, {"minReaderVersion": 1, "minWriterVersion": 2}, SCHEMA)
 
 
+def _with_column(kind: dict) -> dict:
+    return {**SCHEMA, "fields": [*SCHEMA["fields"],
+                                 {"name": "c", "type": kind, "nullable": True, "metadata": {}}]}
+
+
+@pytest.mark.parametrize("kind, nullable_inside", [
+    ({"type": "array", "elementType": "long", "containsNull": True}, True),
+    ({"type": "array", "elementType": "long", "containsNull": False}, False),
+    ({"type": "struct", "fields": [
+        {"name": "x", "type": "long", "nullable": False, "metadata": {}}]}, False),
+    ({"type": "array", "containsNull": True, "elementType": {"type": "struct", "fields": [
+        {"name": "x", "type": "long", "nullable": True, "metadata": {}}]}}, True),
+    ({"type": "map", "keyType": "string", "valueType": "long", "valueContainsNull": False},
+     False),
+])
+def test_not_null_inside_a_column_is_left_to_delta_spark(kind: dict,
+                                                         nullable_inside: bool) -> None:
+    schema = _with_column(kind)
+    metadata = {**METADATA, "schemaString": json.dumps(schema)}
+    assert plain(metadata, FEATURES, schema) is nullable_inside
+
+
 @pytest.mark.parametrize("metadata, protocol", [
     ({**METADATA, "partitionColumns": ["id"]}, FEATURES),
     ({**METADATA, "configuration": {"delta.constraints.positive": "id > 0"}}, FEATURES),

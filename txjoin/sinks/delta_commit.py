@@ -75,6 +75,8 @@ def plain(metadata: dict[str, Any], protocol: dict[str, Any], schema: dict[str, 
         return False
     if json.loads(metadata.get("schemaString") or "{}") != schema:
         return False
+    if not all(_nullable_inside(field["type"]) for field in schema.get("fields", ())):
+        return False  # NOT NULL inside a struct, list or map: delta-spark's writer checks it
     reader, writer = protocol.get("minReaderVersion", 1), protocol.get("minWriterVersion", 1)
     if writer == 7:
         writer_ok = set(protocol.get("writerFeatures") or ()) <= PLAIN_WRITER_FEATURES
@@ -85,6 +87,22 @@ def plain(metadata: dict[str, Any], protocol: dict[str, Any], schema: dict[str, 
     else:
         reader_ok = reader <= _PLAIN_READER_VERSION
     return writer_ok and reader_ok
+
+
+def _nullable_inside(kind: Any) -> bool:
+    """Whether everything nested in a Delta type may be NULL (only top-level columns are
+    checked for NOT NULL here, as :func:`_check_not_null` does)."""
+    if not isinstance(kind, dict):
+        return True
+    if kind.get("type") == "struct":
+        return all(f.get("nullable", True) and _nullable_inside(f["type"])
+                   for f in kind.get("fields", ()))
+    if kind.get("type") == "array":
+        return bool(kind.get("containsNull", True)) and _nullable_inside(kind["elementType"])
+    if kind.get("type") == "map":
+        return (bool(kind.get("valueContainsNull", True)) and _nullable_inside(kind["keyType"])
+                and _nullable_inside(kind["valueType"]))
+    return True
 
 
 def _stat(value: Any) -> Any:
