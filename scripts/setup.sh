@@ -27,6 +27,9 @@ fi
 bash scripts/jars.sh
 # Spark drivers start ~3 s sooner from a class-data-sharing archive (scripts/class_archive.py,
 # ~1 min once per java + jars); without one they start as before.
-if ! .venv/bin/python scripts/class_archive.py 2> .jars/class-archive.log; then
+# Its line goes to stderr: demo.sh --json keeps stdout for the JSON.
+if archived=$(.venv/bin/python scripts/class_archive.py 2> .jars/class-archive.log); then
+    if [ -n "$archived" ]; then echo "$archived" >&2; fi
+else
     echo "warning: no class archive for Spark drivers (log: .jars/class-archive.log); they start without one" >&2
 fi
