@@ -69,7 +69,7 @@ def test_commits_without_a_spark_job_read_back_as_dataframe_writes_do(
         tracker = spark.sparkContext.statusTracker()
         spark.sparkContext.setJobGroup("direct-commit", "no job expected")
         try:
-            assert committer.commit(str(committed), data, SCHEMA, schema_json, meta,
+            assert committer.commit(str(committed), data, schema_json, meta,
                                     overwrite=mode == "overwrite") is True
         finally:
             spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
@@ -110,7 +110,7 @@ def test_a_table_that_is_not_plain_is_left_to_a_dataframe_write(
     committer = DeltaCommitter(spark)
     version = DeltaTable(str(path)).version()
 
-    assert committer.commit(str(path), rows(range(3), "a"), SCHEMA,
-                            _spark_schema(SCHEMA).jsonValue(), "{}", overwrite=False) is False
+    assert committer.commit(str(path), rows(range(3), "a"), _spark_schema(SCHEMA).jsonValue(),
+                            "{}", overwrite=False) is False
     assert DeltaTable(str(path)).version() == version
     assert not list(path.glob("*.parquet"))

@@ -334,8 +334,8 @@ class DeltaSink:
         if self._committer is None:
             self._committer = DeltaCommitter(self.spark)
         rows = rows.cast(schema)
-        if not self._committer.commit(path, rows, schema, _spark_schema(schema).jsonValue(),
-                                      metadata, overwrite=mode == "overwrite"):
+        if not self._committer.commit(path, rows, _spark_schema(schema).jsonValue(), metadata,
+                                      overwrite=mode == "overwrite"):
             self._save(self._frame(rows), path, mode, metadata)
 
     def write(self, batch_id: int, changes: pa.Table, lineage: Lineage | None = None) -> bool:

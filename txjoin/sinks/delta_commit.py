@@ -130,9 +130,9 @@ def file_stats(rows: pa.Table) -> str:
     return json.dumps(stats)
 
 
-def _check_not_null(rows: pa.Table, schema: pa.Schema) -> None:
+def _check_not_null(rows: pa.Table) -> None:
     """Delta's NOT NULL invariant, as delta-spark's writer enforces it (top-level columns)."""
-    for field in schema:
+    for field in rows.schema:
         if not field.nullable and rows.column(field.name).null_count:
             raise ValueError(f"column {field.name!r} is NOT NULL in the Delta table but "
                              f"{rows.column(field.name).null_count} rows to write hold NULL")
@@ -150,18 +150,18 @@ class DeltaCommitter:
         self._spark = spark
         self._jvm: Any = spark._jvm
         self._files: dict[str, tuple[int, list[tuple[str, int]]]] = {}
-        self._plain: dict[tuple[str, str, str], bool] = {}
 
     def forget(self) -> None:
-        """Drop what is kept of every table (after a failed commit, a rebuild)."""
+        """Drop what is kept of every table (after a failed commit)."""
         self._files.clear()
 
-    def commit(self, path: str, rows: pa.Table, schema: pa.Schema, spark_schema: dict[str, Any],
-               metadata: str, overwrite: bool) -> bool:
-        """One commit to the Delta table at ``path``: append ``rows`` or (``overwrite``)
-        replace the table's rows with them; ``metadata`` its ``userMetadata``. ``schema``
-        is the rows' Arrow schema as stored, ``spark_schema`` the same as Delta's schema
-        JSON. ``False``, with nothing written, if the table is not plain (:func:`plain`)."""
+    def commit(self, path: str, rows: pa.Table, spark_schema: dict[str, Any], metadata: str,
+               overwrite: bool) -> bool:
+        """One commit to the Delta table at ``path``: append ``rows`` (in the table's Arrow
+        schema as stored, nullability included) or (``overwrite``) replace the table's rows
+        with them; ``metadata`` its ``userMetadata``; ``spark_schema`` the rows' schema as
+        Delta's schema JSON. ``False``, with nothing written, if the table is not plain
+        (:func:`plain`)."""
         jvm = self._jvm
         session = self._spark._jsparkSession
         # The transaction reads its settings (empty commits recorded) from the active session.
@@ -180,11 +180,11 @@ class DeltaCommitter:
                 for name, size in self._live_files(path, table.version)]
         added: list[tuple[str, int]] = []
         if rows.num_rows:
-            _check_not_null(rows, schema)
+            _check_not_null(rows)
             name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
             file = Path(path) / name
             # Spark reads microseconds: Delta has no finer timestamp.
-            pq.write_table(rows.cast(schema), file, compression="snappy",
+            pq.write_table(rows, file, compression="snappy",
                            coerce_timestamps="us", allow_truncated_timestamps=True)
             size = os.path.getsize(file)
             added.append((name, size))
@@ -202,13 +202,11 @@ class DeltaCommitter:
         return True
 
     def _table(self, txn: Any, spark_schema: dict[str, Any]) -> _Table:
-        metadata, protocol = txn.metadata().json(), txn.protocol().json()
-        key = (metadata, protocol, json.dumps(spark_schema, sort_keys=True))
-        meta = json.loads(metadata)["metaData"]
-        if key not in self._plain:
-            self._plain[key] = plain(meta, json.loads(protocol)["protocol"], spark_schema)
+        meta = json.loads(txn.metadata().json())["metaData"]
+        protocol = json.loads(txn.protocol().json())["protocol"]
         append_only = (meta.get("configuration") or {}).get("delta.appendOnly") == "true"
-        return _Table(int(txn.snapshot().version()), self._plain[key], append_only)
+        return _Table(int(txn.snapshot().version()), plain(meta, protocol, spark_schema),
+                      append_only)
 
     def _live_files(self, path: str, version: int) -> list[tuple[str, int]]:
         """(path, size) of the data files of the table at ``version``."""
