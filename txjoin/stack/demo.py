@@ -487,8 +487,10 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
         # to start (seconds: a restart, not the stream's pace) and make the p99.
         generator.done.wait()
         waited = time.monotonic()
+        published = None  # read once: the workload is captured, so its count is final
         while time.monotonic() - waited < CATCH_UP_TIMEOUT_S:
-            published = published_transactions(info)
+            if published is None:
+                published = published_transactions(info)
             if published is not None and progress.commit_seq >= published:
                 caught_up.append(f"the stream released all {published} published "
                                  f"transactions {time.monotonic() - waited:.1f}s after the "
