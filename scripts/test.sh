@@ -3,12 +3,16 @@
 # pipeline with every scenario in both sinks and kill -9 restarts, and the real stack
 # (PostgreSQL + Debezium + broker + Spark) end to end. Non-zero exit on any failure,
 # including "no tests ran" (pytest exit code 5). Arguments replace the default `tests`
-# (e.g. `./scripts/test.sh tests/unit`).
+# (e.g. `./scripts/test.sh tests/unit`). With no arguments the files run on two pytest-xdist
+# workers (TXJOIN_TEST_WORKERS, default 2; 0 runs them in this process): each lane waits on
+# real services and clocks for about a third of its time, so two workers fill both cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 if [ "$#" -eq 0 ]; then
-    set -- tests
+    # A file's tests stay on one worker (--dist loadfile): module fixtures (a stack, a
+    # broker) start once, and the fault tests own theirs.
+    set -- tests -n "${TXJOIN_TEST_WORKERS:-2}" --dist loadfile
 fi
 .venv/bin/python -m pytest "$@"
