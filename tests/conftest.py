@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from txjoin.jvm import STACK_JAVA_OPTIONS_ENV
+
 settings.register_profile(
     "ci", max_examples=200, deadline=None, derandomize=False,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -39,6 +41,13 @@ what it computes. The stack's Kafka and Connect JVMs are started without spark-s
 their own options; a SPARK_SUBMIT_OPTS already set is kept."""
 os.environ.setdefault("SPARK_SUBMIT_OPTS", SPARK_TEST_JVM_OPTIONS)
 
+STACK_TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+"""The same for the stacks' broker and Kafka Connect JVMs (``txjoin.jvm.stack_java_options``):
+a test stack lives seconds to minutes on tens of transactions a second, and its JVMs' C2
+compiling was a large part of the suite's CPU (a stack's three JVMs took 80-100 s of CPU
+in a run where the two cores were the bound). They keep their G1 collector."""
+os.environ.setdefault(STACK_JAVA_OPTIONS_ENV, STACK_TEST_JVM_OPTIONS)
+
 
 # -- lanes: every test has exactly one of these markers, the one of its directory ---------------
 
@@ -48,8 +57,27 @@ tests/spark needs a Spark session (and may use the shared PostgreSQL server); te
 needs real services (the shared PostgreSQL server, the shared stack, or its own)."""
 
 
+E2E_STACK_GROUP = "e2e-stack"
+"""The xdist group of every test using the shared stack (tests/e2e/conftest.py): they run on
+one worker, so one stack serves them all, started and wiped once."""
+LANE_ORDER = ("e2e", "spark", "unit")
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """A test's unit of work on scripts/test.sh's workers: its file, or the shared stack's."""
+    if "e2e_stack" in getattr(item, "fixturenames", ()):
+        return E2E_STACK_GROUP
+    return item.nodeid.split("::")[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its directory's lane; refuse a test with another lane's marker."""
+    """Mark each test with its directory's lane; refuse a test with another lane's marker.
+
+    For scripts/test.sh's two workers (``--dist loadgroup --no-loadscope-reorder``): each
+    test gets its ``xdist_group``, and the tests run lane by lane (e2e, spark, unit; the
+    shared stack's group first), so the longest units of work start first and the unit
+    lane's many short files even out the two workers at the end."""
     root = Path(__file__).resolve().parent
     wrong = []
     for item in items:
@@ -67,6 +95,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "every test lives in tests/unit, tests/spark or tests/e2e and carries only that "
             "directory's marker:\n  " + "\n  ".join(wrong))
+    lanes = {item: next(m.name for m in item.iter_markers() if m.name in LANE_ORDER)
+             for item in items}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+    # stable: files keep their order within a lane
+    items.sort(key=lambda item: (LANE_ORDER.index(lanes[item]),
+                                 xdist_group(item) != E2E_STACK_GROUP))
 
 
 # -- what one test leaves behind in this process ------------------------------------------------

@@ -12,11 +12,13 @@ git-ignored ``.jars/`` of the checkout (or ``$TXJOIN_JARS``):
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 from txjoin.errors import ConfigError
 
 JARS_ENV = "TXJOIN_JARS"
+STACK_JAVA_OPTIONS_ENV = "TXJOIN_STACK_JAVA_OPTIONS"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SETUP_HINT = "run `bash scripts/setup.sh` (it fetches them with mvn) or set $TXJOIN_JARS"
 
@@ -28,6 +30,14 @@ def jars_dir(name: str) -> Path:
     if not folder.is_dir() or not any(folder.iterdir()):
         raise ConfigError(f"txjoin's {name} jars are missing in {folder}: {SETUP_HINT}")
     return folder
+
+
+def stack_java_options() -> list[str]:
+    """Extra options for the local stack's broker and Kafka Connect JVMs, from
+    ``$TXJOIN_STACK_JAVA_OPTIONS`` (shell words, after txjoin's own heap and collector
+    options, so they win where both set one; not a second collector). The test suite compiles
+    them with C1 only: its stacks live minutes on little data."""
+    return shlex.split(os.environ.get(STACK_JAVA_OPTIONS_ENV, ""))
 
 
 def classpath(name: str) -> str:

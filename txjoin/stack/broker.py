@@ -110,7 +110,8 @@ def _format(java: str, data_dir: Path, log_path: Path) -> None:
         id_file.write_text(_cluster_id() + "\n")
     with open(log_path, "ab") as log:
         done = subprocess.run(
-            [java, "-Xmx256m", f"-Dlog4j2.configurationFile={data_dir / LOG4J2_PROPERTIES}",
+            [java, "-Xmx256m", *jvm.stack_java_options(),
+             f"-Dlog4j2.configurationFile={data_dir / LOG4J2_PROPERTIES}",
              "-cp", jvm.classpath("kafka"), "kafka.tools.StorageTool", "format",
              "--standalone", "--ignore-formatted", "-t", id_file.read_text().strip(),
              "-c", str(data_dir / SERVER_PROPERTIES)],
@@ -155,7 +156,7 @@ def start_broker(data_dir: Path, port: int | None, log_path: Path, *,
     _format(java, data_dir, log_path)
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(
-            [java, f"-Xmx{heap}", f"-Xms{heap}", "-XX:+UseG1GC",
+            [java, f"-Xmx{heap}", f"-Xms{heap}", "-XX:+UseG1GC", *jvm.stack_java_options(),
              f"-Dlog4j2.configurationFile={data_dir / LOG4J2_PROPERTIES}",
              "-cp", classpath, "kafka.Kafka", str(data_dir / SERVER_PROPERTIES)],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=data_dir,

@@ -202,7 +202,7 @@ def start_debezium(work_dir: Path, bootstrap_servers: str, pg_port: int, pg_user
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(
-            [java, "-Xms256m", "-Xmx1g", "-XX:+UseG1GC",
+            [java, "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", *jvm.stack_java_options(),
              f"-Dlog4j2.configurationFile={work_dir / LOG4J2_PROPERTIES}",
              "-cp", classpath, "org.apache.kafka.connect.cli.ConnectDistributed",
              str(worker_file)],
