@@ -11,9 +11,9 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 if [ "$#" -eq 0 ]; then
-    # A file's tests stay on one worker, and so do all tests of the shared stack (groups:
-    # tests/conftest.py), so module and stack fixtures start once; the order is
+    # A file's tests stay on one worker, and so do all files of the shared stack
+    # (tests/conftest.py), so module and stack fixtures start once; the order is
     # tests/conftest.py's (longest units first), not xdist's (most tests first).
-    set -- tests -n "${TXJOIN_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder
+    set -- tests -n "${TXJOIN_TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder
 fi
 .venv/bin/python -m pytest "$@"

@@ -5,6 +5,7 @@
 Choose explicitly with HYPOTHESIS_PROFILE=ci|dev.
 """
 
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,26 +59,40 @@ needs real services (the shared PostgreSQL server, the shared stack, or its own)
 
 
 E2E_STACK_GROUP = "e2e-stack"
-"""The xdist group of every test using the shared stack (tests/e2e/conftest.py): they run on
-one worker, so one stack serves them all, started and wiped once."""
+"""scripts/test.sh's unit of work for the files that use the shared stack (tests/e2e/conftest.py):
+they run on one worker, so one stack serves them all, started and wiped once."""
 LANE_ORDER = ("e2e", "spark", "unit")
 
 
-def xdist_group(item: pytest.Item) -> str:
-    """A test's unit of work on scripts/test.sh's workers: its file, or the shared stack's."""
-    if "e2e_stack" in getattr(item, "fixturenames", ()):
-        return E2E_STACK_GROUP
-    return item.nodeid.split("::")[0]
+@functools.cache
+def uses_shared_stack(path: Path) -> bool:
+    """Whether a test file requests the shared stack (``e2e_stack``)."""
+    return path.parts[-2:-1] == ("e2e",) and "e2e_stack" in path.read_text()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (--dist loadgroup)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """scripts/test.sh's two workers take a file at a time (xdist's ``loadscope``), and all
+    the files using the shared stack as one unit. (xdist's own ``xdist_group`` marks rename
+    node ids, which pytest 9 no longer lets a plugin do.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    root = config.rootpath
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return E2E_STACK_GROUP if uses_shared_stack(root / path) else path
+
+    return FileScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with its directory's lane; refuse a test with another lane's marker.
 
-    For scripts/test.sh's two workers (``--dist loadgroup --no-loadscope-reorder``): each
-    test gets its ``xdist_group``, and the tests run lane by lane (e2e, spark, unit; the
-    shared stack's group first), so the longest units of work start first and the unit
-    lane's many short files even out the two workers at the end."""
+    The tests run lane by lane (e2e, spark, unit; the shared stack's files first): with
+    scripts/test.sh's ``--no-loadscope-reorder`` the two workers take the units of work in
+    this order, so the longest start first and the unit lane's many short files even out
+    the two workers at the end."""
     root = Path(__file__).resolve().parent
     wrong = []
     for item in items:
@@ -97,11 +112,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "directory's marker:\n  " + "\n  ".join(wrong))
     lanes = {item: next(m.name for m in item.iter_markers() if m.name in LANE_ORDER)
              for item in items}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
     # stable: files keep their order within a lane
     items.sort(key=lambda item: (LANE_ORDER.index(lanes[item]),
-                                 xdist_group(item) != E2E_STACK_GROUP))
+                                 not uses_shared_stack(item.path)))
 
 
 # -- what one test leaves behind in this process ------------------------------------------------
