@@ -1,4 +1,4 @@
-"""The real local stack for the end-to-end tests, shared by every test of tests/e2e.
+"""The real local stack for the end-to-end tests, shared by the whole session.
 
 ``e2e_stack`` starts it in a temporary directory (``txjoin up``) and wipes it at the end
 (``txjoin down --wipe``). test_stack.py keeps its own module-scoped ``stack`` fixture: it
@@ -64,7 +64,7 @@ def running_stack(directory: Path, partitions: int = 1) -> Iterator[E2EStack]:
         down(directory, wipe=True)
 
 
-@pytest.fixture(scope="package")  # wiped once this worker leaves tests/e2e
+@pytest.fixture(scope="session")
 def e2e_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2EStack]:
     with running_stack(tmp_path_factory.mktemp("e2e-stack")) as stack:
         yield stack

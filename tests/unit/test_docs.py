@@ -135,8 +135,9 @@ def check_command(argv: list[str]) -> None:
         ctx = click.Context(command, info_name=path[-1], parent=ctx, **command.context_settings)
         options = {name: p for p in command.params if isinstance(p, click.Option)
                    for name in (*p.opts, *p.secondary_opts)}
-        help_option = command.get_help_option(ctx)
-        help_names = set(help_option.opts) if help_option is not None else set()
+        # (not command.get_help_option(ctx): click keeps the first one it made, and a test
+        # that invoked this command alone, without txjoin's -h, may have made it first)
+        help_names = set(ctx.help_option_names) if command.add_help_option else set()
         positional: list[str] = []
         sub: click.Command | None = None
         i = 0
