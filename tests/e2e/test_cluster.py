@@ -92,7 +92,7 @@ def test_orders_on_a_standalone_cluster_survive_losing_a_worker(e2e_stack: E2ESt
             with contextlib.suppress(subprocess.TimeoutExpired):
                 run.wait(60)
         print(f"[e2e] workload: {result.transactions} tx, {result.events} events")
-        seconds = run_until_idle(log, *args)
+        seconds = run_until_idle(log, *args, process=True)  # on the cluster
         print(f"[e2e] drained on the one remaining worker in {seconds:.1f}s")
     assert_verified(verify_job(load_job(ORDERS), (e2e_stack.info.pg_dsn_source, sink_dsn),
                                tmp_path / "output"))

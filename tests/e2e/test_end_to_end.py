@@ -6,7 +6,8 @@ every order change (``orders_expected``, and the conftest's history of it). The 
 must equal that answer after the pipeline drained, and the changelog must hold every
 version of every order exactly once, in commit order, with the xid that made it.
 
-``txjoin run`` runs as a subprocess, as a user runs it; the second test kills it with
+``txjoin run`` streams as a subprocess, as a user runs it (a drain with ``--until-idle``
+runs in the test's own Spark session: ``run_until_idle``); the second test kills it with
 SIGKILL mid-stream, restarts it on the same checkpoint and restarts Debezium while the
 workload still writes. Timings are printed (run with -s), never asserted.
 """
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import defaultdict
 from decimal import Decimal
 from functools import partial
@@ -36,6 +38,7 @@ from deltalake import DeltaTable
 from tests.e2e.conftest import E2EStack, committed_after, restart_debezium
 from txjoin.cli import main, verify
 from txjoin.crashpoints import CRASH_ENV, SINKS_COMMITTED
+from txjoin.errors import SPARK_LOG_ENV
 from txjoin.job import Job, load_job
 from txjoin.pipeline.pipeline import RunConfig
 from txjoin.scenarios.checks import check_exactly_once
@@ -99,15 +102,48 @@ def wait_for_first_commit(work: Path, run: subprocess.Popen[bytes], log: Path) -
         time.sleep(0.2)
 
 
-def run_until_idle(log: Path, *args: str) -> float:
-    """``txjoin run --until-idle``; fails with the log's tail if it does not exit 0."""
+def run_until_idle(log: Path, *args: str, process: bool = False) -> float:
+    """``txjoin run --until-idle``, its output appended to ``log``; fails with the log's
+    tail if it does not exit 0.
+
+    The command runs in this test process, in the worker's own (warm) Spark session, unless
+    ``process``: a new driver process costs ~8 s of CPU to start and warm up, and the suite
+    is bound by CPU (issue 34). ``--master`` and ``--spark-conf`` only apply to a process.
+    The command as a process of its own is what ``streaming_run`` starts here, and what
+    tests/spark/test_cli_process.py checks (exit codes, one-line errors, Spark's log)."""
     started = time.monotonic()
-    with open(log, "ab") as out:
-        done = subprocess.run(txjoin_command("run", "--until-idle", *args), stdout=out,
-                              stderr=out, stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S,
-                              check=False)
+    if process:
+        with open(log, "ab") as out:
+            done = subprocess.run(txjoin_command("run", "--until-idle", *args), stdout=out,
+                                  stderr=out, stdin=subprocess.DEVNULL,
+                                  timeout=RUN_TIMEOUT_S, check=False)
+        assert done.returncode == 0, f"txjoin run exited {done.returncode}:\n{tail(log)}"
+        return time.monotonic() - started
+    done = txjoin_in_process("run", "--until-idle", *args)
+    with open(log, "a") as out:
+        out.write(done.stdout + done.stderr)
     assert done.returncode == 0, f"txjoin run exited {done.returncode}:\n{tail(log)}"
     return time.monotonic() - started
+
+
+def txjoin_in_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """``txjoin ARGS`` in this process (click's runner), as a finished process would report
+    it: exit code, stdout, stderr (with the traceback of an error txjoin did not report).
+    ``txjoin run`` points TXJOIN_SPARK_LOG at its stack for its children: restored here, so
+    no later test's process inherits it."""
+    saved = os.environ.get(SPARK_LOG_ENV)
+    try:
+        result = CliRunner().invoke(main, list(args))
+    finally:
+        if saved is None:
+            os.environ.pop(SPARK_LOG_ENV, None)
+        else:
+            os.environ[SPARK_LOG_ENV] = saved
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["txjoin", *args], result.exit_code, result.stdout,
+                                       stderr)
 
 
 def tail(log: Path, lines: int = 40) -> str:

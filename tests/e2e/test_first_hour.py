@@ -91,7 +91,8 @@ def test_the_library_as_of_fact_job_verifies_on_plain_sql_after_up_job(tmp_path:
                 for statement in LIBRARY_SQL:
                     cur.execute(statement)
         log = tmp_path / "run.log"
-        run_until_idle(log, str(job), "--dir", str(directory), "--master", "local[1]")
+        run_until_idle(log, str(job), "--dir", str(directory), "--master", "local[1]",
+                       process=True)  # as the newcomer runs it
         verify = txjoin("verify", str(job), "--dir", str(directory))
         assert verify.returncode == 0, verify.stdout + verify.stderr + tail(log)
         assert "verify: OK" in verify.stdout and verify.stdout.count(" 0 mismatches") == 2

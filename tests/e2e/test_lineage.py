@@ -21,12 +21,11 @@ from click.testing import CliRunner
 from tests.e2e.conftest import E2EStack
 from tests.e2e.test_end_to_end import (
     ORDERS,
-    RUN_TIMEOUT_S,
     assert_orders_changelogs,
     assert_verified,
     fresh_sink_database,
     run_args,
-    txjoin_command,
+    txjoin_in_process,
 )
 from txjoin.job import load_job
 from txjoin.sinks.postgres import mask_dsn
@@ -43,10 +42,9 @@ SECRET = f":{postgres_mod.DB_PASSWORD}@"  # the password as it would sit in a DS
 
 
 def txjoin_run(log: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``txjoin run ARGS``, its output appended to ``log`` too."""
+    """``txjoin run ARGS`` in this process, its output appended to ``log`` too."""
     started = time.monotonic()
-    done = subprocess.run(txjoin_command("run", *args), capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S, check=False)
+    done = txjoin_in_process("run", *args)  # the worker's warm Spark session (run_until_idle)
     print(f"[e2e] txjoin run {' '.join(a for a in args if a.startswith('--'))}: exit "
           f"{done.returncode} in {time.monotonic() - started:.1f}s")
     with open(log, "a") as fh:
