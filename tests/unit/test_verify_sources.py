@@ -17,6 +17,7 @@ import pytest
 from txjoin.job import load_job
 from txjoin.verify.verify import (
     SourceHistory,
+    StateAnswers,
     _states_after_each,
     check_sink,
     evaluate_on_states,
@@ -190,6 +191,27 @@ def test_a_colour_from_a_later_transaction_of_its_source_is_a_state_violation() 
     # Wrong until user 1's row is written again (by users' 504 at _commit_seq 5).
     assert [v.split(" the sink")[0] for v in found] == [
         "after _commit_seq 2", "after _commit_seq 3", "after _commit_seq 4"], found
+
+
+def test_sinks_sharing_their_state_evaluations_find_what_each_finds_alone() -> None:
+    """verify_job shares one StateAnswers between the sinks' checks: a sink checked after
+    another finds exactly its own violations, with no evaluation beyond the first's."""
+    good = state_changelog()
+    torn = [r for r in good if not (r["_commit_seq"] == 1 and r["id"] == 2)]
+    later = state_changelog()
+    later[2]["favorite_color"] = "black"
+    alone = [state_violations(JOB, rows, HISTORIES) for rows in (good, torn, later)]
+    answers = StateAnswers()
+    shared = [state_violations(JOB, rows, HISTORIES, answers=answers)
+              for rows in (good, torn, later)]
+    assert shared == alone and alone[0] == [] and alone[1] and alone[2]
+    evaluated = dict(answers._answers)
+    assert state_violations(JOB, later, HISTORIES, answers=answers) == alone[2]
+    assert answers._answers == evaluated  # nothing evaluated twice
+    # Past its row budget it still answers, keeping nothing.
+    tight = StateAnswers(max_rows=0)
+    assert state_violations(JOB, torn, HISTORIES, answers=tight) == alone[1]
+    assert tight._answers == {}
 
 
 def interleaved_changelog(histories: dict[str, SourceHistory], seed: int

@@ -640,16 +640,46 @@ def _states_after_each(job: Job, history: SourceHistory) -> list[dict[str, list[
     return states
 
 
+class StateAnswers:
+    """The job's output on each combination of source states evaluated so far, shared by
+    the sinks' state checks (their changelogs pass through the same states, and one
+    evaluation is the oracle on every table: most of verify's time). Holds at most
+    ``max_rows`` output rows; beyond that it evaluates without keeping."""
+
+    def __init__(self, max_rows: int = 2_000_000) -> None:
+        self._answers: dict[tuple[int, ...], list[Row]] = {}
+        self._rows = 0
+        self.max_rows = max_rows
+
+    def get(self, job: Job, states: Mapping[str, list[dict[str, list[Row]]]],
+            combo: tuple[int, ...]) -> list[Row]:
+        """The job's output (comparable rows) with source ``s`` after its transaction
+        ``combo[i]`` (sources in sorted order)."""
+        answer = self._answers.get(combo)
+        if answer is None:
+            tables: dict[str, list[Row]] = {}
+            for s, k in zip(sorted(states), combo, strict=True):
+                tables.update(states[s][k])
+            answer = comparable_rows(job, evaluate_on_states(job, tables))
+            if self._rows + len(answer) <= self.max_rows:
+                self._answers[combo] = answer
+                self._rows += len(answer)
+        return answer
+
+
 def state_violations(job: Job, changelog: Sequence[Row],
-                     histories: Mapping[str, SourceHistory], max_tries: int = 64) -> list[str]:
+                     histories: Mapping[str, SourceHistory], max_tries: int = 64,
+                     answers: StateAnswers | None = None) -> list[str]:
     """Every state a reader of the sink could observe, checked against the job's output.
 
     Replays the changelog ``_commit_seq`` by ``_commit_seq``; after each, the sink must
     equal the job evaluated on (source 1 after some T1_k, source 2 after some T2_m, ...),
     where k is at least the last transaction of that source the changelog shows and
     below the next one it shows (transactions that changed no output leave no row).
-    One line per state that matches none.
+    One line per state that matches none. ``answers``: evaluations shared with the other
+    sinks' checks (of the same ``histories``).
     """
+    answers = answers or StateAnswers()
     keys = list(job.output.key)
     names = sorted(histories)
     states = {s: _states_after_each(job, histories[s]) for s in names}
@@ -690,11 +720,7 @@ def state_violations(job: Job, changelog: Sequence[Row],
         best: RowDiff | None = None
         matched = False
         for combo in itertools.islice(itertools.product(*ranges), max_tries):
-            tables: dict[str, list[Row]] = {}
-            for s, k in zip(names, combo, strict=True):
-                tables.update(states[s][k])
-            diff = diff_rows(comparable_rows(job, evaluate_on_states(job, tables)), actual,
-                             keys)
+            diff = diff_rows(answers.get(job, states, combo), actual, keys)
             best = best or diff
             if diff.size == 0:
                 matched = True
@@ -870,13 +896,15 @@ def check_sink(sink: Sink, where: str, keys: Sequence[str], expected: Sequence[R
                orders: Mapping[str, Mapping[int, int] | None] | None = None,
                job: Job | None = None,
                histories: Mapping[str, SourceHistory] | None = None,
-               skipped: set[tuple[Any, ...]] | None = None) -> SinkCheck:
+               skipped: set[tuple[Any, ...]] | None = None,
+               answers: StateAnswers | None = None) -> SinkCheck:
     """Compare one sink's current table (and its changelog's uniqueness) with ``expected``.
 
     With ``orders`` (a multi-source job: per source, xid -> commit position) its changelog
     gets the per-source prefix check as well; with ``job`` and ``histories`` (every
     source's transactions) each state the changelog passes through is checked too. Rows
-    whose key is in ``skipped`` are left out of the current table's comparison.
+    whose key is in ``skipped`` are left out of the current table's comparison;
+    ``answers``: the state check's evaluations, shared between sinks.
     """
     current = sink.read_current()
     changelog = sink.read_changelog()
@@ -887,7 +915,7 @@ def check_sink(sink: Sink, where: str, keys: Sequence[str], expected: Sequence[R
     diff = diff_rows(expected, current, keys)
     violations = [] if orders is None else prefix_violations(changelog, orders)
     states = ([] if job is None or histories is None or violations
-              else state_violations(job, changelog, histories))
+              else state_violations(job, changelog, histories, answers=answers))
     return SinkCheck(sink.name, where, len(current), diff, len(changelog),
                      _duplicates(changelog, keys), note, violations, states)
 
@@ -976,6 +1004,7 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
     except TxjoinError as exc:
         raise ConfigError(f"cannot open the sinks of job {job.name!r}: {exc}") from None
     checks = []
+    answers = StateAnswers()  # both sinks' changelogs pass through the same states
     try:
         for sink in sinks:
             if sink.name == "delta":
@@ -988,7 +1017,7 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
                 note = None
             try:
                 checks.append(check_sink(sink, where, keys, expected, note, orders, job,
-                                         histories, skipped))
+                                         histories, skipped, answers))
             except psycopg2.Error as exc:
                 raise ConfigError(f"cannot read the {sink.name} sink: {exc}") from None
     finally:
