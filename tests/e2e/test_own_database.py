@@ -22,7 +22,7 @@ from typing import Any
 import psycopg2
 import pytest
 
-from tests.e2e.test_end_to_end import run_until_idle, tail, txjoin_command
+from tests.e2e.test_end_to_end import run_until_idle, tail, txjoin_in_process
 from tests.e2e.test_two_sources import plain_sql_transactions
 from tests.fixtures.postgres import running_postgres
 from txjoin.delta_tables import read_table
@@ -128,9 +128,11 @@ def users_database() -> Iterator[str]:
         yield dsn
 
 
-def txjoin(*args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(txjoin_command(*args), capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=timeout, check=False)
+def txjoin(*args: str) -> subprocess.CompletedProcess[str]:
+    """``txjoin ARGS`` in this process (``txjoin_in_process``): a Python process importing
+    txjoin costs ~2-3 s of CPU, eleven times here; `up` starts its services detached
+    either way, and the command as a process of its own is tests/spark/test_cli_process.py's."""
+    return txjoin_in_process(*args)
 
 
 def test_capture_checks_say_in_one_line_what_to_change(users_database: str,
