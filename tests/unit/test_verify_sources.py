@@ -201,15 +201,17 @@ def test_sinks_sharing_their_state_evaluations_find_what_each_finds_alone() -> N
     later = state_changelog()
     later[2]["favorite_color"] = "black"
     alone = [state_violations(JOB, rows, HISTORIES) for rows in (good, torn, later)]
-    answers = StateAnswers()
+    answers = StateAnswers(JOB, HISTORIES)
     shared = [state_violations(JOB, rows, HISTORIES, answers=answers)
               for rows in (good, torn, later)]
     assert shared == alone and alone[0] == [] and alone[1] and alone[2]
     evaluated = dict(answers._answers)
     assert state_violations(JOB, later, HISTORIES, answers=answers) == alone[2]
     assert answers._answers == evaluated  # nothing evaluated twice
+    with pytest.raises(ValueError, match="other histories"):  # never another's answers
+        state_violations(JOB, good, dict(HISTORIES), answers=answers)
     # Past its row budget it still answers, keeping nothing.
-    tight = StateAnswers(max_rows=0)
+    tight = StateAnswers(JOB, HISTORIES, max_rows=0)
     assert state_violations(JOB, torn, HISTORIES, answers=tight) == alone[1]
     assert tight._answers == {}
 

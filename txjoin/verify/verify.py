@@ -641,26 +641,30 @@ def _states_after_each(job: Job, history: SourceHistory) -> list[dict[str, list[
 
 
 class StateAnswers:
-    """The job's output on each combination of source states evaluated so far, shared by
-    the sinks' state checks (their changelogs pass through the same states, and one
-    evaluation is the oracle on every table: most of verify's time). Holds at most
-    ``max_rows`` output rows; beyond that it evaluates without keeping."""
+    """Every state of each source (from its history, built once), and the job's output on
+    each combination of them evaluated so far: shared by the sinks' state checks (their
+    changelogs pass through the same states, and one evaluation is the oracle on every
+    table: most of verify's time). Keeps at most ``max_rows`` output rows; beyond that it
+    evaluates without keeping."""
 
-    def __init__(self, max_rows: int = 2_000_000) -> None:
+    def __init__(self, job: Job, histories: Mapping[str, SourceHistory],
+                 max_rows: int = 2_000_000) -> None:
+        self.job, self.histories = job, histories
+        self.names = sorted(histories)  # a combination's order
+        self.states = {s: _states_after_each(job, histories[s]) for s in self.names}
         self._answers: dict[tuple[int, ...], list[Row]] = {}
         self._rows = 0
         self.max_rows = max_rows
 
-    def get(self, job: Job, states: Mapping[str, list[dict[str, list[Row]]]],
-            combo: tuple[int, ...]) -> list[Row]:
-        """The job's output (comparable rows) with source ``s`` after its transaction
-        ``combo[i]`` (sources in sorted order)."""
+    def get(self, combo: tuple[int, ...]) -> list[Row]:
+        """The job's output (comparable rows) with source ``names[i]`` after its
+        transaction ``combo[i]``."""
         answer = self._answers.get(combo)
         if answer is None:
             tables: dict[str, list[Row]] = {}
-            for s, k in zip(sorted(states), combo, strict=True):
-                tables.update(states[s][k])
-            answer = comparable_rows(job, evaluate_on_states(job, tables))
+            for s, k in zip(self.names, combo, strict=True):
+                tables.update(self.states[s][k])
+            answer = comparable_rows(self.job, evaluate_on_states(self.job, tables))
             if self._rows + len(answer) <= self.max_rows:
                 self._answers[combo] = answer
                 self._rows += len(answer)
@@ -676,13 +680,15 @@ def state_violations(job: Job, changelog: Sequence[Row],
     equal the job evaluated on (source 1 after some T1_k, source 2 after some T2_m, ...),
     where k is at least the last transaction of that source the changelog shows and
     below the next one it shows (transactions that changed no output leave no row).
-    One line per state that matches none. ``answers``: evaluations shared with the other
-    sinks' checks (of the same ``histories``).
+    One line per state that matches none. ``answers``: the states and evaluations shared
+    with the other sinks' checks (built from the same ``histories``).
     """
-    answers = answers or StateAnswers()
+    if answers is None:
+        answers = StateAnswers(job, histories)
+    elif answers.histories is not histories or answers.job is not job:
+        raise ValueError("state_violations: answers were built for other histories or job")
     keys = list(job.output.key)
-    names = sorted(histories)
-    states = {s: _states_after_each(job, histories[s]) for s in names}
+    names, states = answers.names, answers.states
     position = {s: {xid: i + 1 for i, xid in enumerate(histories[s].order)} for s in names}
     groups: dict[int, list[Row]] = {}
     for row in changelog:
@@ -720,7 +726,7 @@ def state_violations(job: Job, changelog: Sequence[Row],
         best: RowDiff | None = None
         matched = False
         for combo in itertools.islice(itertools.product(*ranges), max_tries):
-            diff = diff_rows(answers.get(job, states, combo), actual, keys)
+            diff = diff_rows(answers.get(combo), actual, keys)
             best = best or diff
             if diff.size == 0:
                 matched = True
@@ -1004,7 +1010,8 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
     except TxjoinError as exc:
         raise ConfigError(f"cannot open the sinks of job {job.name!r}: {exc}") from None
     checks = []
-    answers = StateAnswers()  # both sinks' changelogs pass through the same states
+    # Both sinks' changelogs pass through the same states: evaluated once for both.
+    answers = None if histories is None else StateAnswers(job, histories)
     try:
         for sink in sinks:
             if sink.name == "delta":
