@@ -161,6 +161,43 @@ def _number(info: dict[str, Any], key: str) -> int | None:
     return None if value is None else int(value)
 
 
+def sink_session(spark: SparkSession) -> SparkSession:
+    """A new session of ``spark`` (the MERGE's txn and metadata confs stay out of other
+    writers' way) with the settings the Delta sink writes and reads its tables with."""
+    session = spark.newSession()
+    # A state reconstruction (MERGE's file list, a log checkpoint) reads the log in
+    # spark.databricks.delta.snapshotPartitions tasks, 50 by default: measured
+    # here, a 25k-row append that looked up an app transaction took 16-46 s with 50
+    # and ~5 s with 1 (2 loaded cores). A sink's log is small: one task per core.
+    parallelism = str(session.sparkContext.defaultParallelism)
+    session.conf.set("spark.databricks.delta.snapshotPartitions", parallelism)
+    # VACUUM lists the table's folders in one task per folder up to this many
+    # (10,000 by default): measured 20 s per VACUUM of a small table, 1.5 s with 2.
+    session.conf.set("spark.sql.sources.parallelPartitionDiscovery.parallelism", parallelism)
+    # A commit's writes are small jobs: MERGE's source is an in-memory frame of
+    # the batches (deterministic: no need to materialise it again); adaptive
+    # execution re-plans jobs of a few hundred rows for nothing. File statistics
+    # stay on: MERGE prunes files of a large current table with them. Checksum
+    # files stay on (Delta's default): without them the commit after another
+    # writer's (OPTIMIZE) rebuilds the whole log state (DESIGN.md 2.2).
+    # A log checkpoint (every delta.checkpointInterval commits, 10 by default)
+    # rebuilds the table's state and writes it out inside the commit that reaches
+    # it: measured here it doubled that commit (1.4 s -> 3.7 s), every tenth. Every
+    # 100th for the tables the sink creates: the steady commit also got cheaper
+    # (mean 1.52 s -> 1.27 s over 90 commits of 20 changes; the log a commit reads
+    # since the last checkpoint stays small).
+    session.conf.set("spark.databricks.delta.properties.defaults.checkpointInterval",
+                     str(CHECKPOINT_INTERVAL))  # and maintain() moves older ones
+    # A range without changes still commits (its lineage is the sink's progress):
+    # Delta drops a commit with no action unless told not to (the app transaction
+    # the sink no longer records used to be that action).
+    for key, value in (("spark.databricks.delta.merge.materializeSource", "none"),
+                       ("spark.databricks.delta.skipRecordingEmptyCommits", "false"),
+                       ("spark.sql.adaptive.enabled", "false")):
+        session.conf.set(key, value)
+    return session
+
+
 class DeltaSink:
     """Delta tables written by delta-spark; see the module docstring for the protocol."""
 
@@ -178,40 +215,7 @@ class DeltaSink:
         self.where = str(self.root)
         self.current_path = str(self.root / "current")
         self.changelog_path = str(self.root / "changelog")
-        # Its own session: the MERGE's txn and metadata confs stay out of other writers' way.
-        self._spark = None if spark is None else spark.newSession()
-        if self._spark is not None:
-            # A state reconstruction (MERGE's file list, a log checkpoint) reads the log in
-            # spark.databricks.delta.snapshotPartitions tasks, 50 by default: measured
-            # here, a 25k-row append that looked up an app transaction took 16-46 s with 50
-            # and ~5 s with 1 (2 loaded cores). A sink's log is small: one task per core.
-            parallelism = str(self._spark.sparkContext.defaultParallelism)
-            self._spark.conf.set("spark.databricks.delta.snapshotPartitions", parallelism)
-            # VACUUM lists the table's folders in one task per folder up to this many
-            # (10,000 by default): measured 20 s per VACUUM of a small table, 1.5 s with 2.
-            self._spark.conf.set("spark.sql.sources.parallelPartitionDiscovery.parallelism",
-                                 parallelism)
-            # A commit's writes are small jobs: MERGE's source is an in-memory frame of
-            # the batches (deterministic: no need to materialise it again); adaptive
-            # execution re-plans jobs of a few hundred rows for nothing. File statistics
-            # stay on: MERGE prunes files of a large current table with them. Checksum
-            # files stay on (Delta's default): without them the commit after another
-            # writer's (OPTIMIZE) rebuilds the whole log state (DESIGN.md 2.2).
-            # A log checkpoint (every delta.checkpointInterval commits, 10 by default)
-            # rebuilds the table's state and writes it out inside the commit that reaches
-            # it: measured here it doubled that commit (1.4 s -> 3.7 s), every tenth. Every
-            # 100th for the tables the sink creates: the steady commit also got cheaper
-            # (mean 1.52 s -> 1.27 s over 90 commits of 20 changes; the log a commit reads
-            # since the last checkpoint stays small).
-            self._spark.conf.set("spark.databricks.delta.properties.defaults.checkpointInterval",
-                                 str(CHECKPOINT_INTERVAL))  # and maintain() moves older ones
-            # A range without changes still commits (its lineage is the sink's progress):
-            # Delta drops a commit with no action unless told not to (the app transaction
-            # the sink no longer records used to be that action).
-            for key, value in (("spark.databricks.delta.merge.materializeSource", "none"),
-                               ("spark.databricks.delta.skipRecordingEmptyCommits", "false"),
-                               ("spark.sql.adaptive.enabled", "false")):
-                self._spark.conf.set(key, value)
+        self._spark = None if spark is None else sink_session(spark)
         # Commits of Arrow rows without a Spark job, to tables plain enough (delta_commit).
         self._committer: DeltaCommitter | None = None
         self._rebuild_id: str | None = None
