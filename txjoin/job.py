@@ -27,8 +27,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-import networkx as nx
-
 from txjoin.errors import JobError, did_you_mean
 from txjoin.expr import Compiled, ExprError, compile_expr, is_plain_ref
 from txjoin.ingest.debezium import (
@@ -683,6 +681,8 @@ def validate(job: Job) -> None:
     aliases = [job.fact_alias, *(lk.alias for lk in job.lookups)]
     if len(set(aliases)) != len(aliases):
         _fail(job, f"an alias is used twice: {aliases}")
+
+    import networkx as nx  # here: unpickling a job (every Spark query's start) needs none
 
     graph = nx.DiGraph()
     graph.add_node(job.fact_alias)

@@ -24,12 +24,11 @@ the job on (S1 after some T1_k, S2 after some T2_m), k and m never decreasing.
 from __future__ import annotations
 
 import pickle
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from txjoin import crashpoints
 from txjoin.errors import DecodeError, JobError
@@ -52,6 +51,9 @@ from txjoin.sequence.assembly import (
     Transaction,
 )
 from txjoin.sequence.frontier import Frontier
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["TRANSACTION_STREAM", "Engine", "EngineStats"]
 
@@ -156,7 +158,10 @@ class Engine:
         plans the batch (every txjoin source declares them in every batch). A record
         from a partition > 0 of any other topic is refused.
         """
-        if isinstance(records, pd.DataFrame):
+        # A frame only if pandas is loaded: a Spark query's start unpickles the shards
+        # (with this module) in a Python process of its own, which needs no pandas.
+        pandas = sys.modules.get("pandas")
+        if pandas is not None and isinstance(records, pandas.DataFrame):
             frame = records.sort_values(["topic", "partition", "offset"], kind="stable")
             rows: Iterable[tuple[str, int, int, Any]] = zip(
                 frame["topic"], frame["partition"], frame["offset"], frame["value"],

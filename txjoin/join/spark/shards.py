@@ -27,9 +27,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
@@ -48,6 +47,12 @@ from txjoin.join.spark import host
 from txjoin.join.state_log import ShardLog
 from txjoin.join.temporal import OutputChange
 from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
+
+if TYPE_CHECKING:
+    # pandas where the shards run, not where the processor is unpickled only: Spark's
+    # driver starts a Python process at each query's start to call init() (the state
+    # variables' schemas), and pandas was half its imports (issue 34).
+    import pandas as pd
 
 OUTPUT_SCHEMA = "shard int, changes binary, info string"
 """Per shard and batch: its output changes as Arrow IPC streams (``OUTPUT_CHUNK_ROWS`` each at
@@ -193,6 +198,8 @@ class ShardProcessor(StatefulProcessor):
         frames = [f for f in rows if len(f)]
         if not frames:
             return
+        import pandas as pd
+
         frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         shard = self.labels.index(int(key[0]))
         if self._spec is None:
@@ -319,4 +326,6 @@ def changes_frame(job: Job, shard: int, changes: list[OutputChange],
         blobs.append(sink.getvalue().to_pybytes())
     blobs = blobs or [None]
     infos = [json.dumps(info)] + [None] * (len(blobs) - 1)
+    import pandas as pd
+
     return pd.DataFrame({"shard": [shard] * len(blobs), "changes": blobs, "info": infos})
