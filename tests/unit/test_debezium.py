@@ -227,3 +227,19 @@ def test_row_columns_are_the_rows_names_and_none_where_a_record_has_no_row() -> 
     assert row_columns(None, pos) is None  # a tombstone
     assert row_columns(b"not json", pos) is None  # the run reports it, at its position
     assert row_columns(json.dumps({"status": "BEGIN", "id": "7:7"}), pos) is None
+
+
+def test_routed_is_the_event_with_routings_fields_replaced() -> None:
+    """ChangeEvent.routed (routing's hot path) gives what dataclasses.replace would."""
+    from dataclasses import fields, replace
+
+    event = ChangeEvent("public.orders", "u", {"id": 1}, {"id": 1, "x": 2}, 7, 90, 1000,
+                        "false", 3, Position("shop.public.orders", 1, 5), b"old", True)
+    for digest in (None, b"d"):
+        for elsewhere in (False, True):
+            assert event.routed(digest, elsewhere) == replace(
+                event, digest=digest, after_elsewhere=elsewhere)
+            assert event.routed(digest, elsewhere, rows=False) == replace(
+                event, digest=digest, after_elsewhere=elsewhere, before=None, after=None)
+    # a field added to ChangeEvent must be added to routed() too
+    assert len(fields(ChangeEvent)) == 12

@@ -119,6 +119,16 @@ class ChangeEvent:
     # inserts ``after`` (``txjoin/join/routing.py``).
     after_elsewhere: bool = False
 
+    def routed(self, digest: bytes | None, after_elsewhere: bool,
+               rows: bool = True) -> ChangeEvent:
+        """This event as routing hands it to a shard: with the row image's ``digest``,
+        ``after_elsewhere``, and without its rows unless ``rows``. (What
+        ``dataclasses.replace`` would give, at half its cost: it runs once per event.)"""
+        return ChangeEvent(self.table, self.op, self.before if rows else None,
+                           self.after if rows else None, self.xid, self.lsn,
+                           self.commit_ts_ms, self.snapshot, self.data_collection_order,
+                           self.position, digest, after_elsewhere)
+
     @property
     def is_snapshot(self) -> bool:
         return self.op == "r"

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from dataclasses import replace
 from typing import Any, NamedTuple
 
 from txjoin.errors import DecodeError, JobError
@@ -79,7 +78,7 @@ in memory, without rows)."""
 
 def metadata_only(event: ChangeEvent) -> ChangeEvent:
     """``event`` without its rows, for the shards that count it but do not hold it."""
-    return replace(event, before=None, after=None, after_elsewhere=False)
+    return event.routed(event.digest, False, rows=False)
 
 
 def is_metadata_only(event: ChangeEvent) -> bool:
@@ -111,7 +110,7 @@ class Router:
         after = None if item.after is None else self._shard(item, item.after)
         meta = Routed(metadata_only(item), METADATA_SIZE)
         whole = Routed(item, size)
-        moved = whole if after is None else Routed(replace(item, after_elsewhere=True), size)
+        moved = whole if after is None else Routed(item.routed(item.digest, True), size)
         return [whole if shard == after else moved if shard == before else meta
                 for shard in range(self.n_shards)]
 
@@ -127,4 +126,4 @@ class Router:
 
 
 def _with_digest(event: ChangeEvent) -> ChangeEvent:
-    return replace(event, digest=row_digest(event))
+    return event.routed(row_digest(event), event.after_elsewhere)

@@ -26,7 +26,6 @@ import pickle
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -120,7 +119,7 @@ def routed_items(job: Job, n_shards: int, frame: pd.DataFrame) -> list[Routed]:
             if item.table not in job.table_names:
                 continue
             if routed:
-                item = replace(item, digest=digest, after_elsewhere=bool(elsewhere))
+                item = item.routed(digest, bool(elsewhere))
             else:
                 if n_shards > 1 and item.table == fact and item.op != "t":
                     raise DecodeError(
@@ -128,7 +127,7 @@ def routed_items(job: Job, n_shards: int, frame: pd.DataFrame) -> list[Routed]:
                         "transaction or key columns, yet it decodes: it would be applied by "
                         "every shard. Run with --shards 1 and report it",
                         topic=topic, partition=int(partition), offset=int(offset))
-                item = replace(item, digest=row_digest(item))
+                item = item.routed(row_digest(item), item.after_elsewhere)
         out.append(Routed(item, len(value)))
     return out
 
