@@ -24,11 +24,10 @@ the job on (S1 after some T1_k, S2 after some T2_m), k and m never decreasing.
 from __future__ import annotations
 
 import pickle
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from txjoin import crashpoints
 from txjoin.errors import DecodeError, JobError
@@ -51,9 +50,6 @@ from txjoin.sequence.assembly import (
     Transaction,
 )
 from txjoin.sequence.frontier import Frontier
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 __all__ = ["TRANSACTION_STREAM", "Engine", "EngineStats"]
 
@@ -143,33 +139,22 @@ class Engine:
 
     # -- the batch API ------------------------------------------------------------
 
-    def process(self, records: pd.DataFrame | Iterable[tuple[str, int, int, Any]],
+    def process(self, records: Iterable[tuple[str, int, int, Any]],
                 caught_up: Iterable[str] = (), partitions: TopicPartitions | None = None
                 ) -> list[OutputChange]:
         """Process one batch of records and return the output changes it releases.
 
-        ``records``: a frame with columns ``topic, partition, offset, value`` (or
-        tuples in that order). Records of one topic-partition must be in offset
-        order; interleaving between topics is free. ``caught_up``: tables whose
-        topic the source has read to its end offset in this batch (lets an
-        empty table settle the snapshot without a change; see assembly).
+        ``records``: ``(topic, partition, offset, value)`` tuples. Records of one
+        topic-partition must be in offset order; interleaving between topics is free.
+        ``caught_up``: tables whose topic the source has read to its end offset in this
+        batch (lets an empty table settle the snapshot without a change; see assembly).
         ``partitions``: the table topics with several partitions and which of their
         partitions this batch reads to their end, as the source knows them when it
         plans the batch (every txjoin source declares them in every batch). A record
         from a partition > 0 of any other topic is refused.
         """
-        # A frame only if pandas is loaded: a Spark query's start unpickles the shards
-        # (with this module) in a Python process of its own, which needs no pandas.
-        pandas = sys.modules.get("pandas")
-        if pandas is not None and isinstance(records, pandas.DataFrame):
-            frame = records.sort_values(["topic", "partition", "offset"], kind="stable")
-            rows: Iterable[tuple[str, int, int, Any]] = zip(
-                frame["topic"], frame["partition"], frame["offset"], frame["value"],
-                strict=True)
-        else:
-            rows = records
         decoded = []
-        for topic, partition, offset, value in rows:
+        for topic, partition, offset, value in records:
             self.stats.records += 1
             item = decode(value, Position(str(topic), int(partition), int(offset)))
             if item is not None:
