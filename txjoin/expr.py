@@ -30,12 +30,12 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
-from typing import Any
-
-import sqlglot
-from sqlglot import exp
+from typing import TYPE_CHECKING, Any
 
 from txjoin.ingest.types import DECIMAL_TYPE, column_kind
+
+if TYPE_CHECKING:
+    from sqlglot import exp
 
 Binding = Mapping[str, Any]
 """alias -> its row (a dict) or None (a left lookup that matched nothing)."""
@@ -889,6 +889,13 @@ def compile_expr(text: str, types: Mapping[str, str], where: str) -> Compiled:
     """
     if not isinstance(text, str) or not text.strip():
         raise ExprError(f"{where}: an expression must be non-empty SQL text, got {text!r}")
+    # sqlglot on first use (binding this module's ``exp`` for _Compiler): it was 0.2 s of the
+    # start of every process that unpickles a job (Spark's Python workers, the shards'
+    # hosts, each query's pre-init process), most of which never compile an expression.
+    global exp
+    import sqlglot
+    from sqlglot import exp
+
     try:
         tree = sqlglot.parse_one(text, read="postgres")
     except sqlglot.errors.ParseError as exc:
