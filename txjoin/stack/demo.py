@@ -18,7 +18,9 @@ Without a terminal (CI) the live display falls back to one plain line every few 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import math
 import os
 import shutil
 import sys
@@ -49,10 +51,20 @@ BARRIER_TABLE = "public.tables"
 PLAIN_LINE_EVERY_S = 2.0
 READY_TIMEOUT_S = 120.0
 WARM_UP_S = 10.0
-"""Seconds the workload writes before its timed ``--duration`` (``--warm-up``): a fresh
-driver's first batches load classes, compile and start Python workers (measured here: the
-first three batches after start took 4.9, 2.3 and 0.6 s, the next ones 0.3-0.5 s), which is
-the start-up's cost, not the stream's pace. Their changes are verified but timed apart."""
+"""Seconds the workload writes at least before its timed ``--duration`` (``--warm-up``): a
+fresh driver's first batches load classes, compile and start Python workers (measured here:
+the first three batches after start took 4.9, 2.3 and 0.6 s, the next ones 0.3-0.5 s), which
+is the start-up's cost, not the stream's pace. Their changes are verified but timed apart.
+The warm-up then lasts until the stream keeps pace (``PACE_BATCHES``), at most
+``WARM_UP_MAX_S``: on a slower machine the first batches after the same 10 s took 8.5, 4.1,
+2.7, 1.8 and 1.2 s (a JVM still compiling, the stack's too), and a fixed 10 s timed them."""
+PACE_BATCHES = 3
+PACE_GAP_S = 2.0
+"""The stream keeps pace once ``PACE_BATCHES`` micro-batches in a row each started at most
+``PACE_GAP_S`` after the one before (the trigger interval is 1 s)."""
+WARM_UP_MAX_S = 60.0
+"""The longest warm-up by default (``--warm-up-max``; never less than ``--warm-up``): timing
+starts then, paced or not, and the summary says which (``warm_up.kept_pace``)."""
 SLOWEST_BATCHES = 5  # listed in the summary (`--json`: slowest_batches, longest_gaps)
 CATCH_UP_TIMEOUT_S = 60.0
 """Once the workload is captured, how long the streaming query may take to release every
@@ -160,6 +172,12 @@ class JobProgress:
     batch_times: dict[int, tuple[float, float, float]] = field(default_factory=dict)
     sink_commits: list[Any] = field(default_factory=list)  # every GroupCommit, in order
     first_batch: threading.Event = field(default_factory=threading.Event, repr=False)
+    # the warm-up (``run_demo``): at least warm_up_min_s from warm_up_from_ms, at most
+    # warm_up_max_s; timed is set when it ends (latency_from_ms is then final)
+    warm_up_min_s: float = 0.0
+    warm_up_max_s: float = 0.0
+    kept_pace: bool | None = None
+    timed: threading.Event = field(default_factory=threading.Event, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def on_batch(self, report: Any) -> None:
@@ -191,7 +209,43 @@ class JobProgress:
             self.recent.append((report.finished_at, report.records))
             cutoff = report.finished_at - 10
             self.recent = [(t, n) for t, n in self.recent if t >= cutoff]
+            self._end_warm_up(report.finished_at)
         self.first_batch.set()
+
+    def start_warm_up(self, at: float, least_s: float, most_s: float) -> None:
+        """The workload began writing at ``at`` (unix s): changes are timed from the end of a
+        warm-up of ``least_s`` to ``most_s`` (none when ``most_s`` is 0)."""
+        with self.lock:
+            self.warm_up_from_ms = at * 1000
+            self.warm_up_min_s, self.warm_up_max_s = least_s, most_s
+            self.latency_from_ms = math.inf
+            if most_s <= 0:
+                self._time_from(at, None)
+
+    def end_warm_up(self, now: float) -> None:
+        """The warm-up's longest time is up: time from ``now``, paced or not."""
+        with self.lock:
+            if not self.timed.is_set():
+                self._time_from(now, False)
+
+    def _end_warm_up(self, now: float) -> None:
+        """After a batch (under the lock): end the warm-up if it lasted its least and the
+        stream keeps pace, or if it lasted its most."""
+        if self.warm_up_from_ms is None or self.timed.is_set():
+            return
+        began = self.warm_up_from_ms / 1000
+        if now - began < self.warm_up_min_s:
+            return
+        starts = [t[0] for _, t in sorted(self.batch_times.items())[-(PACE_BATCHES + 1):]]
+        paced = (len(starts) == PACE_BATCHES + 1 and starts[0] >= began
+                 and all(b - a <= PACE_GAP_S for a, b in itertools.pairwise(starts)))
+        if paced or now - began >= self.warm_up_max_s:
+            self._time_from(now, paced)
+
+    def _time_from(self, at: float, paced: bool | None) -> None:
+        self.latency_from_ms = at * 1000
+        self.kept_pace = paced
+        self.timed.set()
 
     def on_sink_commit(self, commit: Any) -> None:
         """``run_job``'s callback for each sink commit (PostgreSQL's per batch, Delta's per
@@ -297,9 +351,11 @@ class GeneratorThread(threading.Thread):
 
     def __init__(self, info: StackInfo, rate: float, duration: float, seed: int,
                  writers: int, ready: threading.Event, level: int | None = None,
-                 on_start: Callable[[float], None] | None = None) -> None:
+                 on_start: Callable[[float], None] | None = None,
+                 stop: threading.Event | None = None) -> None:
         super().__init__(name="txjoin-demo-generator", daemon=True)
         self.on_start = on_start
+        self.stop = stop  # set: the workload ends early (its duration is then at most)
         self.info, self.rate, self.duration, self.seed, self.writers = (
             info, rate, duration, seed, writers)
         self.level = level
@@ -319,7 +375,8 @@ class GeneratorThread(threading.Thread):
             if self.on_start is not None:
                 self.on_start(self.started_at)
             self.result = generate(self.info.pg_dsn_source, self.rate, self.duration,
-                                   seed=self.seed, writers=self.writers, level=self.level)
+                                   seed=self.seed, writers=self.writers, stop=self.stop,
+                                   level=self.level)
             self.generated_at = time.time()
             wait_until_captured(self.info)
         except BaseException as exc:  # reported by the main thread
@@ -331,8 +388,9 @@ class GeneratorThread(threading.Thread):
         if self.started_at is None:
             return "waiting for the query's first micro-batch"
         if self.generated_at is None and not self.done.is_set():
+            planned = "" if self.stop is not None else f"/{self.duration:g}"
             return (f"writing {self.rate:g} tx/s: {time.time() - self.started_at:.0f}"
-                    f"/{self.duration:g} s")
+                    f"{planned} s")
         if not self.done.is_set():
             return "stopped; waiting for Debezium to publish the last commit"
         return "done"
@@ -378,9 +436,16 @@ def _ms(value: float | None) -> str:
 @click.option("--duration", type=float, default=60.0, show_default=True,
               help="Seconds the workload writes after the warm-up, timed.")
 @click.option("--warm-up", type=click.FloatRange(min=0), default=WARM_UP_S, show_default=True,
-              help="Seconds the workload writes first, at the same rate: a fresh driver's "
-                   "first batches (class loading, compiling, Python workers starting) are "
-                   "verified but timed apart (warm_up in --json).")
+              help="Seconds the workload writes at least before the timed --duration, at the "
+                   f"same rate; then until the stream keeps pace ({PACE_BATCHES} micro-batches "
+                   f"in a row, each started within {PACE_GAP_S:g} s of the one before), up to "
+                   "--warm-up-max: a fresh "
+                   "driver's first batches (class loading, compiling, Python workers "
+                   "starting) are verified but timed apart (warm_up in --json). 0: time "
+                   "every change.")
+@click.option("--warm-up-max", type=click.FloatRange(min=0), default=WARM_UP_MAX_S,
+              show_default=True,
+              help="Seconds the warm-up lasts at most (at least --warm-up), paced or not.")
 @click.option("--rate", type=float, default=50.0, show_default=True,
               help="Workload transactions per second.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -397,8 +462,9 @@ def _ms(value: float | None) -> str:
                    "leg by leg (Debezium, Kafka, waiting for a batch, Spark's and the "
                    "shards' part of the batch, the sink), events_per_s and end_to_end_s, "
                    "verify results); progress goes to stderr.")
-def demo(directory: Path, duration: float, warm_up: float, rate: float, seed: int,
-         writers: int, orders_only: bool, master: str, plain: bool, as_json: bool) -> None:
+def demo(directory: Path, duration: float, warm_up: float, warm_up_max: float, rate: float,
+         seed: int, writers: int, orders_only: bool, master: str, plain: bool,
+         as_json: bool) -> None:
     """Start the stack, write a live workload, stream it through txjoin, verify, summarise.
 
     The stack keeps running afterwards (`txjoin down` stops it). Exit code 0 when every sink
@@ -407,7 +473,8 @@ def demo(directory: Path, duration: float, warm_up: float, rate: float, seed: in
     console = Console(stderr=True) if as_json else None
     try:
         summary = run_demo(directory, duration, rate, seed, writers, orders_only, master,
-                           plain or as_json, console, warm_up=warm_up)
+                           plain or as_json, console, warm_up=warm_up,
+                           warm_up_max=warm_up_max)
     except TxjoinError as exc:
         click.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(exc.exit_code)
@@ -418,7 +485,8 @@ def demo(directory: Path, duration: float, warm_up: float, rate: float, seed: in
 
 def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, writers: int = 2,
              orders_only: bool = False, master: str = "local[2]", plain: bool = False,
-             console: Console | None = None, warm_up: float = WARM_UP_S) -> dict[str, Any]:
+             console: Console | None = None, warm_up: float = WARM_UP_S,
+             warm_up_max: float = WARM_UP_MAX_S) -> dict[str, Any]:
     """The demo; its summary (``summary_data``), ``ok`` when every verification passed."""
     from txjoin.job import load_job
     from txjoin.pipeline.pipeline import RunConfig
@@ -458,16 +526,29 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
     orders = jobs[0]
     progress = JobProgress(orders.name)
 
-    def timed_after_warm_up(started_at: float) -> None:
-        with progress.lock:
-            progress.warm_up_from_ms = started_at * 1000
-            progress.latency_from_ms = (started_at + warm_up) * 1000
+    # The warm-up: at least warm_up, then until the stream keeps pace, at most warm_up_max.
+    warm_up_max = max(warm_up, warm_up_max) if warm_up > 0 else 0.0
+    workload_done = threading.Event()
 
-    generator = GeneratorThread(info, rate, warm_up + duration, seed, writers,
-                                progress.first_batch, on_start=timed_after_warm_up)
+    def timed_after_warm_up(started_at: float) -> None:
+        progress.start_warm_up(started_at, warm_up, warm_up_max)
+        threading.Thread(target=end_workload, args=(started_at,), daemon=True).start()
+
+    def end_workload(started_at: float) -> None:
+        # `duration` seconds timed after the warm-up, whenever it ended
+        if not progress.timed.wait(max(0.0, started_at + warm_up_max - time.time())):
+            progress.end_warm_up(time.time())
+        time.sleep(max(0.0, progress.latency_from_ms / 1000 + duration - time.time()))
+        workload_done.set()
+
+    generator = GeneratorThread(info, rate, warm_up_max + duration, seed, writers,
+                                progress.first_batch, on_start=timed_after_warm_up,
+                                stop=workload_done)
     stop = threading.Event()
+    warming = (f"for {warm_up:g}s of warm-up and until the stream keeps pace (at most "
+               f"{warm_up_max:g}s), then " if warm_up > 0 else "")
     say(f"job {orders.name} streaming; once its first micro-batch is done the workload "
-        f"writes {rate:g} tx/s for {warm_up:g}s of warm-up, then {duration:g}s timed, with "
+        f"writes {rate:g} tx/s {warming}{duration:g}s timed, with "
         f"{writers} writers (seed {seed})")
     # Something new to read, so the first micro-batch runs even on a resumed checkpoint.
     commit_barrier(info.pg_dsn_source)
@@ -546,8 +627,12 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
                           {s.name: info.source(s.name).dsn for s in job.sources} or None)
                for job in jobs]
     summary = summary_data(rate, duration, generator, progress, results)
-    summary["warm_up"] = {"seconds": warm_up, "commit_to_sink_ms_by_sink": {
-        sink: _latency(v) for sink, v in sorted(progress.warm_up_ms.items())}}
+    warmed = None
+    if progress.warm_up_from_ms is not None and progress.timed.is_set():
+        warmed = round((progress.latency_from_ms - progress.warm_up_from_ms) / 1000, 1)
+    summary["warm_up"] = {"seconds": warmed, "least_s": warm_up, "most_s": warm_up_max,
+                          "kept_pace": progress.kept_pace, "commit_to_sink_ms_by_sink": {
+                              sink: _latency(v) for sink, v in sorted(progress.warm_up_ms.items())}}
     timed = {ms: times for ms, times in capture.by_commit_ms().items()
              if ms >= progress.latency_from_ms}
     summary["where_ms"] = {
@@ -644,7 +729,9 @@ def _summary(say: Any, up: Any, generator: GeneratorThread, summary: dict[str, A
             f"max {_ms(one['max'])}")
     warm = summary.get("warm_up", {})
     if warm.get("commit_to_sink_ms_by_sink"):
-        say(f"    the {warm['seconds']:g} s warm-up before (not in the figures above): " +
+        paced = {True: ", until the stream kept pace", False: ", its longest: the stream had "
+                 "not kept pace", None: ""}[warm.get("kept_pace")]
+        say(f"    the {warm['seconds']:g} s warm-up before{paced} (not in the figures above): " +
             ", ".join(f"{sink} p50 {_ms(one['p50'])}, p99 {_ms(one['p99'])}"
                       for sink, one in warm["commit_to_sink_ms_by_sink"].items()))
     for sink, where in summary.get("where_ms", {}).items():
