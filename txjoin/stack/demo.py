@@ -728,7 +728,7 @@ def _summary(say: Any, up: Any, generator: GeneratorThread, summary: dict[str, A
         say(f"    {sink:<18} p50 {_ms(one['p50'])}, p99 {_ms(one['p99'])}, "
             f"max {_ms(one['max'])}")
     warm = summary.get("warm_up", {})
-    if warm.get("commit_to_sink_ms_by_sink"):
+    if warm.get("commit_to_sink_ms_by_sink") and warm.get("seconds") is not None:
         paced = {True: ", until the stream kept pace", False: ", its longest: the stream had "
                  "not kept pace", None: ""}[warm.get("kept_pace")]
         say(f"    the {warm['seconds']:g} s warm-up before{paced} (not in the figures above): " +
