@@ -61,7 +61,8 @@ The warm-up then lasts until the stream keeps pace (``PACE_BATCHES``), at most
 PACE_BATCHES = 3
 PACE_GAP_S = 2.0
 """The stream keeps pace once ``PACE_BATCHES`` micro-batches in a row each started at most
-``PACE_GAP_S`` after the one before (the trigger interval is 1 s)."""
+``PACE_GAP_S`` after the one before (``RunConfig.trigger_interval``, 200 ms by default, is
+the least; a batch that takes longer starts the next one when it ends)."""
 WARM_UP_MAX_S = 60.0
 """The longest warm-up by default (``--warm-up-max``; never less than ``--warm-up``): timing
 starts then, paced or not, and the summary says which (``warm_up.kept_pace``)."""
