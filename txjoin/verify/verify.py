@@ -702,6 +702,8 @@ def state_violations(job: Job, changelog: Sequence[Row],
             seq_tx[seq] = tx
             shown[tx[0]].append(tx[1])
     violations = []
+    # The sink's rows by key, as the final rows are compared (by value: a Delta real is a
+    # float32 widened), each read once when the changelog sets it.
     sink: dict[tuple[Any, ...], Row] = {}
     at = {s: 0 for s in names}
     nth = {s: 0 for s in names}
@@ -711,8 +713,8 @@ def state_violations(job: Job, changelog: Sequence[Row],
             if row.get("_op") == "d":
                 sink.pop(key, None)
             else:
-                sink[key] = {c: v for c, v in without_metadata(row).items()
-                             if c != SOURCE_COLUMN}
+                sink[key] = comparable_rows(job, [{c: v for c, v in without_metadata(row).items()
+                                                   if c != SOURCE_COLUMN}])[0]
         if seq in seq_tx:
             source, pos = seq_tx[seq]
             at[source] = pos
@@ -721,8 +723,7 @@ def state_violations(job: Job, changelog: Sequence[Row],
         for s in names:
             following = shown[s][nth[s]] if nth[s] < len(shown[s]) else len(states[s])
             ranges.append(range(at[s], max(at[s] + 1, following)))
-        # By value, as the final rows are compared: a Delta real is a float32 widened.
-        actual = comparable_rows(job, list(sink.values()))
+        actual = list(sink.values())
         best: RowDiff | None = None
         matched = False
         for combo in itertools.islice(itertools.product(*ranges), max_tries):
