@@ -40,7 +40,7 @@ import os
 import re
 import struct
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import partial
@@ -705,6 +705,7 @@ def state_violations(job: Job, changelog: Sequence[Row],
     # The sink's rows by key, as the final rows are compared (by value: a Delta real is a
     # float32 widened), each read once when the changelog sets it.
     sink: dict[tuple[Any, ...], Row] = {}
+    read = comparable_reader(job)
     at = {s: 0 for s in names}
     nth = {s: 0 for s in names}
     for seq in sorted(groups):
@@ -713,8 +714,8 @@ def state_violations(job: Job, changelog: Sequence[Row],
             if row.get("_op") == "d":
                 sink.pop(key, None)
             else:
-                sink[key] = comparable_rows(job, [{c: v for c, v in without_metadata(row).items()
-                                                   if c != SOURCE_COLUMN}])[0]
+                sink[key] = read({c: v for c, v in without_metadata(row).items()
+                                  if c != SOURCE_COLUMN})
         if seq in seq_tx:
             source, pos = seq_tx[seq]
             at[source] = pos
@@ -886,6 +887,12 @@ def comparable(value: Any, sql_type: str) -> Any:
 
 def comparable_rows(job: Job, rows: Sequence[Row]) -> list[Row]:
     """Output rows with every column (and collected field) read by its declared type."""
+    read = comparable_reader(job)
+    return [read(row) for row in rows]
+
+
+def comparable_reader(job: Job) -> Callable[[Row], Row]:
+    """What :func:`comparable_rows` does to one row, the job's output types looked up once."""
     types = job.output_types()
 
     def one(name: str, value: Any) -> Any:
@@ -895,7 +902,7 @@ def comparable_rows(job: Job, rows: Sequence[Row]) -> list[Row]:
                     if isinstance(item, dict) else item for item in value]
         return comparable(value, typ) if isinstance(typ, str) else value
 
-    return [{c: one(c, v) for c, v in row.items()} for row in rows]
+    return lambda row: {c: one(c, v) for c, v in row.items()}
 
 
 def check_sink(sink: Sink, where: str, keys: Sequence[str], expected: Sequence[Row],
