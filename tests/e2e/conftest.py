@@ -1,7 +1,8 @@
-"""The real local stack for the end-to-end tests, shared by the whole session.
+"""The real local stack for the end-to-end tests, shared by the files that ask for it.
 
-``e2e_stack`` starts it in a temporary directory (``txjoin up``) and wipes it at the end
-(``txjoin down --wipe``). test_stack.py keeps its own module-scoped ``stack`` fixture: it
+``e2e_stack`` starts it in a temporary directory (``txjoin up``) and wipes it (``txjoin down
+--wipe``) after the last of the tests in a row that use it (scripts/test.sh runs those
+files one after the other on one worker). test_stack.py keeps its own module-scoped ``stack`` fixture: it
 stops its stack in a test, so it cannot share this one.
 
 Before any workload runs, a trigger copies every row written to
@@ -64,10 +65,50 @@ def running_stack(directory: Path, partitions: int = 1) -> Iterator[E2EStack]:
         down(directory, wipe=True)
 
 
-@pytest.fixture(scope="session")
-def e2e_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2EStack]:
-    with running_stack(tmp_path_factory.mktemp("e2e-stack")) as stack:
-        yield stack
+class _SharedStack:
+    """The shared stack of this test process: started by the first test that asks for it,
+    wiped right after the last test in a row that uses it (not at the end of the session:
+    idle, a stack still costs ~6 s of CPU a minute, and scripts/test.sh's worker goes on to
+    other files for a quarter of an hour; issue 34). A later test that asks again gets a
+    new one."""
+
+    def __init__(self) -> None:
+        self.exits = contextlib.ExitStack()
+        self.stack: E2EStack | None = None
+
+    def get(self, tmp_path_factory: pytest.TempPathFactory) -> E2EStack:
+        if self.stack is None:
+            self.stack = self.exits.enter_context(
+                running_stack(tmp_path_factory.mktemp("e2e-stack")))
+        return self.stack
+
+    def close(self) -> None:
+        self.stack = None
+        self.exits.close()
+
+
+_SHARED = _SharedStack()
+
+
+@pytest.fixture
+def e2e_stack(tmp_path_factory: pytest.TempPathFactory) -> E2EStack:
+    return _SHARED.get(tmp_path_factory)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Wipe the shared stack once the test after this one does not use it (xdist's worker
+    knows its next test; scripts/test.sh sends all the shared stack's files as one unit)."""
+    try:
+        return (yield)
+    finally:
+        if _SHARED.stack is not None and (
+                nextitem is None or "e2e_stack" not in getattr(nextitem, "fixturenames", ())):
+            _SHARED.close()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _SHARED.close()  # a run stopped early
 
 
 def restart_debezium(directory: Path, *, timeout: float = 120.0) -> float:

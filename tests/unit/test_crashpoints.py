@@ -1,5 +1,5 @@
 """The crash-point hook (txjoin.crashpoints): inert unless named, refused when misspelt.
-The kills themselves are in tests/spark/test_pipeline.py."""
+The kills themselves are in tests/spark/test_kill.py."""
 
 from __future__ import annotations
 

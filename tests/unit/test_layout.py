@@ -157,3 +157,15 @@ def test_verify_reads_the_sinks_without_spark(tmp_path: Path) -> None:
     names, spark = done.stdout.splitlines()
     assert "txjoin.verify.verify" in names and "txjoin.verify.diff" in names, names
     assert spark == "[]", f"verify imported {spark}"
+
+
+def test_the_longest_units_the_scheduler_starts_first_exist() -> None:
+    """tests/conftest.py's LONGEST_UNITS go out first: a renamed file would silently lose its
+    head start (and the run could end with one worker idle)."""
+    from tests.conftest import E2E_STACK_GROUP, LONGEST_UNITS
+
+    root = Path(__file__).resolve().parents[2]
+    files = [name for name in LONGEST_UNITS if name != E2E_STACK_GROUP]
+    assert files and all((root / name).is_file() for name in files), [
+        name for name in files if not (root / name).is_file()]
+    assert len(set(LONGEST_UNITS)) == len(LONGEST_UNITS)
