@@ -1,9 +1,9 @@
 """The real local stack for the end-to-end tests, shared by the files that ask for it.
 
 ``e2e_stack`` starts it in a temporary directory (``txjoin up``) and wipes it (``txjoin down
---wipe``) after the last of the tests in a row that use it (scripts/test.sh runs those
-files one after the other on one worker). test_stack.py keeps its own module-scoped ``stack`` fixture: it
-stops its stack in a test, so it cannot share this one.
+--wipe``) after the last test of the files that use it (scripts/test.sh runs those files one
+after the other on one worker). test_stack.py keeps its own module-scoped ``stack``
+fixture: it stops its stack in a test, so it cannot share this one.
 
 Before any workload runs, a trigger copies every row written to
 ``public.orders_expected`` (PostgreSQL's as-of answer, one row per order, overwritten)
@@ -22,6 +22,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
+from tests.conftest import uses_shared_stack
 from txjoin.stack import down, load_stack, up
 from txjoin.stack import stack as stack_mod
 from txjoin.stack.stack import StackInfo
@@ -67,7 +68,7 @@ def running_stack(directory: Path, partitions: int = 1) -> Iterator[E2EStack]:
 
 class _SharedStack:
     """The shared stack of this test process: started by the first test that asks for it,
-    wiped right after the last test in a row that uses it (not at the end of the session:
+    wiped right after the last test of the files that use it (not at the end of the session:
     idle, a stack still costs ~6 s of CPU a minute, and scripts/test.sh's worker goes on to
     other files for a quarter of an hour; issue 34). A later test that asks again gets a
     new one."""
@@ -97,13 +98,16 @@ def e2e_stack(tmp_path_factory: pytest.TempPathFactory) -> E2EStack:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Wipe the shared stack once the test after this one does not use it (xdist's worker
-    knows its next test; scripts/test.sh sends all the shared stack's files as one unit)."""
+    """Wipe the shared stack once the next test is in none of the files that use it
+    (xdist's worker knows its next test; scripts/test.sh sends all those files as one unit).
+    Not as soon as the next test does not ask for it: a test of those files may need what
+    earlier ones wrote to the stack (test_end_to_end.py's verify tests read the workload's
+    orders), and a test without it can come between."""
     try:
         return (yield)
     finally:
         if _SHARED.stack is not None and (
-                nextitem is None or "e2e_stack" not in getattr(nextitem, "fixturenames", ())):
+                nextitem is None or not uses_shared_stack(Path(nextitem.path))):
             _SHARED.close()
 
 
