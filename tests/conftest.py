@@ -88,6 +88,13 @@ def uses_shared_stack(path: Path) -> bool:
     return path.parts[-2:-1] == ("e2e",) and "e2e_stack" in path.read_text()
 
 
+def work_unit(root: Path, nodeid: str) -> str:
+    """scripts/test.sh's unit of work of a test (``nodeid`` relative to ``root``, pytest's
+    rootdir): ``E2E_STACK_GROUP`` for the files that use the shared stack, else its file."""
+    path = nodeid.split("::", 1)[0]
+    return E2E_STACK_GROUP if uses_shared_stack(root / path) else path
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """scripts/test.sh's two workers take a file at a time (xdist's ``loadscope``), and all
     the files using the shared stack as one unit. (xdist's own ``xdist_group`` marks rename
@@ -98,8 +105,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return E2E_STACK_GROUP if uses_shared_stack(root / path) else path
+            return work_unit(root, nodeid)
 
     return FileScheduling(config, log)
 
@@ -107,10 +113,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with its directory's lane; refuse a test with another lane's marker.
 
-    The tests run lane by lane (e2e, spark, unit; the shared stack's files first): with
-    scripts/test.sh's ``--no-loadscope-reorder`` the two workers take the units of work in
-    this order, so the longest start first and the unit lane's many short files even out
-    the two workers at the end."""
+    The units of work in ``LONGEST_UNITS`` run first, in its order, then the rest lane by
+    lane (e2e, spark, unit; the shared stack's files first): with scripts/test.sh's
+    ``--no-loadscope-reorder`` the two workers take the units in this order, so the longest
+    start first and the unit lane's many short files even out the two workers at the end."""
     root = Path(__file__).resolve().parent
     wrong = []
     for item in items:
@@ -130,17 +136,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "directory's marker:\n  " + "\n  ".join(wrong))
     lanes = {item: next(m.name for m in item.iter_markers() if m.name in LANE_ORDER)
              for item in items}
-
-    def unit(item: pytest.Item) -> str:
-        if uses_shared_stack(item.path):
-            return E2E_STACK_GROUP
-        return Path(item.path).resolve().relative_to(root.parent).as_posix()
-
+    units = {item: work_unit(config.rootpath, item.nodeid) for item in items}
     first = {name: rank for rank, name in enumerate(LONGEST_UNITS)}
     # stable: files keep their order within a lane
-    items.sort(key=lambda item: (first.get(unit(item), len(first)),
+    items.sort(key=lambda item: (first.get(units[item], len(first)),
                                  LANE_ORDER.index(lanes[item]),
-                                 not uses_shared_stack(item.path)))
+                                 units[item] != E2E_STACK_GROUP))
 
 
 # -- what one test leaves behind in this process ------------------------------------------------
