@@ -48,6 +48,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from txjoin.errors import ConfigError, DecodeError, OrderingError
+from txjoin.ingest.spark import worker
 from txjoin.ingest.spark.markers import (
     ARROW_SCHEMA,
     RESERVED,
@@ -343,6 +344,7 @@ class FileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Yield the records of the planned range as Arrow batches."""
+        worker.settle()
         if isinstance(partition, CaughtUpPartition):
             return iter([caught_up_batch(partition.topics, partition.partitioned, partition.parts)])
         assert isinstance(partition, FileRangePartition)

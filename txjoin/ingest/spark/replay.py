@@ -32,6 +32,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 from txjoin.errors import RECOVER, CheckpointError
+from txjoin.ingest.spark import worker
 from txjoin.ingest.spark.markers import ARROW_SCHEMA, SCHEMA_DDL, caught_up_batch
 
 SOURCE_NAME = "txjoin_replay"
@@ -171,6 +172,7 @@ class ReplayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        worker.settle()
         assert isinstance(partition, ReplayPartition)
         if partition.topic is not None:
             if partition.topic == "":

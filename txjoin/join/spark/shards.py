@@ -36,6 +36,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from txjoin import crashpoints
 from txjoin.errors import DecodeError
 from txjoin.ingest.debezium import ChangeEvent, Position, decode
+from txjoin.ingest.spark import worker
 from txjoin.ingest.spark.kafka import KafkaFacts
 from txjoin.ingest.spark.markers import is_marker, read_markers
 from txjoin.job import Job
@@ -186,6 +187,7 @@ class ShardProcessor(StatefulProcessor):
         self.max_transaction_bytes = max_transaction_bytes
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        worker.settle()
         meta = handle.getValueState("meta", "blob binary")
         log = handle.getMapState("log", "kind int, version long, chunk int", "blob binary")
         self.store = _SparkBlobStore(meta, log)
