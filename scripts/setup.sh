@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv (Python >= 3.11), install txjoin with everything the demo and tests need, and
-# fetch its pinned JVM jars with mvn into .jars/ (scripts/jars.sh), compile its modules and
-# pyspark.zip's (scripts/pyspark_bytecode.py), then record the classes a
-# Spark driver loads into .jars/spark-driver-*.jsa (scripts/class_archive.py).
+# fetch its pinned JVM jars with mvn into .jars/ (scripts/jars.sh), compile its modules,
+# then record the classes a Spark driver loads into .jars/spark-driver-*.jsa
+# (scripts/class_archive.py).
 # Idempotent: a second run only checks. Sourced by demo.sh and test.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -33,12 +33,6 @@ bash scripts/jars.sh
 # compiling it again in each cost ~0.35 s of CPU per process (issue 34). Only changed files
 # are compiled on a second run; an edited file is compiled in memory until the next run.
 .venv/bin/python -m compileall -q -j 0 txjoin tests >/dev/null
-# The same for pyspark and py4j in the zips Spark puts first on the path of every Python
-# process it starts (workers, data source planners, each query's pre-init process): pip
-# ships them as sources only, compiled again in each process (~1.1 s of CPU; issue 34).
-# Only checks on a second run; on failure Spark's processes compile them as before.
-.venv/bin/python scripts/pyspark_bytecode.py \
-    || echo "warning: pyspark.zip left without compiled modules; Spark's Python processes start slower" >&2
 # Spark drivers start ~3 s sooner from a class-data-sharing archive (scripts/class_archive.py,
 # ~1 min once per java + jars); without one they start as before.
 # Its line goes to stderr: demo.sh --json keeps stdout for the JSON.

@@ -30,7 +30,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from txjoin.errors import SPARK_LOG_ENV, verbose
-from txjoin.jvm import class_archive_options, spark_jars
+from txjoin.jvm import class_archive_options, spark_home, spark_jars
 
 # PySpark 4.2's applyInPandasWithState serializer pads its output with all-NA rows
 # and concatenates them (pyspark/sql/pandas/serializers.py), which pandas 2.x
@@ -94,6 +94,8 @@ def get_session(
     # venv (no confluent-kafka, deltalake...). PySpark 4.2 takes the workers'
     # interpreter from this variable, not from spark.pyspark.python.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Its Python processes import PySpark from the venv, not from pyspark.zip (spark_home).
+    os.environ.setdefault("SPARK_HOME", str(spark_home()))
     inherited = os.environ.get("PYTHONWARNINGS", "")
     if _WORKER_WARNINGS not in inherited:
         os.environ["PYTHONWARNINGS"] = ",".join(w for w in (inherited, _WORKER_WARNINGS) if w)
