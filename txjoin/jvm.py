@@ -86,10 +86,10 @@ def spark_home() -> Path:
         root.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix=f"{home.name}.", dir=root))
         partial.chmod(0o755)
+        for part in SPARK_HOME_PARTS:
+            (partial / part).symlink_to(real / part, target_is_directory=True)
     except OSError:
         return real
-    for part in SPARK_HOME_PARTS:
-        (partial / part).symlink_to(real / part, target_is_directory=True)
     try:
         partial.rename(home)
     except OSError:  # made meanwhile by another process
