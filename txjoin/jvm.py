@@ -23,10 +23,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SETUP_HINT = "run `bash scripts/setup.sh` (it fetches them with mvn) or set $TXJOIN_JARS"
 
 
+def jars_root() -> Path:
+    """Where the jars' folders are (and what setup makes beside them): ``$TXJOIN_JARS``, else
+    the checkout's ``.jars``."""
+    return Path(os.environ.get(JARS_ENV) or REPO_ROOT / ".jars")
+
+
 def jars_dir(name: str) -> Path:
     """The folder of one classpath (ConfigError naming what to run if it is missing)."""
-    root = Path(os.environ.get(JARS_ENV) or REPO_ROOT / ".jars")
-    folder = root / name
+    folder = jars_root() / name
     if not folder.is_dir() or not any(folder.iterdir()):
         raise ConfigError(f"txjoin's {name} jars are missing in {folder}: {SETUP_HINT}")
     return folder
@@ -77,7 +82,7 @@ def spark_home() -> Path:
     import pyspark
 
     real = Path(pyspark.__file__).resolve().parent
-    root = Path(os.environ.get(JARS_ENV) or REPO_ROOT / ".jars")
+    root = jars_root()
     digest = hashlib.sha256(f"{real}\n{pyspark.__version__}".encode()).hexdigest()[:12]
     home = root / f"spark-home-{digest}"
     if home.is_dir():
@@ -126,8 +131,7 @@ def class_archive() -> Path:
     made_of = [str(java), str(java.stat().st_mtime_ns) if java.exists() else "",
                pyspark.__version__, str(home), jars]
     digest = hashlib.sha256("\n".join(made_of).encode()).hexdigest()[:16]
-    root = Path(os.environ.get(JARS_ENV) or REPO_ROOT / ".jars")
-    return root / f"spark-driver-{digest}.jsa"
+    return jars_root() / f"spark-driver-{digest}.jsa"
 
 
 def class_archive_options() -> str:

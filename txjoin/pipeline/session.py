@@ -94,8 +94,10 @@ def get_session(
     # venv (no confluent-kafka, deltalake...). PySpark 4.2 takes the workers'
     # interpreter from this variable, not from spark.pyspark.python.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    # Its Python processes import PySpark from the venv, not from pyspark.zip (spark_home).
-    os.environ.setdefault("SPARK_HOME", str(spark_home()))
+    # Its Python processes import PySpark from the venv, not from pyspark.zip (spark_home);
+    # a SPARK_HOME of the user's is theirs (class_archive reads the same).
+    if not os.environ.get("SPARK_HOME"):
+        os.environ["SPARK_HOME"] = str(spark_home())
     inherited = os.environ.get("PYTHONWARNINGS", "")
     if _WORKER_WARNINGS not in inherited:
         os.environ["PYTHONWARNINGS"] = ",".join(w for w in (inherited, _WORKER_WARNINGS) if w)
