@@ -30,7 +30,8 @@ NOT_SAVED = {
                   "last_effects", "batch_snapshot_rows", "batch_wire_s",  # the last batch
                   "log_version", "log_token"},  # set by the state log
     Assembler: {"tables", "snapshot",
-                "touched", "gone"},  # the last batch's changes to the open transactions
+                # the last batch's changes to the open transactions
+                "touched", "gone", "born", "added"},
     SnapshotBuffer: {"tables"},
     Frontier: set(),
     # _where, _lookup_where, _computed: the job's expressions, compiled (txjoin/expr.py)

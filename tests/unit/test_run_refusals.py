@@ -19,11 +19,11 @@ from click.testing import CliRunner
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from txjoin.cli import main
-from txjoin.errors import VERBOSE_ENV
+from txjoin.errors import VERBOSE_ENV, ConfigError
 from txjoin.job import load_job
 from txjoin.join.output import output_schema
 from txjoin.join.state_log import LAYOUT_VERSION
-from txjoin.pipeline.pipeline import LAYOUT_FILE
+from txjoin.pipeline.pipeline import LAYOUT_FILE, check_layout
 from txjoin.sinks.delta import DeltaSink, stored_schema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,3 +87,19 @@ def test_a_checkpoint_of_an_older_layout_is_refused_before_spark(tmp_path: Path)
     assert code == 2
     assert "was written by an older txjoin (state layout 1" in one_line(err)
 
+
+
+def test_a_layout_6_checkpoint_is_continued_and_then_says_7(tmp_path: Path) -> None:
+    """Layout 7 reads layout 6's log (tests/unit/test_sharding.py); the layout file says 7
+    once a run records it, so a txjoin before layout 7 refuses the checkpoint from then on."""
+    marker = tmp_path / LAYOUT_FILE
+    marker.write_text(json.dumps({"layout": 6, "shards": 2, "partitions": 2}))
+    assert check_layout(tmp_path, 2, record=False) == 2
+    assert json.loads(marker.read_text())["layout"] == 6  # only checked
+    assert check_layout(tmp_path, 2) == 2
+    assert json.loads(marker.read_text()) == {"layout": LAYOUT_VERSION, "shards": 2,
+                                              "partitions": 2}
+    marker.write_text(json.dumps({"layout": 5, "shards": 2, "partitions": 2}))
+    with pytest.raises(ConfigError, match=f"has state layout 5, this txjoin needs "
+                                          f"{LAYOUT_VERSION}"):
+        check_layout(tmp_path, 2)

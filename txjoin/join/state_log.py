@@ -52,12 +52,17 @@ from txjoin.join.shard import Effects, ShardEngine
 from txjoin.join.temporal import OutputChange
 from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
 
-LAYOUT_VERSION = 6
+LAYOUT_VERSION = 7
 """1: the whole engine as one pickled value (txjoin 0.1); 2: per-shard log + snapshots;
 3: the same, with the engine's state in named fields (``join/state.py``); 4: a segment
 carries only the open transactions its batch changed; 5: routed in the JVM (a fact event's
 digest and owner come from its JSON text; events say ``after_elsewhere``); 6: the stage
-packages (class paths in the saved state moved)."""
+packages (class paths in the saved state moved); 7: of a transaction open before its batch,
+a segment carries only the events the batch added (``Assembler.state``), not all of them."""
+
+CONTINUED_LAYOUTS = (6, LAYOUT_VERSION)
+"""Layouts this txjoin continues: a layout-6 log reads as it is (its segments carry whole
+transactions) and is layout 7 from its next segment on (txjoin before 7 then refuses it)."""
 
 CHUNK_BYTES = 8 << 20
 SNAPSHOT_MIN_ROWS = 200_000  # below this, segments are cheap to re-apply: no compaction
@@ -183,7 +188,7 @@ class ShardLog:
             return {"layout": LAYOUT_VERSION, "shards": self.n_shards, "version": 0,
                     "token": "", "snapshot": None, "snapshot_rows": 0, "since_snapshot": 0,
                     "segments": 0}
-        if meta.get("layout") != LAYOUT_VERSION:
+        if meta.get("layout") not in CONTINUED_LAYOUTS:
             raise ConfigError(
                 f"{self.where}: the checkpoint's state has layout {meta.get('layout')}, this "
                 f"txjoin needs layout {LAYOUT_VERSION}; {RECOVER}")
@@ -300,7 +305,8 @@ class ShardLog:
         assert effects is not None
         engine.last_effects = None
         size = len(effects.journal) + len(effects.snapshot_events) + len(changes)
-        meta = dict(meta, version=version, token=token, segments=meta["segments"] + 1,
+        meta = dict(meta, layout=LAYOUT_VERSION, version=version, token=token,
+                    segments=meta["segments"] + 1,
                     since_snapshot=meta["since_snapshot"] + size)
         if (meta["since_snapshot"] > max(meta["snapshot_rows"], SNAPSHOT_MIN_ROWS)
                 or meta["segments"] > MAX_SEGMENTS):

@@ -55,7 +55,7 @@ from txjoin.job import Job
 from txjoin.join.output import output_schema
 from txjoin.join.spark.routing import route
 from txjoin.join.spark.shards import OUTPUT_SCHEMA, ShardProcessor, shard_labels
-from txjoin.join.state_log import LAYOUT_VERSION
+from txjoin.join.state_log import CONTINUED_LAYOUTS, LAYOUT_VERSION
 from txjoin.sequence.assembly import IncompletePolicy
 from txjoin.sinks import Sink
 from txjoin.sinks.build import DEFAULT_RETRY_TIMEOUT_S
@@ -208,7 +208,7 @@ def check_layout(checkpoint: Path, n_shards: int | None, record: bool = True) ->
     marker = checkpoint / LAYOUT_FILE
     if marker.exists():
         recorded = json.loads(marker.read_text())
-        if recorded.get("layout") != LAYOUT_VERSION:
+        if recorded.get("layout") not in CONTINUED_LAYOUTS:
             raise ConfigError(
                 f"checkpoint {checkpoint} has state layout {recorded.get('layout')}, this txjoin "
                 f"needs {LAYOUT_VERSION}: {RECOVER}")
@@ -217,6 +217,8 @@ def check_layout(checkpoint: Path, n_shards: int | None, record: bool = True) ->
                 f"checkpoint {checkpoint} was written with --shards {recorded.get('shards')}, "
                 f"not {n_shards}: run with --shards {recorded.get('shards')} (the state is split "
                 f"by shard), or start from a new checkpoint")
+        if record and recorded["layout"] != LAYOUT_VERSION:  # continued: an older txjoin
+            marker.write_text(json.dumps({**recorded, "layout": LAYOUT_VERSION}) + "\n")
         return int(recorded.get("partitions", recorded.get("shards")))
     if (checkpoint / "offsets").exists() or (checkpoint / "state").exists():
         raise ConfigError(

@@ -125,6 +125,13 @@ class PendingTransaction:
     # partitions read to their end since END, per table of a partitioned topic
     confirmed_parts: dict[str, set[int]] = field(default_factory=dict)
 
+    # What a batch's record carries of a transaction that was open before the batch: these
+    # fields as they are after it, and the events it added (``Assembler.state``). The rest
+    # (events, identities, deliveries, run) change only in :meth:`add`, so adding the same
+    # events again to the state before the batch gives them back exactly.
+    SMALL_FIELDS = ("end", "first_ts_ms", "begins", "restarted", "confirmed",
+                    "confirmed_parts", "last_number", "per_table")
+
     def add(self, event: ChangeEvent, partitions: int = 1) -> bool:
         """Buffer an event; False when its content was already buffered.
 
@@ -158,6 +165,18 @@ class PendingTransaction:
     def touch(self, ts_ms: int | None) -> None:
         if ts_ms is not None and (self.first_ts_ms is None or ts_ms < self.first_ts_ms):
             self.first_ts_ms = ts_ms
+
+    def grown(self, added: list[tuple[ChangeEvent, int]]) -> tuple[dict[str, Any], list]:
+        """What a batch did to this transaction, open before it: its small fields and the
+        (event, partitions) it added, in order (:meth:`regrow` redoes it)."""
+        return save_fields(self, self.SMALL_FIELDS), added
+
+    def regrow(self, grown: tuple[Mapping[str, Any], list[tuple[ChangeEvent, int]]]) -> None:
+        """Redo a batch recorded by :meth:`grown` on the state this transaction had before it."""
+        small, added = grown
+        for event, partitions in added:
+            self.add(event, partitions)
+        restore_fields(self, small, self.SMALL_FIELDS)
 
     def _have(self, table: str, need: int) -> int:
         if table in self.run:
@@ -320,24 +339,45 @@ class Assembler:
         self.pending: dict[int, PendingTransaction] = {}
         self.snapshot = SnapshotBuffer(tables)
         self.duplicates = 0
-        # Since begin_batch: the open transactions changed, and those that left (taken or
-        # skipped). Not saved: what a batch's state without rows carries instead of all.
+        # Since begin_batch: the open transactions changed, those that left (taken or
+        # skipped), those that began, and the events added to the others. Not saved: what a
+        # batch's state without rows carries instead of all.
         self.touched: set[int] = set()
         self.gone: set[int] = set()
+        self.born: set[int] = set()
+        self.added: dict[int, list[tuple[ChangeEvent, int]]] = {}
 
     def begin_batch(self) -> None:
-        self.touched, self.gone = set(), set()
+        self.touched, self.gone, self.born, self.added = set(), set(), set(), {}
+
+    def _open(self, xid: int) -> PendingTransaction:
+        """The open transaction ``xid``, begun now if it is not open."""
+        tx = self.pending.get(xid)
+        if tx is None:
+            tx = self.pending[xid] = PendingTransaction(xid)
+            self.born.add(xid)
+        return tx
 
     def state(self, rows: bool = True) -> dict[str, Any]:
         """Its state by name. ``rows``: the whole of it, the snapshot's buffered rows
-        included; without: the open transactions changed since :meth:`begin_batch` and
-        those that left, so a batch's record follows the batch, not the backlog."""
+        included; without: what :meth:`begin_batch` started to follow, so a batch's record
+        follows the batch, not the backlog: the transactions that left, those that began
+        (whole), and of the others that changed only what changed (``grown``: a transaction
+        open over many batches is not recorded whole in each)."""
         if rows:
             return {**save_fields(self, self.FIELDS), "snapshot": self.snapshot.state()}
-        pending = self.pending
-        return {"changed": {x: pending[x] for x in sorted(self.touched) if x in pending},
-                "gone": sorted(self.gone), "duplicates": self.duplicates,
-                "snapshot": self.snapshot.state(rows=False)}
+        changed: dict[int, PendingTransaction] = {}
+        grown: dict[int, tuple[dict[str, Any], list]] = {}
+        for xid in sorted(self.touched):
+            tx = self.pending.get(xid)
+            if tx is None:
+                continue
+            if xid in self.born:
+                changed[xid] = tx
+            else:
+                grown[xid] = tx.grown(self.added.get(xid, []))
+        return {"changed": changed, "grown": grown, "gone": sorted(self.gone),
+                "duplicates": self.duplicates, "snapshot": self.snapshot.state(rows=False)}
 
     def restore(self, state: Mapping[str, Any], rows: bool = True) -> None:
         """Set a state of :meth:`state`; without ``rows``, apply the batch's changes to
@@ -349,6 +389,8 @@ class Assembler:
             for xid in state["gone"]:
                 self.pending.pop(xid, None)
             self.pending.update(state["changed"])
+            for xid, grown in state.get("grown", {}).items():  # none in layout 6's records
+                self.pending[xid].regrow(grown)
         self.snapshot.restore(state["snapshot"], rows)
 
     def drop(self, xid: int) -> PendingTransaction | None:
@@ -369,7 +411,9 @@ class Assembler:
             self.duplicates += 1
             return
         self.touched.add(event.xid)
-        tx = self.pending.setdefault(event.xid, PendingTransaction(event.xid))
+        tx = self._open(event.xid)
+        if event.xid not in self.born:
+            self.added.setdefault(event.xid, []).append((event, partitions))
         if not tx.add(event, partitions):
             self.duplicates += 1
 
@@ -380,7 +424,7 @@ class Assembler:
             self.duplicates += 1
             return False
         self.touched.add(marker.xid)
-        tx = self.pending.setdefault(marker.xid, PendingTransaction(marker.xid))
+        tx = self._open(marker.xid)
         tx.touch(marker.ts_ms)
         if marker.status == "BEGIN":
             tx.begins += 1
