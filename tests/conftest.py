@@ -73,6 +73,7 @@ LONGEST_UNITS = (
     "tests/spark/test_sinks.py",
     "tests/spark/test_file_source.py",
     "tests/unit/test_sharding.py",
+    "tests/unit/test_large_transactions.py",
     "tests/e2e/test_partitions.py",
 )
 """The units of work that take minutes (2-16, under two workers), longest first: they go out

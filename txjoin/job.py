@@ -20,6 +20,7 @@ declared. Errors name the job file and the lookup.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 from collections.abc import Mapping, Sequence
@@ -117,10 +118,15 @@ class Table:
     def _modes(self, raw: Mapping[str, Any], override: Modes | None) -> Modes:
         """How ``raw``'s values read: ``override`` or the job's connector settings; a row
         with its schema takes its decimals' form from the schema."""
-        modes = override or Modes(self.decimal_handling_mode or DEFAULT_DECIMAL_HANDLING_MODE,
-                                  self.time_precision_mode or DEFAULT_TIME_PRECISION_MODE,
-                                  self.binary_handling_mode or DEFAULT_BINARY_HANDLING_MODE)
+        modes = override or self.read_modes
         return modes._replace(decimal=SCHEMA_MODE) if isinstance(raw, SchemaRow) else modes
+
+    @functools.cached_property
+    def read_modes(self) -> Modes:
+        """How its values read unless a row says otherwise (gathered once, not per row)."""
+        return Modes(self.decimal_handling_mode or DEFAULT_DECIMAL_HANDLING_MODE,
+                     self.time_precision_mode or DEFAULT_TIME_PRECISION_MODE,
+                     self.binary_handling_mode or DEFAULT_BINARY_HANDLING_MODE)
 
     def _check_columns(self, raw: Mapping[str, Any], where: str, complete: bool) -> None:
         for col in raw:
@@ -140,9 +146,17 @@ class Table:
 
     def convert_key(self, raw: Mapping[str, Any], *, where: str = "") -> tuple[Any, ...]:
         """Only the primary key of a Debezium JSON row (enough for a `before`)."""
-        modes = self._modes(raw, None)
-        return tuple(convert(raw.get(k), self.columns[k], f"{where} {self.name}.{k}", modes)
-                     for k in self.key)
+        key = []
+        modes = None
+        for k in self.key:
+            value, sql_type = raw.get(k), self.columns[k]
+            fast = FAST_TYPES.get(sql_type)
+            if fast is not None and type(value) is fast:
+                key.append(value)  # already the right Python type: the common case
+                continue
+            modes = modes or self._modes(raw, None)
+            key.append(convert(value, sql_type, f"{where} {self.name}.{k}", modes))
+        return tuple(key)
 
     def key_of(self, row: Mapping[str, Any]) -> tuple[Any, ...]:
         return tuple(row.get(k) for k in self.key)

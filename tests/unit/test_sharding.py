@@ -12,7 +12,6 @@ log (the checkpoint) behaves exactly like one that never stopped.
 
 from __future__ import annotations
 
-import functools
 import zlib
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from hypothesis import strategies as st
 
 from tests.unit.strategies import deliveries, produce, split_partitions, workloads
 from tests.unit.test_properties import JOB_VARIANTS
-from txjoin.errors import ConfigError, TransactionTooLargeError, TxjoinError
+from txjoin.errors import ConfigError, TxjoinError
 from txjoin.ingest.debezium import ChangeEvent, Position
 from txjoin.join.oracle import outputs_after_each
 from txjoin.join.routing import METADATA_SIZE, Router, metadata_only, shard_of
@@ -223,49 +222,6 @@ def test_state_of_one_attempt_continues_with_another_attempts_log(data: Any) -> 
         engine, how = ShardLog(store, job, shard, 2).load(None)
         assert how == "restored"
         assert engine.outputs() == second.engines()[shard].outputs()
-
-
-@functools.cache  # both tests below read the same 200k events (~7 s CPU to build)
-@functools.cache
-def _big_transaction(events: int) -> tuple[Any, list[tuple[str, int, int, str | None]], int]:
-    """A snapshot of 20 orders, then one transaction updating them ``events`` times (made
-    once for the tests that use it: 14 s for 200,000 events here). Not to be changed."""
-    from txjoin.join.oracle import RowChange, SourceTransaction
-    from txjoin.scenarios.synthesize import Synthesizer
-    from txjoin.scenarios.workload import pizzeria_workload
-
-    job, _ = JOB_VARIANTS["orders/as_of_fact"]
-    snapshot, _txs = pizzeria_workload(0, seed=1, snapshot_orders=20)
-    orders = snapshot["public.orders"]
-    changes = [RowChange("update", "public.orders",
-                         dict(orders[i % 20], pizzas=[1 + i % 4, 1 + (i // 4) % 4]))
-               for i in range(events)]
-    synth = Synthesizer(job)
-    produced = [*synth.snapshot(snapshot), *synth.transaction(SourceTransaction("big", changes))]
-    return job, [(r.topic, 0, r.offset, r.value) for r in produced], synth.xid
-
-
-def test_a_transaction_over_the_budget_stops_with_its_xid_and_size() -> None:
-    job, records, xid = _big_transaction(200_000)
-    every = [*job.table_names, "transaction"]
-    engine = ShardedEngine(job, 2, max_transaction_bytes=8 << 20)
-    with pytest.raises(TransactionTooLargeError, match=f"transaction xid {xid} is larger than "
-                                                       f"--max-transaction-bytes {8 << 20}"):
-        for start in range(0, len(records), 50_000):  # delivered over several batches
-            engine.process(records[start:start + 50_000], every)
-
-
-def test_a_200k_event_transaction_within_the_budget_is_applied_whole() -> None:
-    job, records, _xid = _big_transaction(200_000)
-    every = [*job.table_names, "transaction"]
-    engine = ShardedEngine(job, 2, max_transaction_bytes=512 << 20)
-    emitted = []
-    for start in range(0, len(records), 50_000):
-        emitted.append(engine.process(records[start:start + 50_000], every))
-    # nothing of the transaction before its last batch; then each order's last version once
-    assert all(ch.commit_seq == 0 for batch in emitted[:-1] for ch in batch)
-    last = [ch for ch in emitted[-1] if ch.commit_seq == 1]
-    assert len(last) == 20 and engine.commit_seq == 1
 
 
 def _snapshot_records(orders: int) -> tuple[Any, Any, Any, list[tuple[str, int, int, Any]]]:

@@ -115,11 +115,10 @@ class Router:
                 for shard in range(self.n_shards)]
 
     def _shard(self, event: ChangeEvent, row: dict[str, Any]) -> int:
-        where = f"{event.position}:"
         try:
-            key = self.fact.convert_key(row, where=where)
+            key = self.fact.convert_key(row)  # the position goes in DecodeError's own fields
         except JobError as exc:
-            raise DecodeError(str(exc).removeprefix(where).strip(),
+            raise DecodeError(str(exc).strip(),
                               topic=event.position.topic, partition=event.position.partition,
                               offset=event.position.offset) from None
         return shard_of(key, self.n_shards)

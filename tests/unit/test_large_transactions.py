@@ -1,0 +1,115 @@
+"""One transaction of many events, in the partitioned engine: its budget, and its log.
+
+A transaction is buffered whole until it is complete (``--max-transaction-bytes``), and
+while it is open over many micro-batches each batch's log segment carries only what the
+batch added to it (layout 7), so a restore reads each event once. Apart from
+test_sharding.py so that scripts/test.sh's two workers can run the two files side by side.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+
+from tests.unit.test_properties import JOB_VARIANTS
+from txjoin.errors import TransactionTooLargeError
+from txjoin.join.sharded import ShardedEngine
+from txjoin.join.state_log import LAYOUT_VERSION
+
+
+@functools.cache  # the 200k events: both budget tests read them (~7 s CPU to build)
+def _big_transaction(events: int) -> tuple[Any, list[tuple[str, int, int, str | None]], int]:
+    """A snapshot of 20 orders, then one transaction updating them ``events`` times (made
+    once for the tests that use it: 14 s for 200,000 events here). Not to be changed."""
+    from txjoin.join.oracle import RowChange, SourceTransaction
+    from txjoin.scenarios.synthesize import Synthesizer
+    from txjoin.scenarios.workload import pizzeria_workload
+
+    job, _ = JOB_VARIANTS["orders/as_of_fact"]
+    snapshot, _txs = pizzeria_workload(0, seed=1, snapshot_orders=20)
+    orders = snapshot["public.orders"]
+    changes = [RowChange("update", "public.orders",
+                         dict(orders[i % 20], pizzas=[1 + i % 4, 1 + (i // 4) % 4]))
+               for i in range(events)]
+    synth = Synthesizer(job)
+    produced = [*synth.snapshot(snapshot), *synth.transaction(SourceTransaction("big", changes))]
+    return job, [(r.topic, 0, r.offset, r.value) for r in produced], synth.xid
+
+
+def test_a_transaction_over_the_budget_stops_with_its_xid_and_size() -> None:
+    job, records, xid = _big_transaction(200_000)
+    every = [*job.table_names, "transaction"]
+    engine = ShardedEngine(job, 2, max_transaction_bytes=8 << 20)
+    with pytest.raises(TransactionTooLargeError, match=f"transaction xid {xid} is larger than "
+                                                       f"--max-transaction-bytes {8 << 20}"):
+        for start in range(0, len(records), 50_000):  # delivered over several batches
+            engine.process(records[start:start + 50_000], every)
+
+
+def test_a_200k_event_transaction_within_the_budget_is_applied_whole() -> None:
+    job, records, _xid = _big_transaction(200_000)
+    every = [*job.table_names, "transaction"]
+    engine = ShardedEngine(job, 2, max_transaction_bytes=512 << 20)
+    emitted = []
+    for start in range(0, len(records), 50_000):
+        emitted.append(engine.process(records[start:start + 50_000], every))
+    # nothing of the transaction before its last batch; then each order's last version once
+    assert all(ch.commit_seq == 0 for batch in emitted[:-1] for ch in batch)
+    last = [ch for ch in emitted[-1] if ch.commit_seq == 1]
+    assert len(last) == 20 and engine.commit_seq == 1
+
+
+def test_a_transaction_open_over_many_batches_logs_each_event_once() -> None:
+    """A batch's log segment carries the events it added to a transaction that was open
+    before it, not the whole transaction again (layout 7): the segments of a transaction
+    delivered over ten batches stay the size of a batch, and a shard restored from them
+    at every batch holds exactly the state of one that never stopped."""
+    job, records, _xid = _big_transaction(10_000)
+    every = [*job.table_names, "transaction"]
+    steady, restored = ShardedEngine(job, 2), ShardedEngine(job, 2)
+    sizes = []
+    for start in range(0, len(records), 1_000):
+        chunk = records[start:start + 1_000]
+        before = [s.written for s in restored.stores]
+        assert steady.process(chunk, every) == restored.process(chunk, every,
+                                                                drop_cache=range(2))
+        sizes.append(sum(s.written for s in restored.stores) - sum(before))
+        for a, b in zip(steady.engines(), restored.engines(), strict=True):
+            assert a.state() == b.state()
+            assert a.outputs() == b.outputs()
+    assert steady.commit_seq == 1 and len(sizes) == 11
+    # the snapshot's batch aside, no segment grows with the batches before it (whole, the
+    # tenth would be ten times the first)
+    assert max(sizes[2:-1]) < 1.5 * sizes[1], sizes
+
+
+def test_a_layout_6_log_continues_under_layout_7(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log written by txjoin before layout 7 (every changed open transaction whole in
+    each segment) is read as it is and continued; from its next segment on it says 7."""
+    from txjoin.sequence.assembly import Assembler
+
+    def layout_6_state(self: Assembler, rows: bool = True) -> dict[str, Any]:
+        assert not rows
+        return {"changed": {x: self.pending[x] for x in sorted(self.touched)
+                            if x in self.pending},
+                "gone": sorted(self.gone), "duplicates": self.duplicates,
+                "snapshot": self.snapshot.state(rows=False)}
+
+    job, records, _xid = _big_transaction(10_000)
+    every = [*job.table_names, "transaction"]
+    chunks = [records[start:start + 2_000] for start in range(0, len(records), 2_000)]
+    steady, old = ShardedEngine(job, 2), ShardedEngine(job, 2)
+    with monkeypatch.context() as patch:
+        patch.setattr(Assembler, "state", layout_6_state)
+        for chunk in chunks[:3]:
+            steady.process(chunk, every)
+            old.process(chunk, every)
+    for store in old.stores:
+        assert store.meta is not None
+        store.meta["layout"] = 6
+    for chunk in chunks[3:]:
+        assert steady.process(chunk, every) == old.process(chunk, every, drop_cache=range(2))
+        assert [s.meta["layout"] for s in old.stores if s.meta] == [LAYOUT_VERSION] * 2
+    assert steady.commit_seq == 1 and steady.outputs() == old.outputs()
