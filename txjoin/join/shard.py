@@ -20,8 +20,10 @@ transactions in the same batch.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,23 @@ from txjoin.join.engine import Engine
 from txjoin.join.routing import Routed
 from txjoin.join.temporal import OutputChange, TemporalJoin
 from txjoin.sequence.assembly import IncompletePolicy, SnapshotBuffer, TopicPartitions
+
+
+@contextlib.contextmanager
+def long_lived_state() -> Iterator[None]:
+    """Run a shard's batch with the cyclic collector off, then collect only what the batch
+    allocated and move the survivors out of the collector's generations (``gc.freeze``).
+
+    A shard's state is millions of long-lived objects (rows, open transactions' events):
+    left to the collector, every full collection during a batch walks all of them again
+    (a 200,000-event transaction: ~20% of its batches' time)."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.collect(1)
+        gc.freeze()
+        gc.enable()
 
 
 def _position_key(item: ChangeEvent | TxMarker) -> tuple[str, int, int]:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from txjoin.ingest.debezium import Position, decode
 from txjoin.job import Job
 from txjoin.join.routing import Routed, Router
-from txjoin.join.shard import ShardEngine
+from txjoin.join.shard import ShardEngine, long_lived_state
 from txjoin.join.state_log import BatchResult, MemoryStore, ShardLog
 from txjoin.join.temporal import OutputChange
 from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
@@ -59,10 +59,13 @@ class ShardedEngine:
         caught = list(caught_up)
         changes: list[OutputChange] = []
         self.last = []
-        for shard, routed in enumerate(self.route(records)):
+        with long_lived_state():  # as each shard's batch runs in Spark
+            routed_by_shard = self.route(records)
+        for shard, routed in enumerate(routed_by_shard):
             log = ShardLog(self.stores[shard], self.job, shard, self.n_shards, self.policy,
                            max_transaction_bytes=self.max_transaction_bytes)
-            result = log.process(self.cache.get(shard), routed, caught, partitions)
+            with long_lived_state():
+                result = log.process(self.cache.get(shard), routed, caught, partitions)
             self.cache[shard] = result.engine
             self.last.append(result)
             changes.extend(result.changes)

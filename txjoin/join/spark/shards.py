@@ -19,7 +19,6 @@ shards really run as ``n`` parallel tasks.
 
 from __future__ import annotations
 
-import gc
 import importlib
 import json
 import pickle
@@ -42,7 +41,7 @@ from txjoin.ingest.spark.markers import is_marker, read_markers
 from txjoin.job import Job
 from txjoin.join.output import changes_to_table
 from txjoin.join.routing import METADATA_SIZE, Routed, row_digest
-from txjoin.join.shard import ShardEngine
+from txjoin.join.shard import ShardEngine, long_lived_state
 from txjoin.join.spark import host
 from txjoin.join.state_log import ShardLog
 from txjoin.join.temporal import OutputChange
@@ -291,16 +290,8 @@ def run_batch(request: tuple[bytes, int, pd.DataFrame, float, int | None],
         _PROCESSORS.clear()
         _PROCESSORS[spec] = processor
     processor.store = store
-    # The shard's state is millions of long-lived objects: keep the cyclic collector
-    # from walking it during the batch, collect only what this batch allocated, then
-    # move the survivors out of the collector's generations (gc.freeze).
-    gc.disable()
-    try:
+    with long_lived_state():
         return [processor.handle(shard, frame, started)]
-    finally:
-        gc.collect(1)
-        gc.freeze()
-        gc.enable()
 
 
 # The processor of the last request run in this process, by its pickled fields.
