@@ -15,26 +15,36 @@ from txjoin.scenarios.synthesize import Produced, SourcesSynthesizer, Synthesize
 
 TIMES = ["2023-09-23T22:00:00", "2023-09-23T23:00:00", "2023-09-24T00:30:00"]
 
+# Strategies built once: one built inside a draw is a new object each time, and Hypothesis
+# checks every new one (emptiness, recursion) before drawing from it.
+_NAMES = st.sampled_from(["Ann", "Bob", "Cid"])
+_PIZZA_NAMES = st.sampled_from(["Margherita", "Diavola", "Napoli"])
+_PRICES = st.sampled_from(["8.50", "9.00", "12.25", "9.5"])
+_TABLE_NAMES = st.sampled_from(["T1", "T2", "Patio"])
+_IDS = st.integers(1, 4)
+_TIMES = st.sampled_from(TIMES)
+_TIMES_OUT = st.sampled_from([None, *TIMES])
+_MAYBE_ID = st.one_of(st.none(), _IDS)
+_PIZZA_LISTS = st.one_of(st.none(), st.lists(st.integers(1, 5), max_size=4))
+_FULL_NAMES = st.sampled_from(["Ann Lee", "Bo Wu"])
+_COLORS = st.sampled_from(["red", "blue", "green"])
+
 PIZZERIA_ROWS: dict[str, Any] = {
-    "public.clients": lambda d, i: {"id": i, "name": d(st.sampled_from(["Ann", "Bob", "Cid"]))},
-    "public.pizzas": lambda d, i: {
-        "id": i, "name": d(st.sampled_from(["Margherita", "Diavola", "Napoli"])),
-        "price": d(st.sampled_from(["8.50", "9.00", "12.25", "9.5"]))},
-    "public.tables": lambda d, i: {"id": i, "name": d(st.sampled_from(["T1", "T2", "Patio"]))},
+    "public.clients": lambda d, i: {"id": i, "name": d(_NAMES)},
+    "public.pizzas": lambda d, i: {"id": i, "name": d(_PIZZA_NAMES), "price": d(_PRICES)},
+    "public.tables": lambda d, i: {"id": i, "name": d(_TABLE_NAMES)},
     "public.table_assignment": lambda d, i: {
-        "id": i, "client_id": d(st.integers(1, 4)), "table_id": d(st.integers(1, 4)),
-        "time_in": d(st.sampled_from(TIMES)), "time_out": d(st.sampled_from([None, *TIMES]))},
+        "id": i, "client_id": d(_IDS), "table_id": d(_IDS),
+        "time_in": d(_TIMES), "time_out": d(_TIMES_OUT)},
     "public.orders": lambda d, i: {
-        "id": i, "table_assignment_id": d(st.one_of(st.none(), st.integers(1, 4))),
-        "order_time": d(st.sampled_from(TIMES)),
-        "pizzas": d(st.one_of(st.none(), st.lists(st.integers(1, 5), max_size=4)))},
+        "id": i, "table_assignment_id": d(_MAYBE_ID), "order_time": d(_TIMES),
+        "pizzas": d(_PIZZA_LISTS)},
 }
 
 USERS_ROWS: dict[str, Any] = {
-    "public.users": lambda d, i: {"id": i, "full_name": d(st.sampled_from(["Ann Lee", "Bo Wu"]))},
+    "public.users": lambda d, i: {"id": i, "full_name": d(_FULL_NAMES)},
     "public.users_favorite_color": lambda d, i: {
-        "id": i, "user_id": d(st.one_of(st.none(), st.integers(1, 4))),
-        "favorite_color": d(st.sampled_from(["red", "blue", "green"]))},
+        "id": i, "user_id": d(_MAYBE_ID), "favorite_color": d(_COLORS)},
 }
 
 KEY_SPACE = 5

@@ -31,14 +31,17 @@ from txjoin.scenarios.synthesize import Synthesizer
 JOBS = Path(__file__).resolve().parents[2] / "jobs"
 ORDER_LINES = load_job(JOBS / "order_lines.py")
 
+# built once (see tests/unit/strategies.py)
+_ORDER_IDS = st.one_of(st.none(), st.integers(1, 5))
+_LINE_NOS = st.one_of(st.none(), st.integers(1, 3))
+_GIFTS = st.one_of(st.none(), st.booleans())
+
 CHILD_ROWS: dict[str, Any] = {
     "public.pizzas": PIZZERIA_ROWS["public.pizzas"],
     "public.orders": PIZZERIA_ROWS["public.orders"],
     "public.order_lines": lambda d, i: {
-        "id": i, "order_id": d(st.one_of(st.none(), st.integers(1, 5))),
-        "line_no": d(st.one_of(st.none(), st.integers(1, 3))),
-        "pizza_id": d(st.integers(1, 6)), "quantity": d(st.integers(0, 3)),
-        "gift": d(st.one_of(st.none(), st.booleans()))},
+        "id": i, "order_id": d(_ORDER_IDS), "line_no": d(_LINE_NOS),
+        "pizza_id": d(st.integers(1, 6)), "quantity": d(st.integers(0, 3)), "gift": d(_GIFTS)},
 }
 
 # Aggregates over the array lookup too (the order's pizzas), and a double sum.

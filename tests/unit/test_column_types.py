@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -127,18 +128,24 @@ CASES: dict[str, tuple[st.SearchStrategy[Any], Callable[[Any], Any]]] = {
 }
 
 
+# each case's arrays, built once (Hypothesis checks every strategy it has not seen before)
+ARRAYS = {case: st.lists(st.one_of(st.none(), values), max_size=3)
+          for case, (values, _encode) in CASES.items()}
+
+
 @pytest.mark.parametrize("sql_type", sorted(CASES))
 @given(data=st.data())
 def test_a_value_encoded_as_debezium_encodes_it_decodes_to_the_original(
         sql_type: str, data: st.DataObject) -> None:
     values, encode = CASES[sql_type]
+    arrays = ARRAYS[sql_type]
     sql_type, modes = _declared(sql_type)  # "<type> <connector setting>"
     value = data.draw(values)
     wire = json.loads(json.dumps(encode(value)))  # through JSON, as the converter writes it
     assert convert_value(wire, sql_type, **modes) == value
     # the readable form too
     assert convert_value(wire, sql_type, **modes) == convert_value(value, sql_type, **modes)
-    array = data.draw(st.lists(st.one_of(st.none(), values), max_size=3))
+    array = data.draw(arrays)
     wire_array = json.loads(json.dumps([None if v is None else encode(v) for v in array]))
     assert convert_value(wire_array, f"{sql_type}[]", **modes) == array
 
@@ -152,14 +159,18 @@ def test_a_decoded_value_survives_transport_and_fits_its_arrow_column(
     value = convert_value(json.loads(json.dumps(encode(data.draw(values)))), sql_type, **modes)
     row = {"v": value, "vs": [value, None]}
     assert row_from_json(row_to_json(row)) == row
-    job = Job(name="t", tables=[Table("public.t", {"id": "int", "v": sql_type,
-                                                   "vs": f"{sql_type}[]"})],
-              fact="public.t", fact_alias="t", lookups=[],
-              output=Output("out", {"id": "t.id"}, {"v": "t.v", "vs": "t.vs"}))
-    table = changes_to_table(job, [OutputChange(key=(1,), op="c", row={"id": 1, **row},
-                                                commit_seq=1, xid=5, commit_ts_ms=0)])
+    table = changes_to_table(_one_column_job(sql_type), [OutputChange(
+        key=(1,), op="c", row={"id": 1, **row}, commit_seq=1, xid=5, commit_ts_ms=0)])
     assert table.schema.field("v").type == arrow_type(sql_type)
     assert pa.types.is_list(table.schema.field("vs").type)
+
+
+@functools.cache  # one per type, not per example
+def _one_column_job(sql_type: str) -> Job:
+    return Job(name="t", tables=[Table("public.t", {"id": "int", "v": sql_type,
+                                                    "vs": f"{sql_type}[]"})],
+               fact="public.t", fact_alias="t", lookups=[],
+               output=Output("out", {"id": "t.id"}, {"v": "t.v", "vs": "t.vs"}))
 
 
 def test_interval_string_mode_equals_numeric_mode() -> None:

@@ -40,12 +40,16 @@ def ranked_job(order: str, semantics: str = "current") -> Job:
         semantics=semantics)  # type: ignore[arg-type]
 
 
+# built once (see tests/unit/strategies.py)
+_NAMES = st.sampled_from(["Ann", "Bo"])
+_COLORS = st.sampled_from(["red", "blue", "green"])
+_RANKS = st.sampled_from([None, 1, 2])  # NULLs and ties, often
+
 RANKED_ROWS: dict[str, Any] = {
-    "public.users": lambda d, i: {"id": i, "full_name": d(st.sampled_from(["Ann", "Bo"]))},
+    "public.users": lambda d, i: {"id": i, "full_name": d(_NAMES)},
     "public.users_favorite_color": lambda d, i: {
-        "id": i, "user_id": d(st.integers(1, 3)),
-        "favorite_color": d(st.sampled_from(["red", "blue", "green"])),
-        "rank": d(st.sampled_from([None, 1, 2]))},  # NULLs and ties, often
+        "id": i, "user_id": d(st.integers(1, 3)), "favorite_color": d(_COLORS),
+        "rank": d(_RANKS)},
 }
 
 VARIANTS = [(o, s) for o in ("max", "min") for s in ("current", "as_of_fact")]

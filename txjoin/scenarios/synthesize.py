@@ -52,8 +52,11 @@ class Produced:
     offset: int = -1
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))  # json.dumps would build one per call
+
+
 def _json(doc: Any) -> str:
-    return json.dumps(doc, separators=(",", ":"))
+    return _COMPACT.encode(doc)
 
 
 def _micros(value: Any) -> Any:
