@@ -149,6 +149,7 @@ class DeltaCommitter:
     def __init__(self, spark: SparkSession) -> None:
         self._spark = spark
         self._jvm: Any = spark._jvm
+        self._classes: dict[str, Any] = {}
         self._files: dict[str, tuple[int, list[tuple[str, int]]]] = {}
 
     def forget(self) -> None:
@@ -162,11 +163,11 @@ class DeltaCommitter:
         with them; ``metadata`` its ``userMetadata``; ``spark_schema`` the rows' schema as
         Delta's schema JSON. ``False``, with nothing written, if the table is not plain
         (:func:`plain`)."""
-        jvm = self._jvm
+        java = self._java
         session = self._spark._jsparkSession
         # The transaction reads its settings (empty commits recorded) from the active session.
-        jvm.org.apache.spark.sql.SparkSession.setActiveSession(session)
-        txn = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(session, path).startTransaction()
+        java("org.apache.spark.sql.SparkSession").setActiveSession(session)
+        txn = java("org.apache.spark.sql.delta.DeltaLog").forTable(session, path).startTransaction()
         table = self._table(txn, spark_schema)
         if not table.plain or (overwrite and table.append_only):
             return False
@@ -192,8 +193,8 @@ class DeltaCommitter:
                 "path": name, "partitionValues": {}, "size": size,
                 "modificationTime": int(os.path.getmtime(file) * 1000), "dataChange": True,
                 "stats": file_stats(rows)}}))
-        version = txn.commit(self._seq([jvm.org.apache.spark.sql.delta.actions.Action
-                                        .fromJson(a) for a in actions]),
+        action = java("org.apache.spark.sql.delta.actions.Action")
+        version = txn.commit(self._seq([action.fromJson(a) for a in actions]),
                              self._operation(overwrite, metadata))
         if overwrite:
             self._files[path] = (int(version), added)
@@ -218,20 +219,27 @@ class DeltaCommitter:
             self._files[path] = kept
         return kept[1]
 
+    def _java(self, name: str) -> Any:
+        """The JVM's class ``name``, looked up once: py4j resolves ``jvm.a.b.C`` one name at a
+        time, and each of ``a``, ``a.b`` is a class the JVM looks for in every jar."""
+        found = self._classes.get(name)
+        if found is None:
+            found = self._classes[name] = getattr(self._jvm, name)
+        return found
+
     def _seq(self, items: list[Any]) -> Any:
-        jvm = self._jvm
-        java_list = jvm.java.util.ArrayList()
+        java_list = self._java("java.util.ArrayList")()
         for item in items:
             java_list.add(item)
-        return jvm.scala.jdk.javaapi.CollectionConverters.asScala(java_list).toList()
+        return self._java("scala.jdk.javaapi.CollectionConverters").asScala(java_list).toList()
 
     def _operation(self, overwrite: bool, metadata: str) -> Any:
         """delta-spark's ``Write`` operation (what a DataFrame write records in the history)."""
-        jvm = self._jvm
-        none = getattr(jvm.scala, "None$").__getattr__("MODULE$")
-        mode = jvm.org.apache.spark.sql.SaveMode
+        java = self._java
+        none = java("scala.None$").__getattr__("MODULE$")
+        mode = java("org.apache.spark.sql.SaveMode")
         # Write(mode, partitionBy, predicate, userMetadata, isDynamicPartitionOverwrite,
         #       canOverwriteSchema, canMergeSchema, replaceOnCond, replaceUsingCols)
-        return jvm.org.apache.spark.sql.delta.DeltaOperations.Write(
-            mode.Overwrite if overwrite else mode.Append, none, none, jvm.scala.Some(metadata),
+        return java("org.apache.spark.sql.delta.DeltaOperations").Write(
+            mode.Overwrite if overwrite else mode.Append, none, none, java("scala.Some")(metadata),
             none, none, none, none, none)
