@@ -354,7 +354,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
         # and a two-stage count job per batch: the source alone read 73k records/s that
         # way, 83k into noop, one run each). The first pass warms the source up (its
         # Python workers, Spark's first streaming query) and is not reported.
-        labels = shard_labels(spark, n_shards, n_shards)
+        labels = shard_labels(n_shards, n_shards)
         passes = {
             "warm_up": lambda df: df,
             # the Python source alone

@@ -17,7 +17,7 @@ from txjoin.errors import DecodeError
 from txjoin.ingest.debezium import ChangeEvent, Position, decode
 from txjoin.join.routing import Router
 from txjoin.join.spark.routing import route
-from txjoin.join.spark.shards import routed_items
+from txjoin.join.spark.shards import routed_items, shard_labels, spark_hash_int
 
 pytestmark = pytest.mark.spark
 SCHEMA = "topic string, partition int, offset long, key binary, value string"
@@ -146,3 +146,21 @@ def test_schemas_enable_true_routes_like_the_schemaless_record(spark: SparkSessi
         assert (a["value"] is None) == (b["value"] is None)
         assert [a[c] for c in ("op", "tbl", "xid", "lsn", "ts_ms", "snapshot", "dco", "digest")] \
             == [b[c] for c in ("op", "tbl", "xid", "lsn", "ts_ms", "snapshot", "dco", "digest")]
+
+
+def test_shard_labels_hash_into_distinct_partitions_as_spark_hashes_them(
+        spark: SparkSession) -> None:
+    # spark_hash_int is Spark's hash() of an int, computed in Python: equal for every value
+    # tried, negatives and the extremes among them
+    values = [*range(-300, 700), 2**31 - 1, -2**31, 123456789, -987654321]
+    rows = spark.createDataFrame([(v,) for v in values], "v int") \
+        .selectExpr("v", "hash(v) AS h").collect()
+    assert {r["v"]: r["h"] for r in rows} == {v: spark_hash_int(v) for v in values}
+    # the labels land where Spark's shuffle puts them: one shard per partition while there
+    # are enough partitions, the extra shards sharing
+    for n_shards, partitions in ((1, 1), (2, 2), (3, 3), (4, 4), (8, 8), (4, 2), (2, 5)):
+        labels = shard_labels(n_shards, partitions)
+        assert len(labels) == len(set(labels)) == n_shards
+        parts = spark.createDataFrame([(label,) for label in labels], "label int") \
+            .selectExpr(f"pmod(hash(label), {partitions}) AS part").collect()
+        assert len({r["part"] for r in parts}) == min(n_shards, partitions)

@@ -346,7 +346,7 @@ class Pipeline:
         self.spark.conf.set(
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
-        labels = shard_labels(self.spark, n, partitions)
+        labels = shard_labels(n, partitions)
         processor = ShardProcessor(self.job, labels, self.config.policy,
                                    self.prefixes, uuid.uuid4().hex,
                                    kafka_facts=self.kafka_facts,
