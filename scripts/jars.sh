@@ -39,3 +39,27 @@ for name in spark kafka connect; do
     mv "$dest.tmp" "$dest"
     touch "$dest/.pom-$sum"
 done
+
+# txjoin's own Hadoop local file system (jvm/localfs: Hadoop's, without a chmod or readlink
+# process per file), compiled against pyspark's Hadoop into .jars/localfs/, on the class path
+# of txjoin's Spark drivers (txjoin.jvm.local_fs_conf). Rebuilt when its sources change;
+# without javac the sessions use Hadoop's own.
+localfs_sum=$(cat jvm/localfs/src/txjoin/hadoop/*.java | sha256sum | cut -c1-16)
+localfs_jar=.jars/localfs/txjoin-localfs-$localfs_sum.jar
+if [ ! -f "$localfs_jar" ]; then
+    rm -rf .jars/localfs
+    mkdir -p .jars/localfs
+    if command -v javac >/dev/null 2>&1 && command -v jar >/dev/null 2>&1; then
+        pyspark_jars=$(.venv/bin/python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')
+        rm -rf .jars/localfs.tmp
+        if javac --release 17 -nowarn -cp "$pyspark_jars/*" -d .jars/localfs.tmp \
+                jvm/localfs/src/txjoin/hadoop/*.java > .jars/javac-localfs.log 2>&1; then
+            jar cf "$localfs_jar" -C .jars/localfs.tmp .
+        else
+            echo "warning: could not compile jvm/localfs (log: .jars/javac-localfs.log); Spark uses Hadoop's local file system" >&2
+        fi
+        rm -rf .jars/localfs.tmp
+    else
+        echo "warning: no javac: Spark uses Hadoop's local file system (a process per file it creates)" >&2
+    fi
+fi

@@ -55,6 +55,32 @@ def spark_jars() -> str:
     return ",".join(str(jar) for jar in sorted(jars_dir("spark").glob("*.jar")))
 
 
+def local_fs_jar() -> Path | None:
+    """The jar of txjoin's Hadoop local file system (jvm/localfs), which scripts/jars.sh
+    compiles into ``.jars/localfs`` when a JDK's ``javac`` is at hand; None without it."""
+    return next(iter(sorted((jars_root() / "localfs").glob("txjoin-localfs-*.jar"))), None)
+
+
+def local_fs_conf(master: str) -> dict[str, str]:
+    """Spark settings for txjoin's Hadoop local file system (jvm/localfs), when built.
+
+    Without Hadoop's native library (pip's pyspark has none), Hadoop starts a ``chmod``
+    process for every file and directory it creates on a ``file:`` path and a ``readlink``
+    process to tell a link: ~50 processes from the driver per micro-batch (checkpoint, state
+    store, Delta's log). txjoin's file system does both in Java, with the same outcome. The
+    jar is on every driver's class path (one class archive fits them all); ``file:`` paths
+    use it only with a ``local`` master, whose tasks run in the driver: a cluster's
+    executors have no such jar."""
+    jar = local_fs_jar()
+    if jar is None:
+        return {}
+    conf = {"spark.driver.extraClassPath": str(jar)}
+    if master.startswith("local"):
+        conf["spark.hadoop.fs.file.impl"] = "txjoin.hadoop.NioLocalFileSystem"
+        conf["spark.hadoop.fs.AbstractFileSystem.file.impl"] = "txjoin.hadoop.NioLocalFs"
+    return conf
+
+
 # -- the SPARK_HOME txjoin's sessions start from -----------------------------------------------
 
 SPARK_HOME_PARTS = ("bin", "jars", "sbin")
@@ -129,7 +155,7 @@ def class_archive() -> Path:
     except ConfigError:
         jars = ""
     made_of = [str(java), str(java.stat().st_mtime_ns) if java.exists() else "",
-               pyspark.__version__, str(home), jars]
+               pyspark.__version__, str(home), jars, str(local_fs_jar() or "")]
     digest = hashlib.sha256("\n".join(made_of).encode()).hexdigest()[:16]
     return jars_root() / f"spark-driver-{digest}.jsa"
 

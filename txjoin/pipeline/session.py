@@ -30,7 +30,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from txjoin.errors import SPARK_LOG_ENV, verbose
-from txjoin.jvm import class_archive_options, spark_home, spark_jars
+from txjoin.jvm import class_archive_options, local_fs_conf, spark_home, spark_jars
 
 # PySpark 4.2's applyInPandasWithState serializer pads its output with all-NA rows
 # and concatenates them (pyspark/sql/pandas/serializers.py), which pandas 2.x
@@ -102,7 +102,11 @@ def get_session(
     if _WORKER_WARNINGS not in inherited:
         os.environ["PYTHONWARNINGS"] = ",".join(w for w in (inherited, _WORKER_WARNINGS) if w)
     conf = default_conf()
-    conf.update(extra_conf or {})
+    conf.update(local_fs_conf(master))
+    for key, value in (extra_conf or {}).items():
+        if key == "spark.driver.extraClassPath" and key in conf:
+            value = f"{value}{os.pathsep}{conf[key]}"  # theirs first, txjoin's jar kept
+        conf[key] = value
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
