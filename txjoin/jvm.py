@@ -75,7 +75,7 @@ def local_fs_conf(master: str) -> dict[str, str]:
     if jar is None:
         return {}
     conf = {"spark.driver.extraClassPath": str(jar)}
-    if master.startswith("local"):
+    if master == "local" or master.startswith("local["):  # not local-cluster[...]
         conf["spark.hadoop.fs.file.impl"] = "txjoin.hadoop.NioLocalFileSystem"
         conf["spark.hadoop.fs.AbstractFileSystem.file.impl"] = "txjoin.hadoop.NioLocalFs"
     return conf
