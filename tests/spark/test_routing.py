@@ -17,7 +17,14 @@ from txjoin.errors import DecodeError
 from txjoin.ingest.debezium import ChangeEvent, Position, decode
 from txjoin.join.routing import Router
 from txjoin.join.spark.routing import route
-from txjoin.join.spark.shards import routed_items, shard_labels, spark_hash_int
+from txjoin.join.spark.shards import (
+    LOG_KEY_SCHEMA,
+    LOG_VALUE_SCHEMA,
+    META_SCHEMA,
+    routed_items,
+    shard_labels,
+    spark_hash_int,
+)
 
 pytestmark = pytest.mark.spark
 SCHEMA = "topic string, partition int, offset long, key binary, value string"
@@ -164,3 +171,16 @@ def test_shard_labels_hash_into_distinct_partitions_as_spark_hashes_them(
         parts = spark.createDataFrame([(label,) for label in labels], "label int") \
             .selectExpr(f"pmod(hash(label), {partitions}) AS part").collect()
         assert len({r["part"] for r in parts}) == min(n_shards, partitions)
+
+
+def test_the_shards_state_schemas_are_those_checkpoints_hold(spark: SparkSession) -> None:
+    # ShardProcessor.init declares its state variables with types (no DDL parse on the
+    # state server per task); a checkpoint's state schema is what Spark made of the DDL
+    # text txjoin gave before, and a restarted query must find the same schema
+    def parsed(ddl: str) -> str:
+        return str(spark._jvm.org.apache.spark.sql.types.StructType.fromDDL(ddl).json())
+
+    assert json.loads(META_SCHEMA.json()) == json.loads(parsed("blob binary"))
+    assert json.loads(LOG_KEY_SCHEMA.json()) == json.loads(parsed("kind int, version long, "
+                                                                  "chunk int"))
+    assert json.loads(LOG_VALUE_SCHEMA.json()) == json.loads(parsed("blob binary"))

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark import cloudpickle
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
 
 from txjoin import crashpoints
 from txjoin.errors import DecodeError
@@ -51,6 +52,15 @@ if TYPE_CHECKING:
     # driver starts a Python process at each query's start to call init() (the state
     # variables' schemas), and pandas was half its imports (issue 34).
     import pandas as pd
+
+# The state variables' schemas, as Spark parses "blob binary" and "kind int, version long,
+# chunk int" (what checkpoints hold). Given as types, not DDL text: PySpark sends DDL text
+# to the JVM's state server to parse, one round trip per schema in every task.
+META_SCHEMA = StructType([StructField("blob", BinaryType())])
+LOG_KEY_SCHEMA = StructType([StructField("kind", IntegerType()),
+                             StructField("version", LongType()),
+                             StructField("chunk", IntegerType())])
+LOG_VALUE_SCHEMA = META_SCHEMA
 
 OUTPUT_SCHEMA = "shard int, changes binary, info string"
 """Per shard and batch: its output changes as Arrow IPC streams (``OUTPUT_CHUNK_ROWS`` each at
@@ -185,8 +195,8 @@ class _SparkBlobStore:
         self.written += len(blob)
         self.log.updateValue((kind, version, chunk), (blob,))
 
-    def remove(self, kind: int, version: int, chunk: int) -> None:
-        self.log.removeKey((kind, version, chunk))
+    def clear(self) -> None:
+        self.log.clear()
 
 
 class ShardProcessor(StatefulProcessor):
@@ -208,8 +218,8 @@ class ShardProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         worker.settle()
-        meta = handle.getValueState("meta", "blob binary")
-        log = handle.getMapState("log", "kind int, version long, chunk int", "blob binary")
+        meta = handle.getValueState("meta", META_SCHEMA)
+        log = handle.getMapState("log", LOG_KEY_SCHEMA, LOG_VALUE_SCHEMA)
         self.store = _SparkBlobStore(meta, log)
         self._spec: bytes | None = None
 
