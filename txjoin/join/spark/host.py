@@ -141,8 +141,8 @@ def serve_batch(conn: socket.socket, request: Any, store: Any) -> Iterator[Any]:
             store.put_meta(msg[1])
         elif op == "put":
             store.put(*msg[1:])
-        elif op == "remove":
-            store.remove(*msg[1:])
+        elif op == "clear":
+            store.clear()
         elif op == "done":
             yield from msg[1]
             return
@@ -205,8 +205,8 @@ class RemoteStore:
         self.written += len(blob)
         send(self.conn, ("put", kind, version, chunk, blob))
 
-    def remove(self, kind: int, version: int, chunk: int) -> None:
-        send(self.conn, ("remove", kind, version, chunk))
+    def clear(self) -> None:
+        send(self.conn, ("clear",))
 
 
 def _alive(pid: int) -> bool:
