@@ -680,8 +680,11 @@ def summary_data(rate: float, duration: float, generator: GeneratorThread,
     if gen is not None:
         data["achieved_tx_per_s"] = gen.transactions / max(gen.seconds, 1e-9)
     # What a p99 is made of: the batches that took longest (Spark's part) and the longest
-    # waits from one batch's start to the next one's, and when they were.
-    began = generator.started_at or progress.started
+    # waits from one batch's start to the next one's, and when they were: those of the
+    # timed changes (at_s from the timed start), the warm-up's being timed apart.
+    timed_from = progress.latency_from_ms / 1000
+    began = timed_from if 0 < timed_from < math.inf else (generator.started_at
+                                                           or progress.started)
     batches = sorted(progress.batch_times.items())
 
     def described(batch_id: int, started: float, compute: float, shards: float,
@@ -693,6 +696,7 @@ def summary_data(rate: float, duration: float, generator: GeneratorThread,
 
     listed = [described(b, *times, batches[i - 1][1][0] if i else None)
               for i, (b, times) in enumerate(batches)]
+    listed = [b for b in listed if b["at_s"] >= 0] or listed
     data["slowest_batches"] = sorted(listed, key=lambda b: -b["compute_ms"])[:SLOWEST_BATCHES]
     data["longest_gaps"] = sorted((b for b in listed if b["since_previous_ms"] is not None),
                                   key=lambda b: -b["since_previous_ms"])[:SLOWEST_BATCHES]
