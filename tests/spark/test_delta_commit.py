@@ -79,11 +79,12 @@ def test_commits_without_a_spark_job_read_back_as_dataframe_writes_do(
         tracker = spark.sparkContext.statusTracker()
         spark.sparkContext.setJobGroup("direct-commit", "no job expected")
         try:
-            assert committer.commit(str(committed), data, schema_json, meta,
-                                    overwrite=mode == "overwrite") is True
+            version = committer.commit(str(committed), data, schema_json, meta,
+                                       overwrite=mode == "overwrite")
         finally:
             spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
         assert list(tracker.getJobIdsForGroup("direct-commit")) == []
+        assert version == DeltaTable(str(committed)).version()  # the version it committed
 
     both(rows(range(0, 20), "a"), "append", '{"n": 1}')
     both(rows(range(100, 120), "b"), "append", '{"n": 2}')
@@ -123,6 +124,6 @@ def test_a_table_that_is_not_plain_is_left_to_a_dataframe_write(
     version = DeltaTable(str(path)).version()
 
     assert committer.commit(str(path), rows(range(3), "a"), _spark_schema(SCHEMA).jsonValue(),
-                            "{}", overwrite=False) is False
+                            "{}", overwrite=False) is None
     assert DeltaTable(str(path)).version() == version
     assert not list(path.glob("*.parquet"))

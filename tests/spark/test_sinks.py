@@ -25,9 +25,10 @@ from pyspark.sql import SparkSession
 from tests.fixtures import restartable_postgres
 from tests.fixtures.postgres import free_port, new_database
 from txjoin.errors import ConfigError, LineageError, ServiceError, SinkSchemaError
-from txjoin.sinks import Sink
+from txjoin.sinks import Sink, delta_commit
 from txjoin.sinks import delta as delta_sink
-from txjoin.sinks.delta import CHECKPOINT_INTERVAL, DeltaSink
+from txjoin.sinks.delta import DeltaSink
+from txjoin.sinks.delta_commit import CHECKPOINT_INTERVAL, SPARK_CHECKPOINTS_OFF
 from txjoin.sinks.lineage import Checkpoint, Lineage, check_lineage
 from txjoin.sinks.postgres import PostgresSink, mask_dsn
 
@@ -305,11 +306,12 @@ def test_delta_maintenance_compacts_without_changing_a_state_or_the_progress(
         [r["order_id"] for r in current if r["order_id"] != 2]
 
 
-def test_delta_tables_checkpoint_their_log_every_hundred_commits(
+def test_delta_tables_are_created_with_delta_sparks_checkpoints_off(
         spark: SparkSession, tmp_path: Path) -> None:
-    """Delta's default checkpoints the log inside every tenth commit, doubling that batch's
-    commit; the sink's tables (a rebuild's shadow ones too) do it every 100th, and the
-    setting stays on the sink's own session."""
+    """delta-spark checkpoints the log inside every tenth commit by default, with Spark
+    jobs that doubled that commit (and stalled the stream beside it); the sink's tables
+    (a rebuild's shadow ones too) never reach one (txjoin writes their checkpoints), and
+    the setting stays on the sink's own session."""
     sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
     sink.write(0, batch(change("c", 1, 1)))
     sink.begin_rebuild("rebuilt")
@@ -317,9 +319,40 @@ def test_delta_tables_checkpoint_their_log_every_hundred_commits(
     for path in (sink.changelog_path, sink.current_path,
                  str(sink.rebuild_root / "changelog"), str(sink.rebuild_root / "current")):
         config = DeltaTable(path).metadata().configuration
-        assert config.get("delta.checkpointInterval") == str(CHECKPOINT_INTERVAL) == "100"
+        assert config.get("delta.checkpointInterval") == SPARK_CHECKPOINTS_OFF == "2147483647"
+    assert CHECKPOINT_INTERVAL == 100
     assert spark.conf.get("spark.databricks.delta.properties.defaults.checkpointInterval",
                           None) is None
+
+
+def test_the_sink_checkpoints_its_tables_logs_and_both_readers_read_through_them(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every CHECKPOINT_INTERVAL commits (3 here) the sink writes a log checkpoint of each
+    table with delta-rs; delta-spark, reading the table afresh from that checkpoint, and
+    delta-rs see the state the commits left, and the next commits build on it."""
+    monkeypatch.setattr(delta_commit, "CHECKPOINT_INTERVAL", 3)
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
+    for b in range(7):  # versions 0 (the empty first commit) to 7 of each table
+        sink.write(b, batch(change("c", 10 + b, b + 1), change("u", 1, b + 1)),
+                   Lineage("ck", b))
+    for path in (sink.changelog_path, sink.current_path):
+        log = Path(path) / "_delta_log"
+        assert sorted(f.name for f in log.glob("*.checkpoint.parquet")) == [
+            "00000000000000000003.checkpoint.parquet", "00000000000000000006.checkpoint.parquet"]
+        assert json.loads((log / "_last_checkpoint").read_text())["version"] == 6
+    expected = sink.read_current()
+    assert sorted(r["order_id"] for r in expected) == [1, *range(10, 17)]
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # read the log afresh
+    snapshot = spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
+        spark._jsparkSession, sink.current_path).update(
+        False, spark._jvm.scala.Option.empty(), spark._jvm.scala.Option.empty())
+    assert (snapshot.version(), snapshot.checkpointProvider().version()) == (7, 6)
+    by_spark = spark.read.format("delta").load(sink.current_path).collect()
+    assert sorted((r["order_id"], r["_commit_seq"]) for r in by_spark) == \
+        sorted((r["order_id"], r["_commit_seq"]) for r in expected)
+    assert spark.read.format("delta").load(sink.changelog_path).count() == 14
+    assert sink.write(7, batch(change("d", 1, 8)), Lineage("ck", 7)) is True
+    assert sorted(r["order_id"] for r in sink.read_current()) == list(range(10, 17))
 
 
 def test_delta_upkeep_moves_an_older_table_to_the_checkpoint_interval(
@@ -336,7 +369,8 @@ def test_delta_upkeep_moves_an_older_table_to_the_checkpoint_interval(
     versions = []
     for path in (sink.changelog_path, sink.current_path):
         table = DeltaTable(path)
-        assert table.metadata().configuration["delta.checkpointInterval"] == "100"
+        assert table.metadata().configuration["delta.checkpointInterval"] == \
+            SPARK_CHECKPOINTS_OFF
         versions.append(table.version())
     assert sink.read_current() == current and sink.held() == held
     sink.maintain()

@@ -63,7 +63,12 @@ from txjoin.sinks import (
     last_change_per_key,
     sort_rows,
 )
-from txjoin.sinks.delta_commit import DeltaCommitter
+from txjoin.sinks.delta_commit import (
+    CHECKPOINT_INTERVAL_PROPERTY,
+    SPARK_CHECKPOINTS_OFF,
+    DeltaCommitter,
+    checkpoint_if_due,
+)
 from txjoin.sinks.handoff import Parcel, still_needed
 from txjoin.sinks.lineage import Held, Lineage, short
 
@@ -83,9 +88,6 @@ against 7,211 events/s and 0.21 ms per row MERGEing (the 50,000 limit before). E
 rewrite leaves the table's previous file for VACUUM (``txjoin maintain``,
 ``--maintain-every``): a MERGE of changes spread over every file leaves as much."""
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
-CHECKPOINT_INTERVAL = 100
-"""Commits between two Delta log checkpoints of the tables the sink creates."""
-_CHECKPOINT_INTERVAL = "delta.checkpointInterval"
 _LOG_RETENTION = "delta.logRetentionDuration"
 _FILE_RETENTION = "delta.deletedFileRetentionDuration"
 
@@ -180,14 +182,14 @@ def sink_session(spark: SparkSession) -> SparkSession:
     # stay on: MERGE prunes files of a large current table with them. Checksum
     # files stay on (Delta's default): without them the commit after another
     # writer's (OPTIMIZE) rebuilds the whole log state (DESIGN.md 2.2).
-    # A log checkpoint (every delta.checkpointInterval commits, 10 by default)
-    # rebuilds the table's state and writes it out inside the commit that reaches
-    # it: measured here it doubled that commit (1.4 s -> 3.7 s), every tenth. Every
-    # 100th for the tables the sink creates: the steady commit also got cheaper
-    # (mean 1.52 s -> 1.27 s over 90 commits of 20 changes; the log a commit reads
-    # since the last checkpoint stays small).
+    # delta-spark's log checkpoint (every delta.checkpointInterval commits, 10 by
+    # default) rebuilds the table's state and writes it out with Spark jobs inside the
+    # commit that reaches it: 1.4 s -> 3.7 s for that commit on an idle machine, 10 s
+    # beside a stream. The tables the sink creates never reach one; the sink writes
+    # their checkpoints with delta-rs every CHECKPOINT_INTERVAL commits
+    # (delta_commit.checkpoint_if_due), and maintain() moves older tables to that.
     session.conf.set("spark.databricks.delta.properties.defaults.checkpointInterval",
-                     str(CHECKPOINT_INTERVAL))  # and maintain() moves older ones
+                     SPARK_CHECKPOINTS_OFF)
     # A range without changes still commits (its lineage is the sink's progress):
     # Delta drops a commit with no action unless told not to (the app transaction
     # the sink no longer records used to be that action).
@@ -338,9 +340,11 @@ class DeltaSink:
         if self._committer is None:
             self._committer = DeltaCommitter(self.spark)
         rows = rows.cast(schema)
-        if not self._committer.commit(path, rows, _spark_schema(schema).jsonValue(), metadata,
-                                      overwrite=mode == "overwrite"):
+        version = self._committer.commit(path, rows, _spark_schema(schema).jsonValue(),
+                                         metadata, overwrite=mode == "overwrite")
+        if version is None:
             self._save(self._frame(rows), path, mode, metadata)
+        checkpoint_if_due(path, version)
 
     def write(self, batch_id: int, changes: pa.Table, lineage: Lineage | None = None) -> bool:
         """Append ``changes`` to the changelog, then merge them into the current table (one
@@ -438,6 +442,7 @@ class DeltaSink:
             merge.execute()
         finally:
             conf.unset(_USER_METADATA)
+        checkpoint_if_due(path)
 
     def _current_rows(self, path: str) -> pa.Table | None:
         """The current table's rows, read once and then kept as the sink commits; ``None``
@@ -461,14 +466,15 @@ class DeltaSink:
         files no version of the last ``retention_hours`` hours needs: time travel keeps
         working inside the retention, not beyond it. Delta refuses a retention under its
         7-day safety floor (a reader running longer could lose files); a retention the
-        user sets explicitly lifts it for this sink's session. The log checkpoints and
-        expires itself as it is written (``delta.checkpointInterval``, every
-        ``CHECKPOINT_INTERVAL`` commits, set on older tables here;
+        user sets explicitly lifts it for this sink's session. The sink checkpoints and
+        expires the log as it writes (every ``CHECKPOINT_INTERVAL`` commits, with delta-rs:
+        ``delta_commit.checkpoint_if_due``; older tables, which delta-spark checkpointed
+        inside a commit, are moved to that here; log entries are kept
         ``delta.logRetentionDuration``, 30 days by default): with ``retention_hours`` the
         log keeps the same window as the data files (set once, in a table property), so
-        time travel reaches exactly as far back as the retention. Delta expires log
-        entries at a checkpoint, to the start of a day: the log is bounded by a day's
-        commits plus the retention, not by the retention alone. Run between batches, never
+        time travel reaches exactly as far back as the retention. A checkpoint expires the
+        log entries before it that are older than the retention: the log is bounded by the
+        retention plus ``CHECKPOINT_INTERVAL`` commits. Run between batches, never
         beside a writer: OPTIMIZE and a concurrent MERGE would conflict.
         """
         from delta.tables import DeltaTable as SparkDeltaTable
@@ -478,7 +484,7 @@ class DeltaSink:
         if retention_hours is not None:
             self.spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled",
                                 "false")
-        wanted = {_CHECKPOINT_INTERVAL: str(CHECKPOINT_INTERVAL)}
+        wanted = {CHECKPOINT_INTERVAL_PROPERTY: SPARK_CHECKPOINTS_OFF}
         if retention_hours is not None:
             # The log keeps the data files' window, and so does the deleted-file retention
             # (Delta wants the log to keep at least as long).
@@ -505,8 +511,8 @@ class DeltaSink:
                         wanted: dict[str, str]) -> None:
         """Table properties ``wanted`` on the table at ``path`` (whose properties are
         ``config``), in one metadata commit with no row change, unless it has them already;
-        tables created before a setting came (``CHECKPOINT_INTERVAL``) get it at their next
-        upkeep."""
+        tables created before a setting came (``SPARK_CHECKPOINTS_OFF``) get it at their
+        next upkeep."""
         if all(config.get(key) == value for key, value in wanted.items()):
             return
         assignments = ", ".join(f"'{key}' = '{value}'" for key, value in wanted.items())

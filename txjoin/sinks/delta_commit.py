@@ -7,10 +7,12 @@ its list of files to remove), and each write is several Spark jobs (DESIGN.md 2.
 sink already holds the rows a commit writes, as Arrow. So this writes them as one Parquet
 file with pyarrow, in the table's folder, and commits the file through delta-spark's
 ``OptimisticTransaction`` (``DeltaLog.startTransaction().commit(actions, Write(...))``):
-the same transaction, conflict check, commit info (``userMetadata``), checksum file and
-log checkpoints as a DataFrame write, with the files to remove (an overwrite) known from
-the sink's own last commit or read with delta-rs, never by rebuilding the log state.
-Measured with ``scripts/delta_commit_cost.py``: see ``docs/benchmarks.md``.
+the same transaction, conflict check, commit info (``userMetadata``) and checksum file as a
+DataFrame write, with the files to remove (an overwrite) known from the sink's own last
+commit or read with delta-rs, never by rebuilding the log state. Measured with
+``scripts/delta_commit_cost.py``: see ``docs/benchmarks.md``. The log checkpoints of the
+sink's tables are written with delta-rs too (:func:`checkpoint_if_due`), not by
+delta-spark's Spark jobs inside a commit.
 
 Only tables this can write exactly as delta-spark would are written this way
 (:func:`plain`): unpartitioned, no column mapping, no CHECK constraint, no change data
@@ -42,6 +44,17 @@ from deltalake import DeltaTable
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+CHECKPOINT_INTERVAL = 100
+"""Commits between two log checkpoints of the tables the sink creates (written by txjoin:
+:func:`checkpoint_if_due`)."""
+SPARK_CHECKPOINTS_OFF = str(2**31 - 1)
+"""``delta.checkpointInterval`` of a table whose log checkpoints txjoin writes. delta-spark
+checkpoints a table inside the commit whose version is a multiple of that property, with
+Spark jobs (a log state reconstruction, a Parquet write): 3.7 s on an idle machine, 10 s
+beside a stream at 500 tx/s, where that commit stalled the stream for 2.7 s. At the
+property's largest value delta-spark never reaches one."""
+CHECKPOINT_INTERVAL_PROPERTY = "delta.checkpointInterval"
 
 PLAIN_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "timestampNtz"})
 """Table features of a table this module writes: the ones delta-spark gives a table created
@@ -157,12 +170,12 @@ class DeltaCommitter:
         self._files.clear()
 
     def commit(self, path: str, rows: pa.Table, spark_schema: dict[str, Any], metadata: str,
-               overwrite: bool) -> bool:
+               overwrite: bool) -> int | None:
         """One commit to the Delta table at ``path``: append ``rows`` (in the table's Arrow
         schema as stored, nullability included) or (``overwrite``) replace the table's rows
         with them; ``metadata`` its ``userMetadata``; ``spark_schema`` the rows' schema as
-        Delta's schema JSON. ``False``, with nothing written, if the table is not plain
-        (:func:`plain`)."""
+        Delta's schema JSON. The version committed; ``None``, with nothing written, if the
+        table is not plain (:func:`plain`)."""
         java = self._java
         session = self._spark._jsparkSession
         # The transaction reads its settings (empty commits recorded) from the active session.
@@ -170,7 +183,7 @@ class DeltaCommitter:
         txn = java("org.apache.spark.sql.delta.DeltaLog").forTable(session, path).startTransaction()
         table = self._table(txn, spark_schema)
         if not table.plain or (overwrite and table.append_only):
-            return False
+            return None
         now = int(time.time() * 1000)
         actions: list[str] = []
         if overwrite:
@@ -200,7 +213,7 @@ class DeltaCommitter:
             self._files[path] = (int(version), added)
         elif path in self._files and self._files[path][0] == table.version:
             self._files[path] = (int(version), self._files[path][1] + added)
-        return True
+        return int(version)
 
     def _table(self, txn: Any, spark_schema: dict[str, Any]) -> _Table:
         meta = json.loads(txn.metadata().json())["metaData"]
@@ -243,3 +256,54 @@ class DeltaCommitter:
         return java("org.apache.spark.sql.delta.DeltaOperations").Write(
             mode.Overwrite if overwrite else mode.Append, none, none, java("scala.Some")(metadata),
             none, none, none, none, none)
+
+
+def checkpoint_if_due(path: str, version: int | None = None) -> bool:
+    """After a commit (of ``version``, if known) to the Delta table at ``path``: once
+    ``CHECKPOINT_INTERVAL`` commits have passed since the table's last log checkpoint, write
+    one at its latest version with delta-rs, then expire the log entries older than the
+    table's ``delta.logRetentionDuration`` (what delta-spark does at a checkpoint). 11 ms
+    for a 100-commit log here, against delta-spark's Spark jobs (:data:`SPARK_CHECKPOINTS_OFF`).
+    Only tables whose checkpoints are txjoin's (their ``delta.checkpointInterval`` is
+    ``SPARK_CHECKPOINTS_OFF``); delta-spark checkpoints any other itself. Whether it wrote
+    one. A reader sees the same table through the checkpoint as through the commits: it is
+    their state, written before ``_last_checkpoint`` points to it."""
+    if version is not None and version - _last_checkpoint(path) < CHECKPOINT_INTERVAL:
+        return False
+    table = DeltaTable(path)
+    ours = table.metadata().configuration.get(CHECKPOINT_INTERVAL_PROPERTY)
+    if ours != SPARK_CHECKPOINTS_OFF or \
+            table.version() - _last_checkpoint(path) < CHECKPOINT_INTERVAL:
+        return False
+    table.create_checkpoint()
+    table.cleanup_metadata()
+    _expire_checksums(Path(path) / "_delta_log")
+    return True
+
+
+def _expire_checksums(log: Path) -> None:
+    """delta-rs's cleanup removes the expired commits (and checkpoints) but not their
+    checksum files, which delta-spark's removes with them: Delta's ``NNN.crc`` of a
+    version older than the oldest commit left, and Hadoop's hidden ``.NAME.crc`` of a file
+    that is gone."""
+    versions = [int(f.name[:20]) for f in log.glob("[0-9]*.json") if f.name[:20].isdigit()]
+    if not versions:
+        return
+    oldest = min(versions)
+    for file in log.iterdir():
+        name = file.name
+        if name.startswith(".") and name.endswith(".crc"):
+            gone = not (log / name[1:-len(".crc")]).exists()
+        else:
+            gone = name.endswith(".crc") and name[:20].isdigit() and int(name[:20]) < oldest
+        if gone:
+            file.unlink(missing_ok=True)
+
+
+def _last_checkpoint(path: str) -> int:
+    """The version of the table's last log checkpoint (0: none yet)."""
+    try:
+        last = json.loads((Path(path) / "_delta_log" / "_last_checkpoint").read_text())
+        return int(last["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
