@@ -81,3 +81,24 @@ def test_a_table_delta_spark_checkpoints_itself_is_left_to_it(
         path, v, {"delta.checkpointInterval": "100"} if v == 0 else None))
         for v in range(5)] == [False] * 5
     assert _checkpoints(path) == []
+
+
+def test_a_checkpoint_that_fails_is_a_warning_and_the_table_stays_readable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(delta_commit, "CHECKPOINT_INTERVAL", 2)
+    path = tmp_path / "t"
+    for v in range(2):
+        _commit(path, v, {"delta.checkpointInterval": SPARK_CHECKPOINTS_OFF} if v == 0 else None)
+
+    def refused(self: DeltaTable) -> None:
+        raise OSError("No space left\non device")
+
+    monkeypatch.setattr(DeltaTable, "create_checkpoint", refused)
+    with caplog.at_level("WARNING", logger="txjoin.delta"):
+        assert checkpoint_if_due(str(path), _commit(path, 2)) is False
+    assert [r.getMessage() for r in caplog.records] == [
+        f"delta sink: no log checkpoint of {path} at version 2 (No space left on device); "
+        "the table is intact and readers read its commits; tried again at its next commit"]
+    assert _checkpoints(path) == []
+    assert sorted(DeltaTable(path).to_pyarrow_table().column("a").to_pylist()) == [0, 1, 2]
