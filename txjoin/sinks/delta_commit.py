@@ -296,14 +296,18 @@ def _expire_checksums(log: Path) -> None:
     """delta-rs's cleanup removes the expired commits (and checkpoints) but not their
     checksum files, which delta-spark's removes with them: Delta's ``NNN.crc`` of a
     version older than the oldest commit left, and Hadoop's hidden ``.NAME.crc`` of a file
-    that is gone."""
+    that is gone. Also Hadoop's checksum of ``_last_checkpoint``, which delta-spark wrote
+    (an older table) and delta-rs has just rewritten without one: Hadoop's local file
+    system checks a file against its checksum when it reads it."""
     versions = [int(f.name[:20]) for f in log.glob("[0-9]*.json") if f.name[:20].isdigit()]
     if not versions:
         return
     oldest = min(versions)
     for file in log.iterdir():
         name = file.name
-        if name.startswith(".") and name.endswith(".crc"):
+        if name == "._last_checkpoint.crc":
+            gone = True
+        elif name.startswith(".") and name.endswith(".crc"):
             gone = not (log / name[1:-len(".crc")]).exists()
         else:
             gone = name.endswith(".crc") and name[:20].isdigit() and int(name[:20]) < oldest
