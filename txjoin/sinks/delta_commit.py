@@ -273,12 +273,12 @@ def checkpoint_if_due(path: str, version: int | None = None) -> bool:
     their state, written before ``_last_checkpoint`` points to it. One that fails (a
     table delta-rs cannot write, say) is a one-line warning, not an error: the commit is
     in, and a reader reads the commits since the last checkpoint."""
-    if version is not None and version - _last_checkpoint(path) < CHECKPOINT_INTERVAL:
+    last = _last_checkpoint(path)
+    if version is not None and version - last < CHECKPOINT_INTERVAL:
         return False
     table = DeltaTable(path)
     ours = table.metadata().configuration.get(CHECKPOINT_INTERVAL_PROPERTY)
-    if ours != SPARK_CHECKPOINTS_OFF or \
-            table.version() - _last_checkpoint(path) < CHECKPOINT_INTERVAL:
+    if ours != SPARK_CHECKPOINTS_OFF or table.version() - last < CHECKPOINT_INTERVAL:
         return False
     try:
         table.create_checkpoint()
