@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from txjoin.sinks.handoff import DeltaCommitter, Handoff, Parcel, still_needed
+from txjoin.sinks.handoff import GroupCommitter, Handoff, Parcel, still_needed
 from txjoin.sinks.lineage import Lineage
 
 pytestmark = pytest.mark.unit
@@ -163,7 +163,7 @@ def test_delta_holds_every_batch_once_and_readers_see_only_batch_boundaries(
         return False
 
     for _ in range(len(kills) + 1):  # one run per kill, then one that finishes
-        committer = DeltaCommitter(delta, DyingHandoff(directory), interval_s=3600)
+        committer = GroupCommitter(delta, DyingHandoff(directory), interval_s=3600)
         try:
             committer.recover()  # what a killed run left, before the query starts
             for b in range(spark_committed + 1, len(numbered)):
@@ -185,7 +185,7 @@ def test_delta_holds_every_batch_once_and_readers_see_only_batch_boundaries(
             DyingHandoff.kill_on_remove = False
             continue
     else:
-        committer = DeltaCommitter(delta, Handoff(directory), interval_s=3600)
+        committer = GroupCommitter(delta, Handoff(directory), interval_s=3600)
         committer.recover()
 
     changelog, current = expected_after(numbered, len(numbered))
@@ -204,7 +204,7 @@ def test_delta_holds_every_batch_once_and_readers_see_only_batch_boundaries(
 def test_a_replayed_batch_is_rewritten_whole_and_committed_once(tmp_path) -> None:
     delta = ModelDelta()
     handoff = Handoff(tmp_path)
-    committer = DeltaCommitter(delta, handoff, interval_s=3600)
+    committer = GroupCommitter(delta, handoff, interval_s=3600)
     rows = [(1, 5, 1), (2, 6, 2)]
     committer.put(parcel(0, rows))
     committer.put(parcel(0, rows))  # Spark re-ran batch 0 after a crash
@@ -222,7 +222,7 @@ def test_a_replayed_batch_is_rewritten_whole_and_committed_once(tmp_path) -> Non
 def test_the_committer_groups_batches_and_waits_the_interval(tmp_path) -> None:
     delta = ModelDelta()
     commits = []
-    committer = DeltaCommitter(delta, Handoff(tmp_path), interval_s=0.6,
+    committer = GroupCommitter(delta, Handoff(tmp_path), interval_s=0.6,
                                on_commit=commits.append)
     committer.start()
     try:
@@ -244,7 +244,7 @@ def test_the_committer_groups_batches_and_waits_the_interval(tmp_path) -> None:
 def test_a_full_handoff_makes_the_stream_wait_for_delta(tmp_path) -> None:
     delta = ModelDelta()
     delta.gate = threading.Event()  # Delta is slow: its first commit hangs until the gate
-    committer = DeltaCommitter(delta, Handoff(tmp_path), interval_s=0, max_batches=2)
+    committer = GroupCommitter(delta, Handoff(tmp_path), interval_s=0, max_batches=2)
     committer.start()
     try:
         committer.put(parcel(0, [(1, 1, 1)]))  # the committer takes it and hangs
@@ -268,7 +268,7 @@ def test_a_failing_delta_commit_stops_the_stream_and_keeps_the_batches(tmp_path)
     delta = ModelDelta()
     delta.fail = RuntimeError("delta sink: disk full")
     handoff = Handoff(tmp_path)
-    committer = DeltaCommitter(delta, handoff, interval_s=0)
+    committer = GroupCommitter(delta, handoff, interval_s=0)
     committer.start()
     committer.put(parcel(0, [(1, 1, 1)]))
     with pytest.raises(RuntimeError, match="disk full"):
@@ -278,13 +278,13 @@ def test_a_failing_delta_commit_stops_the_stream_and_keeps_the_batches(tmp_path)
     committer.close(flush=False)
     assert handoff.stored() == [0]  # left for the next run
     delta.fail = None
-    DeltaCommitter(delta, handoff).recover()
+    GroupCommitter(delta, handoff).recover()
     assert delta.changelog == [(1, 1, 1)]
 
 
 def test_upkeep_runs_between_group_commits(tmp_path) -> None:
     delta = ModelDelta()
-    committer = DeltaCommitter(delta, Handoff(tmp_path), interval_s=3600, maintain_every=3)
+    committer = GroupCommitter(delta, Handoff(tmp_path), interval_s=3600, maintain_every=3)
     for b in range(7):
         committer.put(parcel(b, [(b, b, b + 1)]))
         committer.flush()
@@ -293,7 +293,7 @@ def test_upkeep_runs_between_group_commits(tmp_path) -> None:
 
 
 def test_lag_counts_batches_not_yet_in_delta(tmp_path) -> None:
-    committer = DeltaCommitter(ModelDelta(), Handoff(tmp_path), interval_s=3600)
+    committer = GroupCommitter(ModelDelta(), Handoff(tmp_path), interval_s=3600)
     assert committer.lag() == (0, 0.0)
     committer.put(parcel(0, []))
     committer.put(parcel(1, [(1, 1, 1)]))

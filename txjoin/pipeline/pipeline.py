@@ -64,8 +64,8 @@ from txjoin.sinks.handoff import (
     DEFAULT_INTERVAL_S,
     DEFAULT_MAX_BATCHES,
     DEFAULT_MAX_BYTES,
-    DeltaCommitter,
     GroupCommit,
+    GroupCommitter,
     Handoff,
     Parcel,
 )
@@ -299,9 +299,9 @@ class Pipeline:
         self.on_sink_commit = on_sink_commit
         delta = next((s for s in sinks if isinstance(s, DeltaSink)), None)
         self.inline = [s for s in sinks if s is not delta]  # they commit in the batch
-        self.committer: DeltaCommitter | None = None
+        self.committer: GroupCommitter | None = None
         if delta is not None:
-            self.committer = DeltaCommitter(
+            self.committer = GroupCommitter(
                 delta, Handoff(self.checkpoint), interval_s=config.delta_commit_interval_s,
                 max_batches=config.delta_handoff_max_batches,
                 max_bytes=config.delta_handoff_max_bytes, maintain_every=config.maintain_every,
@@ -475,7 +475,7 @@ class PipelineQuery:
     Everything else is the ``StreamingQuery``'s.
     """
 
-    def __init__(self, query: StreamingQuery, committer: DeltaCommitter | None) -> None:
+    def __init__(self, query: StreamingQuery, committer: GroupCommitter | None) -> None:
         self.query = query
         self._committer = committer
 

@@ -28,7 +28,7 @@ pending as one commit per Delta table, at most every ``interval_s`` seconds.
   sinks' lineage is compared with the checkpoint.
 
 The storage (:class:`Handoff`), the choice of what each table still needs
-(:func:`still_needed`) and the committer (:class:`DeltaCommitter`) need no
+(:func:`still_needed`) and the committer (:class:`GroupCommitter`) need no
 Spark: the committer drives any :class:`GroupWriter`.
 """
 
@@ -188,7 +188,7 @@ class Handoff:
             _fsync_dir(self.directory)
 
 
-class DeltaCommitter:
+class GroupCommitter:
     """Commits the hand-off's batches to one Delta sink in groups (see the module docstring).
 
     ``put`` is called by ``foreachBatch``; ``start`` runs the committer thread;
