@@ -73,3 +73,24 @@ def test_no_warm_up_times_every_change() -> None:
     progress = _warming(0, 0)
     assert progress.timed.is_set() and progress.kept_pace is None
     assert progress.latency_from_ms == BEGAN * 1000
+
+
+def test_the_warm_up_runs_its_least_micro_batches_within_its_most() -> None:
+    progress = JobProgress("orders")
+    progress.start_warm_up(BEGAN, 10, 60, least_batches=30)
+    # paced from the start, past its least seconds at batch 20: still warming
+    for batch_id in range(29):
+        _batch(progress, batch_id, batch_id * 0.5)
+        assert not progress.timed.is_set(), batch_id
+    _batch(progress, 29, 14.5)  # the 30th batch started within the warm-up
+    assert progress.timed.is_set() and progress.kept_pace is True
+    assert progress.warm_up_batches == 30
+    assert progress.latency_from_ms == (BEGAN + 14.5 + 0.5) * 1000
+    # too few batches by its most: timed from there, as a stream that never kept pace
+    slow = JobProgress("orders")
+    slow.start_warm_up(BEGAN, 10, 60, least_batches=30)
+    for batch_id in range(20):
+        _batch(slow, batch_id, batch_id * 2.5)  # paced (within PACE_GAP_S) but slow
+    assert not slow.timed.is_set()
+    _batch(slow, 20, 59.6)  # finished at 60.1 s
+    assert slow.timed.is_set() and slow.kept_pace is False and slow.warm_up_batches == 21

@@ -63,6 +63,13 @@ PACE_GAP_S = 2.0
 """The stream keeps pace once ``PACE_BATCHES`` micro-batches in a row each started at most
 ``PACE_GAP_S`` after the one before (``RunConfig.trigger_interval``, 200 ms by default, is
 the least; a batch that takes longer starts the next one when it ends)."""
+WARM_UP_BATCHES = 50
+"""Micro-batches the warm-up runs at least (``--warm-up-batches``). A new driver's JIT
+compiles Spark's per-batch code as batches run it, so the first batches are slow for
+their count, not for the seconds: at 50 transactions/s (2026-11-28, medians of each 10
+batches' trigger time, two new drivers) 564-677, 398-452, 386-411, 350-384, 302-325 ms
+over the first 50 batches, then 270-345 ms, ~250 ms after 100. Timing from the 8th batch
+(a 10 s warm-up on a cold machine) put those first batches' waits in the timed p99."""
 WARM_UP_MAX_S = 60.0
 """The longest warm-up by default (``--warm-up-max``; never less than ``--warm-up``): timing
 starts then, paced or not, and the summary says which (``warm_up.kept_pace``)."""
@@ -177,6 +184,8 @@ class JobProgress:
     # warm_up_max_s; timed is set when it ends (latency_from_ms is then final)
     warm_up_min_s: float = 0.0
     warm_up_max_s: float = 0.0
+    warm_up_min_batches: int = 0
+    warm_up_batches: int = 0  # micro-batches that started within the warm-up
     kept_pace: bool | None = None
     timed: threading.Event = field(default_factory=threading.Event, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -213,12 +222,15 @@ class JobProgress:
             self._end_warm_up(report.finished_at)
         self.first_batch.set()
 
-    def start_warm_up(self, at: float, least_s: float, most_s: float) -> None:
+    def start_warm_up(self, at: float, least_s: float, most_s: float,
+                      least_batches: int = 0) -> None:
         """The workload began writing at ``at`` (unix s): changes are timed from the end of a
-        warm-up of ``least_s`` to ``most_s`` (none when ``most_s`` is 0)."""
+        warm-up of ``least_s`` (and ``least_batches`` micro-batches) to ``most_s`` (none
+        when ``most_s`` is 0)."""
         with self.lock:
             self.warm_up_from_ms = at * 1000
             self.warm_up_min_s, self.warm_up_max_s = least_s, most_s
+            self.warm_up_min_batches = least_batches
             self.latency_from_ms = math.inf
             if most_s <= 0:
                 self._time_from(at, None)
@@ -230,12 +242,15 @@ class JobProgress:
                 self._time_from(now, False)
 
     def _end_warm_up(self, now: float) -> None:
-        """After a batch (under the lock): end the warm-up if it lasted its least and the
-        stream keeps pace, or if it lasted its most."""
+        """After a batch (under the lock): end the warm-up if it lasted its least (seconds
+        and micro-batches) and the stream keeps pace, or if it lasted its most."""
         if self.warm_up_from_ms is None or self.timed.is_set():
             return
         began = self.warm_up_from_ms / 1000
-        if now - began < self.warm_up_min_s:
+        self.warm_up_batches = sum(1 for t in self.batch_times.values() if t[0] >= began)
+        if now - began < self.warm_up_max_s and (
+                now - began < self.warm_up_min_s
+                or self.warm_up_batches < self.warm_up_min_batches):
             return
         starts = [t[0] for _, t in sorted(self.batch_times.items())[-(PACE_BATCHES + 1):]]
         paced = (len(starts) == PACE_BATCHES + 1 and starts[0] >= began
@@ -438,7 +453,8 @@ def _ms(value: float | None) -> str:
               help="Seconds the workload writes after the warm-up, timed.")
 @click.option("--warm-up", type=click.FloatRange(min=0), default=WARM_UP_S, show_default=True,
               help="Seconds the workload writes at least before the timed --duration, at the "
-                   f"same rate; then until the stream keeps pace ({PACE_BATCHES} micro-batches "
+                   "same rate, and at least --warm-up-batches micro-batches; then until the "
+                   f"stream keeps pace ({PACE_BATCHES} micro-batches "
                    f"in a row, each started within {PACE_GAP_S:g} s of the one before), up to "
                    "--warm-up-max: a fresh "
                    "driver's first batches (class loading, compiling, Python workers "
@@ -447,6 +463,11 @@ def _ms(value: float | None) -> str:
 @click.option("--warm-up-max", type=click.FloatRange(min=0), default=WARM_UP_MAX_S,
               show_default=True,
               help="Seconds the warm-up lasts at most (at least --warm-up), paced or not.")
+@click.option("--warm-up-batches", type=click.IntRange(min=0), default=WARM_UP_BATCHES,
+              show_default=True,
+              help="Micro-batches the warm-up runs at least (within --warm-up-max): a new "
+                   "driver's JIT compiles Spark's per-batch code as batches run, and its "
+                   "first ~50 batches take up to twice as long as later ones.")
 @click.option("--rate", type=float, default=50.0, show_default=True,
               help="Workload transactions per second.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -463,9 +484,9 @@ def _ms(value: float | None) -> str:
                    "leg by leg (Debezium, Kafka, waiting for a batch, Spark's and the "
                    "shards' part of the batch, the sink), events_per_s and end_to_end_s, "
                    "verify results); progress goes to stderr.")
-def demo(directory: Path, duration: float, warm_up: float, warm_up_max: float, rate: float,
-         seed: int, writers: int, orders_only: bool, master: str, plain: bool,
-         as_json: bool) -> None:
+def demo(directory: Path, duration: float, warm_up: float, warm_up_max: float,
+         warm_up_batches: int, rate: float, seed: int, writers: int, orders_only: bool,
+         master: str, plain: bool, as_json: bool) -> None:
     """Start the stack, write a live workload, stream it through txjoin, verify, summarise.
 
     The stack keeps running afterwards (`txjoin down` stops it). Exit code 0 when every sink
@@ -475,7 +496,7 @@ def demo(directory: Path, duration: float, warm_up: float, warm_up_max: float, r
     try:
         summary = run_demo(directory, duration, rate, seed, writers, orders_only, master,
                            plain or as_json, console, warm_up=warm_up,
-                           warm_up_max=warm_up_max)
+                           warm_up_max=warm_up_max, warm_up_batches=warm_up_batches)
     except TxjoinError as exc:
         click.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(exc.exit_code)
@@ -487,7 +508,8 @@ def demo(directory: Path, duration: float, warm_up: float, warm_up_max: float, r
 def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, writers: int = 2,
              orders_only: bool = False, master: str = "local[2]", plain: bool = False,
              console: Console | None = None, warm_up: float = WARM_UP_S,
-             warm_up_max: float = WARM_UP_MAX_S) -> dict[str, Any]:
+             warm_up_max: float = WARM_UP_MAX_S,
+             warm_up_batches: int = WARM_UP_BATCHES) -> dict[str, Any]:
     """The demo; its summary (``summary_data``), ``ok`` when every verification passed."""
     from txjoin.job import load_job
     from txjoin.pipeline.pipeline import RunConfig
@@ -527,12 +549,13 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
     orders = jobs[0]
     progress = JobProgress(orders.name)
 
-    # The warm-up: at least warm_up, then until the stream keeps pace, at most warm_up_max.
+    # The warm-up: at least warm_up and warm_up_batches, then until the stream keeps pace, at
+    # most warm_up_max.
     warm_up_max = max(warm_up, warm_up_max) if warm_up > 0 else 0.0
     workload_done = threading.Event()
 
     def timed_after_warm_up(started_at: float) -> None:
-        progress.start_warm_up(started_at, warm_up, warm_up_max)
+        progress.start_warm_up(started_at, warm_up, warm_up_max, warm_up_batches)
         threading.Thread(target=end_workload, args=(started_at,), daemon=True).start()
 
     def end_workload(started_at: float) -> None:
@@ -546,8 +569,8 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
                                 progress.first_batch, on_start=timed_after_warm_up,
                                 stop=workload_done)
     stop = threading.Event()
-    warming = (f"for {warm_up:g}s of warm-up and until the stream keeps pace (at most "
-               f"{warm_up_max:g}s), then " if warm_up > 0 else "")
+    warming = (f"for {warm_up:g}s and {warm_up_batches} micro-batches of warm-up and until "
+               f"the stream keeps pace (at most {warm_up_max:g}s), then " if warm_up > 0 else "")
     say(f"job {orders.name} streaming; once its first micro-batch is done the workload "
         f"writes {rate:g} tx/s {warming}{duration:g}s timed, with "
         f"{writers} writers (seed {seed})")
@@ -632,6 +655,8 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
     if progress.warm_up_from_ms is not None and progress.timed.is_set():
         warmed = round((progress.latency_from_ms - progress.warm_up_from_ms) / 1000, 1)
     summary["warm_up"] = {"seconds": warmed, "least_s": warm_up, "most_s": warm_up_max,
+                          "least_batches": warm_up_batches if warm_up_max > 0 else 0,
+                          "batches": progress.warm_up_batches,
                           "kept_pace": progress.kept_pace, "commit_to_sink_ms_by_sink": {
                               sink: _latency(v) for sink, v in sorted(progress.warm_up_ms.items())}}
     timed = {ms: times for ms, times in capture.by_commit_ms().items()
@@ -736,7 +761,9 @@ def _summary(say: Any, up: Any, generator: GeneratorThread, summary: dict[str, A
     if warm.get("commit_to_sink_ms_by_sink") and warm.get("seconds") is not None:
         paced = {True: ", until the stream kept pace", False: ", its longest: the stream had "
                  "not kept pace", None: ""}[warm.get("kept_pace")]
-        say(f"    the {warm['seconds']:g} s warm-up before{paced} (not in the figures above): " +
+        batches = f" ({warm['batches']} micro-batches)" if warm.get("batches") else ""
+        say(f"    the {warm['seconds']:g} s warm-up{batches} before{paced} (not in the figures "
+            "above): " +
             ", ".join(f"{sink} p50 {_ms(one['p50'])}, p99 {_ms(one['p99'])}"
                       for sink, one in warm["commit_to_sink_ms_by_sink"].items()))
     for sink, where in summary.get("where_ms", {}).items():
