@@ -68,8 +68,8 @@ WARM_UP_BATCHES = 50
 compiles Spark's per-batch code as batches run it, so the first batches are slow for
 their count, not for the seconds: at 50 transactions/s (2026-11-28, medians of each 10
 batches' trigger time, two new drivers) 564-677, 398-452, 386-411, 350-384, 302-325 ms
-over the first 50 batches, then 270-345 ms, ~250 ms after 100. Timing from the 8th batch
-(a 10 s warm-up on a cold machine) put those first batches' waits in the timed p99."""
+over the first 50 batches, then 264-345 ms, 240-290 ms after 100. Timing from the 8th batch
+(a 10 s warm-up on a fresh clone) put those first batches' waits in the timed p99."""
 WARM_UP_MAX_S = 60.0
 """The longest warm-up by default (``--warm-up-max``; never less than ``--warm-up``): timing
 starts then, paced or not, and the summary says which (``warm_up.kept_pace``)."""
