@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
+from typing import Any
 
 from txjoin.errors import ConfigError
 
@@ -164,3 +165,41 @@ def class_archive_options() -> str:
     """Java options of a Spark driver: the class archive's when it exists, else none."""
     archive = class_archive()
     return f"-XX:SharedArchiveFile={archive} {CLASS_ARCHIVE_OPTIONS}" if archive.is_file() else ""
+
+
+COMPILER_THREAD = "CompilerThre"
+"""How HotSpot's JIT compiler threads name themselves in Linux (``C1 CompilerThre``,
+``C2 CompilerThre``: the 15-character ``comm`` of "C2 CompilerThread0")."""
+
+
+def jvm_pid(spark: Any) -> int | None:
+    """The process id of a local session's JVM (the driver), if it says."""
+    try:
+        return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    except Exception:  # not a classic local session, or its gateway is gone
+        return None
+
+
+def compiler_cpu_seconds(pid: int, proc: Path = Path("/proc")) -> float | None:
+    """CPU seconds (user + system) the JIT compiler threads of JVM ``pid`` have used so far,
+    read from Linux's ``/proc``; None where there is no such process or no ``/proc``.
+
+    A new Spark driver compiles its per-batch code for minutes: on 2 cores, 90 s into
+    ``txjoin demo`` its compiler threads used ~47% of a core, ~16% after 4 min
+    (docs/latency.md)."""
+    tasks = proc / str(pid) / "task"
+    try:
+        threads = list(tasks.iterdir())
+    except OSError:
+        return None
+    ticks = 0
+    for thread in threads:
+        try:
+            if COMPILER_THREAD not in (thread / "comm").read_text():
+                continue
+            # after the command name in parentheses: state, then 10 fields, utime, stime
+            fields = (thread / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the thread ended meanwhile
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")

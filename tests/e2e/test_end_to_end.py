@@ -447,6 +447,10 @@ def test_demo_json_summarises_a_live_run_it_verified(e2e_stack: E2EStack) -> Non
         == {"delta": True, "postgres": True}, warm
     assert summary["slowest_batches"][0]["compute_ms"] >= summary["slowest_batches"][-1][
         "compute_ms"] > 0
+    # the driver's JIT in the timed window, read from /proc (a new driver still compiles)
+    jit = summary["driver_jit"]
+    assert jit["cpu_s"] > 0 and abs(jit["share_of_a_core"] - jit["cpu_s"] / 4) < 0.02, jit
+    assert "the driver's JIT compiled for" in done.stderr
     # Where the time went, leg by leg, for the changes the capture consumer saw: every leg
     # a duration (the clocks are one machine's), at least one change timed per sink.
     for sink, legs in (("postgres", POSTGRES_LEGS), ("delta", DELTA_LEGS)):

@@ -483,6 +483,7 @@ def _ms(value: float | None) -> str:
                    "commit_to_sink_ms_by_sink with p50/p99/max, where_ms: each sink's time "
                    "leg by leg (Debezium, Kafka, waiting for a batch, Spark's and the "
                    "shards' part of the batch, the sink), events_per_s and end_to_end_s, "
+                   "driver_jit: the CPU the driver's JIT compiler used in the timed window, "
                    "verify results); progress goes to stderr.")
 def demo(directory: Path, duration: float, warm_up: float, warm_up_max: float,
          warm_up_batches: int, rate: float, seed: int, writers: int, orders_only: bool,
@@ -512,6 +513,7 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
              warm_up_batches: int = WARM_UP_BATCHES) -> dict[str, Any]:
     """The demo; its summary (``summary_data``), ``ok`` when every verification passed."""
     from txjoin.job import load_job
+    from txjoin.jvm import compiler_cpu_seconds, jvm_pid
     from txjoin.pipeline.pipeline import RunConfig
     from txjoin.pipeline.run import run_job
     from txjoin.pipeline.session import get_session
@@ -537,7 +539,8 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
     spark_log = Path(directory) / "logs" / "demo-spark.log"
     started = time.monotonic()
     with _stderr_to(spark_log):
-        get_session(master, app_name="txjoin-demo")
+        session = get_session(master, app_name="txjoin-demo")
+    driver = jvm_pid(session)
     say(f"Spark session in {time.monotonic() - started:.1f}s (its log: {spark_log})")
 
     def config(until_idle: bool) -> RunConfig:
@@ -558,11 +561,16 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
         progress.start_warm_up(started_at, warm_up, warm_up_max, warm_up_batches)
         threading.Thread(target=end_workload, args=(started_at,), daemon=True).start()
 
+    # the driver's JIT compiler threads' CPU seconds when the timed window starts and ends
+    jit: list[float | None] = []
+
     def end_workload(started_at: float) -> None:
         # `duration` seconds timed after the warm-up, whenever it ended
         if not progress.timed.wait(max(0.0, started_at + warm_up_max - time.time())):
             progress.end_warm_up(time.time())
+        jit.append(None if driver is None else compiler_cpu_seconds(driver))
         time.sleep(max(0.0, progress.latency_from_ms / 1000 + duration - time.time()))
+        jit.append(None if driver is None else compiler_cpu_seconds(driver))
         workload_done.set()
 
     generator = GeneratorThread(info, rate, warm_up_max + duration, seed, writers,
@@ -659,6 +667,7 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
                           "batches": progress.warm_up_batches,
                           "kept_pace": progress.kept_pace, "commit_to_sink_ms_by_sink": {
                               sink: _latency(v) for sink, v in sorted(progress.warm_up_ms.items())}}
+    summary["driver_jit"] = driver_jit(jit, duration)
     timed = {ms: times for ms, times in capture.by_commit_ms().items()
              if ms >= progress.latency_from_ms}
     summary["where_ms"] = {
@@ -668,6 +677,16 @@ def run_demo(directory: Path, duration: float, rate: float, seed: int = 0, write
     say(f"the stack keeps running: `txjoin down --dir {directory}` stops it "
         f"(`--wipe` also removes its data)")
     return summary
+
+
+def driver_jit(samples: list[float | None], duration: float) -> dict[str, Any] | None:
+    """What the driver's JIT compiler threads used of the timed window (``samples``: their
+    CPU seconds at its start and end), or None where that cannot be read (not Linux)."""
+    if len(samples) != 2 or samples[0] is None or samples[1] is None or duration <= 0:
+        return None
+    cpu_s = samples[1] - samples[0]
+    return {"cpu_s": round(cpu_s, 1), "share_of_a_core": round(cpu_s / duration, 2),
+            "cores": os.cpu_count()}
 
 
 def _latency(values: list[float]) -> dict[str, Any]:
@@ -766,6 +785,12 @@ def _summary(say: Any, up: Any, generator: GeneratorThread, summary: dict[str, A
             "above): " +
             ", ".join(f"{sink} p50 {_ms(one['p50'])}, p99 {_ms(one['p99'])}"
                       for sink, one in warm["commit_to_sink_ms_by_sink"].items()))
+    jit = summary.get("driver_jit")
+    if jit is not None:
+        say(f"    the driver's JIT compiled for {jit['cpu_s']:g} s of CPU in the timed "
+            f"{summary['duration_s']:g} s ({jit['share_of_a_core']:.0%} of one of "
+            f"{jit['cores']} cores): a new driver compiles Spark's per-batch code for "
+            "minutes; a longer --warm-up times a warmer one")
     for sink, where in summary.get("where_ms", {}).items():
         if where["changes"]:
             say(f"    {sink} leg by leg (ms, p50 / p99 / mean of the slowest 1%): " + ", ".join(
