@@ -7,6 +7,9 @@ git-ignored ``.jars/`` of the checkout (or ``$TXJOIN_JARS``):
   and delta-spark, without their transitive trees, so pyspark's jackson/parquet/hadoop win);
 - ``kafka``: the Apache Kafka broker of the local stack;
 - ``connect``: Kafka Connect's worker; ``connect-plugins``: the Debezium connector plugin.
+
+Also what a running driver JVM's JIT compiler has used (:func:`compiler_cpu_seconds`),
+which ``txjoin demo`` reports for its timed window.
 """
 
 from __future__ import annotations

@@ -788,9 +788,9 @@ def _summary(say: Any, up: Any, generator: GeneratorThread, summary: dict[str, A
     jit = summary.get("driver_jit")
     if jit is not None:
         say(f"    the driver's JIT compiled for {jit['cpu_s']:g} s of CPU in the timed "
-            f"{summary['duration_s']:g} s ({jit['share_of_a_core']:.0%} of one of "
-            f"{jit['cores']} cores): a new driver compiles Spark's per-batch code for "
-            "minutes; a longer --warm-up times a warmer one")
+            f"{summary['duration_s']:g} s ({jit['share_of_a_core']:.0%} of a core, on "
+            f"{jit['cores']}): a new driver compiles Spark's per-batch code for minutes; a "
+            "longer --warm-up times a warmer one")
     for sink, where in summary.get("where_ms", {}).items():
         if where["changes"]:
             say(f"    {sink} leg by leg (ms, p50 / p99 / mean of the slowest 1%): " + ", ".join(
