@@ -189,7 +189,7 @@ def compiler_cpu_seconds(pid: int, proc: Path = Path("/proc")) -> float | None:
 
     A new Spark driver compiles its per-batch code for minutes: on 2 cores, 90 s into
     ``txjoin demo`` its compiler threads used ~47% of a core, ~16% after 4 min
-    (docs/latency.md)."""
+    (docs/benchmarks.md, "The driver's JIT in the timed window")."""
     tasks = proc / str(pid) / "task"
     try:
         threads = list(tasks.iterdir())
