@@ -82,6 +82,11 @@ class OrderingError(TxjoinError):
     """Input that breaks the ordering facts txjoin relies on (e.g. a late snapshot row)."""
 
 
+class ExpressionValueError(TxjoinError):
+    """A job expression whose value on some row PostgreSQL would refuse (``integer out of
+    range``, ``numeric field overflow``, text that is not a number): the batch is not written."""
+
+
 class ServiceError(TxjoinError):
     """An external service (broker, PostgreSQL, Debezium) that is unreachable or unhealthy."""
 

@@ -19,6 +19,12 @@ division (and ``%``) by zero is NULL (``x / NULLIF(y, 0)``; PostgreSQL raises an
 stop a streaming job for good), and text is compared by code point (``COLLATE "C"``, as
 Python compares), not by the database's collation.
 
+A value PostgreSQL refuses while evaluating, txjoin refuses in its words: an integer result
+outside its type (``integer out of range``), a ``numeric(p,s)`` cast that overflows
+(``numeric field overflow``), text ``CAST`` cannot read. The evaluator raises
+:class:`~txjoin.errors.ExpressionValueError` naming the column, the sub-expression and the
+row's values (a literal is refused at load time).
+
 Anything outside this is an :class:`ExprError` at load time naming what is supported.
 Child rows, aggregates and ``job from-sql`` (issue 37) build on :func:`compile_expr`.
 """
@@ -32,6 +38,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 from typing import TYPE_CHECKING, Any
 
+from txjoin.errors import ExpressionValueError
 from txjoin.ingest.types import DECIMAL_TYPE, column_kind
 
 if TYPE_CHECKING:
@@ -64,6 +71,77 @@ _INTERVAL_UNIT = {"microsecond": 1, "millisecond": 1000, "second": 1_000_000,
 
 class ExprError(ValueError):
     """An expression txjoin cannot compile (the message says what and what is supported)."""
+
+
+_INT_LIMIT = {"smallint": 2**15, "int": 2**31, "bigint": 2**63}
+_INT_NAME = {"smallint": "smallint", "int": "integer", "bigint": "bigint"}
+_AS_WRITTEN: ColumnSql = lambda alias, col: f"{alias}.{col}"  # noqa: E731
+
+
+class _Refused(Exception):
+    """A value PostgreSQL refuses while evaluating (its own words, e.g. ``integer out of
+    range``) and the sub-expression that produced it; :func:`compile_expr`'s evaluator turns
+    it into an :class:`~txjoin.errors.ExpressionValueError` naming the column and the row."""
+
+    def __init__(self, message: str, sql: Callable[[ColumnSql], str]) -> None:
+        super().__init__(message)
+        self.message, self.sql = message, sql
+
+
+def _in_range(t: str, f: Callable[..., Any], sql: Callable[[ColumnSql], str]
+              ) -> Callable[..., Any]:
+    """``f``, refusing a result outside ``t`` as PostgreSQL does: an integer type's range
+    (``integer out of range``), the integer digits of ``numeric(p,s)`` (``numeric field
+    overflow``); ``f`` itself for any other type."""
+    if t in _INT_LIMIT:
+        limit, message = _INT_LIMIT[t], f"{_INT_NAME[t]} out of range"
+
+        def ranged(*args: Any) -> Any:
+            v = f(*args)
+            if v is None or -limit <= v < limit:  # None: a division by zero
+                return v
+            raise _Refused(message, sql)
+        return ranged
+    shape = _numeric_shape(t) if t.startswith("numeric(") else None
+    if shape is None:
+        return f
+    bound = Decimal(10) ** (shape[0] - shape[1])
+
+    def fits(*args: Any) -> Any:
+        v = f(*args)
+        if v is None or abs(v) < bound:
+            return v
+        raise _Refused("numeric field overflow", sql)
+    return fits
+
+
+_BOOL_TEXT = {"true": True, "t": True, "false": False, "f": False, "yes": True, "no": False,
+              "1": True, "0": False}
+
+
+def _finite(d: Decimal) -> Decimal:
+    """``d``, or ValueError for NaN and the infinities (no ``numeric(p,s)`` holds them)."""
+    if not d.is_finite():
+        raise ValueError("not finite")
+    return d
+
+
+def _parsed(target: str, parse: Callable[[Any], Any], sql: Callable[[ColumnSql], str]
+            ) -> Callable[[Any], Any]:
+    """``parse`` over a text (or double) value, refusing what it cannot read as PostgreSQL
+    does (``invalid input syntax for type integer: "x"``; a double that is NaN or infinite
+    has no integer: ``integer out of range``)."""
+    name = _INT_NAME.get(target, "double precision" if target == "double" else
+                         "boolean" if target == "bool" else "numeric")
+
+    def read(v: Any) -> Any:
+        try:
+            return parse(v)
+        except (ValueError, KeyError, ArithmeticError):  # Decimal's InvalidOperation too
+            if isinstance(v, str):
+                raise _Refused(f'invalid input syntax for type {name}: "{v}"', sql) from None
+            raise _Refused(f"{name} out of range", sql) from None
+    return read
 
 
 @dataclass(frozen=True)
@@ -415,7 +493,8 @@ class _Compiler:
             if a.is_const and a.const is not None:
                 v = -a.const
                 return _Node(a.type, lambda b: v, lambda c: f"(- {a.sql(c)})", v, True)
-            return _Node(a.type, _strict(lambda v: -v, a), lambda c: f"(- {a.sql(c)})")
+            neg_sql: Callable[[ColumnSql], str] = lambda c: f"(- {a.sql(c)})"  # noqa: E731
+            return _Node(a.type, _strict(_in_range(a.type, lambda v: -v, neg_sql), a), neg_sql)
         if isinstance(e, exp.Add | exp.Sub | exp.Mul | exp.Div | exp.Mod):
             return self.arith(e)
         if isinstance(e, exp.DPipe):
@@ -469,7 +548,8 @@ class _Compiler:
             a = self.node(e.this)
             if _kind(a.type) not in _NUMBERS:
                 raise self.fail(f"abs() takes a number, not {a.type}")
-            return _Node(a.type, _strict(abs, a), lambda c: f"abs({a.sql(c)})")
+            abs_sql: Callable[[ColumnSql], str] = lambda c: f"abs({a.sql(c)})"  # noqa: E731
+            return _Node(a.type, _strict(_in_range(a.type, abs, abs_sql), a), abs_sql)
         if isinstance(e, exp.TimestampTrunc | exp.DateTrunc):
             return self.date_trunc(e)
         if isinstance(e, exp.Extract):
@@ -561,7 +641,7 @@ class _Compiler:
             else:
                 scale = max(sa[1], sb[1])
                 t = _numeric(max(sa[0] - sa[1], sb[0] - sb[1]) + scale, scale)
-        return _Node(t, _strict(_arith(op, ka, kb), a, b2), sql)
+        return _Node(t, _strict(_in_range(t, _arith(op, ka, kb), sql), a, b2), sql)
 
     def time_arith(self, op: str, a: _Node, b2: _Node, ka: str, kb: str,
                    sql: Callable[[ColumnSql], str]) -> _Node:
@@ -727,22 +807,22 @@ class _Compiler:
             f = None
         elif kt == "int" and ka in _NUMBERS:
             f = (lambda v: int(_quantize(_dec(v), 0))) if ka == "numeric" else \
-                (lambda v: round(v)) if ka == "double" else (lambda v: v)
+                _parsed(target, round, sql) if ka == "double" else (lambda v: v)
         elif kt == "int" and ka == "text":
-            f = lambda v: int(v.strip())  # noqa: E731
+            f = _parsed(target, lambda v: int(v.strip()), sql)
         elif kt == "numeric" and ka in (*_NUMBERS, "text"):
             shape = _numeric_shape(target)
-            conv: Callable[[Any], Decimal] = ((lambda v: Decimal(v.strip())) if ka == "text"
-                                              else (lambda v: Decimal(repr(v))) if ka == "double"
-                                              else _dec)
+            conv: Callable[[Any], Decimal] = (
+                _parsed(target, lambda v: _finite(Decimal(v.strip())), sql) if ka == "text"
+                else _parsed(target, lambda v: _finite(Decimal(repr(v))), sql)
+                if ka == "double" else _dec)
             f = conv if shape is None else (lambda v: _quantize(conv(v), shape[1]))
         elif kt == "double" and ka in (*_NUMBERS, "text"):
-            f = float
+            f = _parsed(target, float, sql) if ka == "text" else float
         elif kt == "text" and ka in ("text", "int", "numeric", "bool", "date"):
             f = _text_of
         elif kt == "bool" and ka == "text":
-            f = lambda v: {"true": True, "t": True, "false": False, "f": False,  # noqa: E731
-                           "yes": True, "no": False, "1": True, "0": False}[v.strip().lower()]
+            f = _parsed(target, lambda v: _BOOL_TEXT[v.strip().lower()], sql)
         elif kt == "bool" and ka in ("bool",):
             f = lambda v: v  # noqa: E731
         elif kt == "date" and ka in ("timestamp", "timestamptz", "date"):
@@ -759,9 +839,13 @@ class _Compiler:
             raise self.fail(f"CAST from {a.type} to {target} is not supported")
         if f is None:
             return _Node(target, lambda b: None, sql)
-        node = _Node(target, _strict(f, a), sql)
+        node = _Node(target, _strict(_in_range(target, f, sql), a), sql)
         if a.is_const:  # a typed literal: fold it (date '2024-01-01')
-            v = node.fn({})
+            try:
+                v = node.fn({})
+            except _Refused as exc:
+                raise ExprError(f"{self.where}: {exc.message} in "
+                                f"{exc.sql(_AS_WRITTEN)}") from None
             return _Node(target, lambda b: v, _lit_sql(v, target) if v is not None else sql,
                          v, True)
         return node
@@ -904,10 +988,33 @@ def compile_expr(text: str, types: Mapping[str, str], where: str) -> Compiled:
     compiler = _Compiler(types, where)
     node = compiler.node(tree)  # type: ignore[arg-type]
     t = "text" if node.type == "unknown" else node.type
-    fn = node.fn
-    if _kind(t) in ("numeric", "double"):
-        inner = fn
+    inner = node.fn
+    refs = sorted(compiler.refs)
+    coerce = _kind(t) in ("numeric", "double")
 
-        def fn(b: Binding) -> Any:
-            return _coerce(inner(b), t)
+    def fn(b: Binding) -> Any:
+        try:
+            v = inner(b)
+        except _Refused as exc:
+            raise _refusal(where, exc, refs, b) from None
+        return _coerce(v, t) if coerce else v
     return Compiled(text, t, fn, node.sql, frozenset(compiler.refs))
+
+
+def _refusal(where: str, exc: _Refused, refs: list[str], b: Binding) -> ExpressionValueError:
+    """The one-line error of a value PostgreSQL would refuse: what, in which sub-expression,
+    on which values, and what to do."""
+    def value(ref: str) -> str:
+        alias, col = ref.split(".", 1)
+        row = b.get(alias)
+        if row is None:
+            return f"{ref} NULL (no {alias} row)"
+        v = row.get(col)
+        return f"{ref} {'NULL' if v is None else _text_of(v)!s:.60}"
+    values = ", ".join(value(r) for r in refs) or "no columns"
+    fix = ("the source row or the expression" if exc.message.startswith("invalid input")
+           else "the expression (a wider type: CAST(... AS bigint) or numeric)")
+    return ExpressionValueError(
+        f"{where}: {exc.message} in {exc.sql(_AS_WRITTEN)} with {values}, as PostgreSQL would "
+        f"refuse it; nothing of this batch was written: change {fix} and run the job again "
+        f"(with --rebuild if the column's type changes)")

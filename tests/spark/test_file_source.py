@@ -11,6 +11,7 @@ JSON stop the job with a message naming the file.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,15 @@ from pyspark.sql import SparkSession
 
 from txjoin.bench import spread
 from txjoin.cli import main
-from txjoin.errors import DecodeError, OrderingError, TxjoinError, from_worker
+from txjoin.errors import (
+    DecodeError,
+    ExpressionValueError,
+    OrderingError,
+    TxjoinError,
+    from_worker,
+)
 from txjoin.export import write_records
-from txjoin.job import load_job
+from txjoin.job import Job, load_job
 from txjoin.join.oracle import outputs_after_each
 from txjoin.join.output import output_schema
 from txjoin.pipeline.pipeline import Pipeline, RunConfig
@@ -185,8 +192,9 @@ def test_files_that_appear_while_the_job_runs_are_read(spark: SparkSession,
         sinks[0].close()
 
 
-def _failing_run(spark: SparkSession, tmp_path: Path, archive_dir: Path) -> TxjoinError:
-    job = load_job(ORDERS)
+def _failing_run(spark: SparkSession, tmp_path: Path, archive_dir: Path,
+                 job: Job | None = None) -> TxjoinError:
+    job = job or load_job(ORDERS)
     config = RunConfig(topic_prefix="bshop", source=f"files:{archive_dir}",
                        checkpoint_dir=str(tmp_path / "ckpt"), output_dir=str(tmp_path / "out"))
     sinks = build_sinks(job, config, spark)
@@ -209,6 +217,21 @@ def _small_archive(tmp_path: Path) -> tuple[Path, Synthesizer]:
     archive_dir = tmp_path / "archive"
     archive(archive_dir, records, synth, per_file=4)
     return archive_dir, synth
+
+
+def test_a_value_postgresql_would_refuse_stops_the_job_with_one_line(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """A computed column that leaves its type on some row (PostgreSQL: integer out of range)
+    fails the query with txjoin's one-line error from the Python worker, not the sink's."""
+    archive_dir, _ = _small_archive(tmp_path)
+    job = load_job(ORDERS)
+    job = replace(job, output=replace(job.output, columns={
+        **job.output.columns, "big": "o.id * 1000000000"}))
+    err = _failing_run(spark, tmp_path, archive_dir, job)
+    assert isinstance(err, ExpressionValueError), err
+    assert str(err).startswith("output column 'big': integer out of range in "
+                               "(o.id * 1000000000) with o.id "), err
+    assert "\n" not in str(err) and "nothing of this batch was written" in str(err)
 
 
 def test_a_missing_file_is_a_gap_named_by_file(spark: SparkSession, tmp_path: Path) -> None:

@@ -289,3 +289,40 @@ def test_pick_chooses_among_the_rows_the_lookups_filter_keeps(semantics: str) ->
                    caught_up={t.removeprefix("shop.") for t in job.topics("shop")}
                    | {"transaction"})
     assert engine.outputs()[(1,)]["favorite_color"] == "blue"
+
+
+_LIMITS = {"smallint": 2**15, "int": 2**31, "bigint": 2**63}
+_WORDS = {"smallint": "smallint", "int": "integer", "bigint": "bigint"}
+
+
+@settings(max_examples=300)
+@given(t=st.sampled_from(sorted(_LIMITS)), op=st.sampled_from(["+", "-", "*", "/"]),
+       data=st.data())
+def test_integer_arithmetic_is_refused_exactly_when_it_leaves_its_type(t: str, op: str,
+                                                                       data: Any) -> None:
+    """PostgreSQL's int2/int4/int8 arithmetic: the exact result, or ``<type> out of range``
+    when it does not fit (txjoin once kept Python's unbounded int and failed at the sink)."""
+    from txjoin.errors import ExpressionValueError
+    from txjoin.expr import compile_expr
+
+    limit = _LIMITS[t]
+    values = st.one_of(st.integers(-limit, limit - 1), st.sampled_from(
+        [-limit, limit - 1, -1, 0, 1, 2, limit // 2, -limit // 2]))
+    a, b = data.draw(values), data.draw(values)
+    compiled = compile_expr(f"x.a {op} x.b", {"x.a": t, "x.b": t}, "output column 'v'")
+    exact = {"+": a + b, "-": a - b, "*": a * b,
+             "/": None if b == 0 else abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)}[op]
+    if exact is None or -limit <= exact < limit:
+        assert compiled.evaluate({"x": {"a": a, "b": b}}) == exact
+    else:
+        with pytest.raises(ExpressionValueError, match=(
+                f"^output column 'v': {_WORDS[t]} out of range in \\(x.a [-+*/] x.b\\) with "
+                f"x.a {a}, x.b {b}, ")):
+            compiled.evaluate({"x": {"a": a, "b": b}})
+
+
+def test_a_literal_postgresql_would_refuse_is_refused_when_the_job_loads() -> None:
+    from txjoin.expr import ExprError, compile_expr
+
+    with pytest.raises(ExprError, match="integer out of range in CAST\\('3000000000' AS "):
+        compile_expr("CAST('3000000000' AS int)", {}, "output column 'v'")
