@@ -126,6 +126,12 @@ def _finite(d: Decimal) -> Decimal:
     return d
 
 
+def _shown(text: str) -> str:
+    """A value as an error line shows it: on one line, the first 60 characters."""
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _parsed(target: str, parse: Callable[[Any], Any], sql: Callable[[ColumnSql], str]
             ) -> Callable[[Any], Any]:
     """``parse`` over a text (or double) value, refusing what it cannot read as PostgreSQL
@@ -139,7 +145,8 @@ def _parsed(target: str, parse: Callable[[Any], Any], sql: Callable[[ColumnSql],
             return parse(v)
         except (ValueError, KeyError, ArithmeticError):  # Decimal's InvalidOperation too
             if isinstance(v, str):
-                raise _Refused(f'invalid input syntax for type {name}: "{v}"', sql) from None
+                raise _Refused(f'invalid input syntax for type {name}: "{_shown(v)}"',
+                               sql) from None
             raise _Refused(f"{name} out of range", sql) from None
     return read
 
@@ -1010,7 +1017,7 @@ def _refusal(where: str, exc: _Refused, refs: list[str], b: Binding) -> Expressi
         if row is None:
             return f"{ref} NULL (no {alias} row)"
         v = row.get(col)
-        return f"{ref} {'NULL' if v is None else _text_of(v)!s:.60}"
+        return f"{ref} {'NULL' if v is None else _shown(_text_of(v))}"
     values = ", ".join(value(r) for r in refs) or "no columns"
     fix = ("the source row or the expression" if exc.message.startswith("invalid input")
            else "the expression (a wider type: CAST(... AS bigint) or numeric)")

@@ -316,7 +316,8 @@ def test_integer_arithmetic_is_refused_exactly_when_it_leaves_its_type(t: str, o
         assert compiled.evaluate({"x": {"a": a, "b": b}}) == exact
     else:
         with pytest.raises(ExpressionValueError, match=(
-                f"^output column 'v': {_WORDS[t]} out of range in \\(x.a [-+*/] x.b\\) with "
+                f"^output column 'v': {_WORDS[t]} out of range in \\(x.a [-+*/] "
+                f"(x.b|NULLIF\\(x.b, 0\\))\\) with "
                 f"x.a {a}, x.b {b}, ")):
             compiled.evaluate({"x": {"a": a, "b": b}})
 
@@ -326,3 +327,16 @@ def test_a_literal_postgresql_would_refuse_is_refused_when_the_job_loads() -> No
 
     with pytest.raises(ExprError, match="integer out of range in CAST\\('3000000000' AS "):
         compile_expr("CAST('3000000000' AS int)", {}, "output column 'v'")
+
+
+def test_a_refusal_shows_values_on_one_line_and_cut() -> None:
+    from txjoin.errors import ExpressionValueError
+    from txjoin.expr import compile_expr
+
+    compiled = compile_expr("CAST(x.s AS int)", {"x.s": "text"}, "where")
+    with pytest.raises(ExpressionValueError) as caught:
+        compiled.evaluate({"x": {"s": "1\n2" + "9" * 100}})
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith('where: invalid input syntax for type integer: "1\\n2' + "9" * 53
+                              + '..." in CAST(x.s AS integer) with x.s 1\\n2')
