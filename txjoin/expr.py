@@ -74,7 +74,8 @@ class ExprError(ValueError):
 
 
 _INT_LIMIT = {"smallint": 2**15, "int": 2**31, "bigint": 2**63}
-_INT_NAME = {"smallint": "smallint", "int": "integer", "bigint": "bigint"}
+_PG_NAMES = {"int": "integer", "double": "double precision", "bool": "boolean"}
+"""PostgreSQL's name of a type whose name in a job differs (in SQL and in its messages)."""
 _AS_WRITTEN: ColumnSql = lambda alias, col: f"{alias}.{col}"  # noqa: E731
 
 
@@ -88,20 +89,30 @@ class _Refused(Exception):
         self.message, self.sql = message, sql
 
 
+def _int_range(t: str, f: Callable[..., Any], sql: Callable[[ColumnSql], str]
+               ) -> Callable[..., Any]:
+    """``f``, refusing a result outside the integer type ``t`` as PostgreSQL does
+    (``integer out of range``); ``f`` itself for any other type (arithmetic, negation and
+    abs() on a numeric(p,s) stay within the type txjoin derives for them)."""
+    if t not in _INT_LIMIT:
+        return f
+    limit, message = _INT_LIMIT[t], f"{_pg_name(t)} out of range"
+
+    def ranged(*args: Any) -> Any:
+        v = f(*args)
+        if v is None or -limit <= v < limit:  # None: a division by zero
+            return v
+        raise _Refused(message, sql)
+    return ranged
+
+
 def _in_range(t: str, f: Callable[..., Any], sql: Callable[[ColumnSql], str]
               ) -> Callable[..., Any]:
-    """``f``, refusing a result outside ``t`` as PostgreSQL does: an integer type's range
-    (``integer out of range``), the integer digits of ``numeric(p,s)`` (``numeric field
+    """A CAST to ``t``: ``f``, refusing a result outside ``t`` as PostgreSQL does: an
+    integer type's range, the integer digits of ``numeric(p,s)`` (``numeric field
     overflow``); ``f`` itself for any other type."""
     if t in _INT_LIMIT:
-        limit, message = _INT_LIMIT[t], f"{_INT_NAME[t]} out of range"
-
-        def ranged(*args: Any) -> Any:
-            v = f(*args)
-            if v is None or -limit <= v < limit:  # None: a division by zero
-                return v
-            raise _Refused(message, sql)
-        return ranged
+        return _int_range(t, f, sql)
     shape = _numeric_shape(t) if t.startswith("numeric(") else None
     if shape is None:
         return f
@@ -126,6 +137,11 @@ def _finite(d: Decimal) -> Decimal:
     return d
 
 
+def _pg_name(t: str) -> str:
+    """PostgreSQL's name of a type as a job writes it (``int`` -> ``integer``)."""
+    return _PG_NAMES.get(t, t)
+
+
 def _shown(text: str) -> str:
     """A value as an error line shows it: on one line, the first 60 characters."""
     text = text.replace("\r", "\\r").replace("\n", "\\n")
@@ -137,8 +153,7 @@ def _parsed(target: str, parse: Callable[[Any], Any], sql: Callable[[ColumnSql],
     """``parse`` over a text (or double) value, refusing what it cannot read as PostgreSQL
     does (``invalid input syntax for type integer: "x"``; a double that is NaN or infinite
     has no integer: ``integer out of range``)."""
-    name = _INT_NAME.get(target, "double precision" if target == "double" else
-                         "boolean" if target == "bool" else "numeric")
+    name = _pg_name(target).split("(")[0]  # numeric(8,2): "type numeric"
 
     def read(v: Any) -> Any:
         try:
@@ -501,7 +516,7 @@ class _Compiler:
                 v = -a.const
                 return _Node(a.type, lambda b: v, lambda c: f"(- {a.sql(c)})", v, True)
             neg_sql: Callable[[ColumnSql], str] = lambda c: f"(- {a.sql(c)})"  # noqa: E731
-            return _Node(a.type, _strict(_in_range(a.type, lambda v: -v, neg_sql), a), neg_sql)
+            return _Node(a.type, _strict(_int_range(a.type, lambda v: -v, neg_sql), a), neg_sql)
         if isinstance(e, exp.Add | exp.Sub | exp.Mul | exp.Div | exp.Mod):
             return self.arith(e)
         if isinstance(e, exp.DPipe):
@@ -556,7 +571,7 @@ class _Compiler:
             if _kind(a.type) not in _NUMBERS:
                 raise self.fail(f"abs() takes a number, not {a.type}")
             abs_sql: Callable[[ColumnSql], str] = lambda c: f"abs({a.sql(c)})"  # noqa: E731
-            return _Node(a.type, _strict(_in_range(a.type, abs, abs_sql), a), abs_sql)
+            return _Node(a.type, _strict(_int_range(a.type, abs, abs_sql), a), abs_sql)
         if isinstance(e, exp.TimestampTrunc | exp.DateTrunc):
             return self.date_trunc(e)
         if isinstance(e, exp.Extract):
@@ -648,7 +663,7 @@ class _Compiler:
             else:
                 scale = max(sa[1], sb[1])
                 t = _numeric(max(sa[0] - sa[1], sb[0] - sb[1]) + scale, scale)
-        return _Node(t, _strict(_in_range(t, _arith(op, ka, kb), sql), a, b2), sql)
+        return _Node(t, _strict(_int_range(t, _arith(op, ka, kb), sql), a, b2), sql)
 
     def time_arith(self, op: str, a: _Node, b2: _Node, ka: str, kb: str,
                    sql: Callable[[ColumnSql], str]) -> _Node:
@@ -804,8 +819,7 @@ class _Compiler:
         to = e.args["to"]
         target = self.target_type(to)
         ka, kt = _kind(a.type), _kind(target)
-        render = {"int": "integer", "bigint": "bigint", "smallint": "smallint",
-                  "double": "double precision", "bool": "boolean"}.get(target, target)
+        render = _pg_name(target)
 
         def sql(c: ColumnSql) -> str:
             return f"CAST({a.sql(c)} AS {render})"
