@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
-    from txjoin.jvm import CLASS_ARCHIVE_OPTIONS, class_archive
+    from txjoin.jvm import CLASS_ARCHIVE_OPTIONS, class_archive, spark_java
 
     target = class_archive()
     if target.is_file():
@@ -54,7 +54,7 @@ def main() -> int:
         print(f"no class archive written (java exit {process.returncode})", file=sys.stderr)
         return 1
     partial.rename(target)
-    print(f"class archive for Spark drivers: {target} "
+    print(f"class archive for Spark drivers (java: {spark_java()}): {target} "
           f"({target.stat().st_size // 2**20} MB, {time.monotonic() - started:.0f} s)")
     return 0
 

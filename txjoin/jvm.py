@@ -15,13 +15,16 @@ which ``txjoin demo`` reports for its timed window.
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
 from txjoin.errors import ConfigError
 
 JARS_ENV = "TXJOIN_JARS"
+SPARK_JAVA_HOME_ENV = "TXJOIN_SPARK_JAVA_HOME"
 STACK_JAVA_OPTIONS_ENV = "TXJOIN_STACK_JAVA_OPTIONS"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SETUP_HINT = "run `bash scripts/setup.sh` (it fetches them with mvn) or set $TXJOIN_JARS"
@@ -106,7 +109,6 @@ def spark_home() -> Path:
     processes import the same PySpark from the venv, compiled by pip. Pyspark's own
     folder when no such folder can be made there."""
     import hashlib
-    import shutil
     import tempfile
 
     import pyspark
@@ -132,6 +134,70 @@ def spark_home() -> Path:
     return home if home.is_dir() else real
 
 
+# -- the Spark driver's JDK ----------------------------------------------------------------
+
+JDK_ROOTS = (Path("/usr/lib/jvm"),)
+"""Where Debian's and Ubuntu's JDK packages (OpenJDK's, Temurin's) install: looked in for a
+newer JDK than the ``java`` on PATH."""
+
+
+def java_version(home: Path) -> tuple[int, ...] | None:
+    """A JDK's version from its ``release`` file (``JAVA_VERSION="25.0.3"``); None without one."""
+    try:
+        text = (home / "release").read_text()
+    except OSError:
+        return None
+    found = re.search(r'^JAVA_VERSION="([0-9]+(?:\.[0-9]+)*)', text, re.MULTILINE)
+    return tuple(int(part) for part in found.group(1).split(".")) if found else None
+
+
+def spark_supports(version: tuple[int, ...]) -> bool:
+    """Whether Spark 4.2 runs on this Java: 17, 21, or 25 from 25.0.3 (Spark deprecates
+    earlier 25s for a G1 data corruption, SPARK-55852)."""
+    return version[0] in (17, 21) or (version[0] == 25 and version >= (25, 0, 3))
+
+
+def spark_java_home() -> Path | None:
+    """The JDK a Spark driver txjoin starts runs on (its ``JAVA_HOME`` as it starts; the local
+    stack's broker and Kafka Connect keep the ``java`` on PATH).
+
+    ``$TXJOIN_SPARK_JAVA_HOME`` if set; else none where ``$JAVA_HOME`` is set (Spark takes
+    that, as always); else the newest JDK under ``JDK_ROOTS`` that Spark supports, if it is
+    newer than the ``java`` on PATH. On these machines that is Temurin 25 beside OpenJDK 17:
+    a driver on 25 spent a quarter less CPU in its JIT compiler in ``txjoin demo``'s timed
+    window (docs/benchmarks.md, "The Spark driver on Java 25"). None: the ``java`` on PATH."""
+    chosen = os.environ.get(SPARK_JAVA_HOME_ENV)
+    if chosen:
+        return Path(chosen)
+    if os.environ.get("JAVA_HOME"):
+        return None
+    on_path = shutil.which("java")
+    current = java_version(Path(on_path).resolve().parents[1]) if on_path else None
+    best: tuple[tuple[int, ...], Path] | None = None
+    for root in JDK_ROOTS:
+        try:
+            homes = sorted(root.iterdir())
+        except OSError:
+            continue
+        for home in homes:
+            version = java_version(home)
+            if (version is not None and spark_supports(version)
+                    and (home / "bin" / "java").is_file()
+                    and (best is None or version > best[0])):
+                best = (version, home)
+    if best is None or (current is not None and best[0] <= current):
+        return None
+    return best[1]
+
+
+def spark_java() -> Path:
+    """The ``java`` binary a Spark driver runs (see :func:`spark_java_home`), resolved."""
+    home = spark_java_home() or (Path(os.environ["JAVA_HOME"]) if os.environ.get("JAVA_HOME")
+                                 else None)
+    java = home / "bin" / "java" if home is not None else Path(shutil.which("java") or "java")
+    return java.resolve()
+
+
 # -- the Spark driver's class-data-sharing archive ---------------------------------------------
 
 CLASS_ARCHIVE_OPTIONS = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
@@ -145,14 +211,13 @@ def class_archive() -> Path:
     Spark, plan and run a micro-batch and commit to Delta, stored parsed and verified so
     the next JVM maps them instead of loading them from the jars (a driver started ~3 s
     sooner here, a first job 1.5 s sooner: docs/benchmarks.md). Its name holds what it
-    was made from (the ``java`` binary, pyspark's and txjoin's jars), so a changed one
-    is a missing archive, not a stale one."""
+    was made from (the driver's ``java``, :func:`spark_java`; pyspark's and txjoin's
+    jars), so a changed one is a missing archive, not a stale one."""
     import hashlib
-    import shutil
 
     import pyspark
 
-    java = Path(shutil.which("java") or "java").resolve()
+    java = spark_java()
     home = Path(os.environ.get("SPARK_HOME") or spark_home())
     try:
         jars = spark_jars()

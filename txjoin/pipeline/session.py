@@ -30,7 +30,13 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from txjoin.errors import SPARK_LOG_ENV, verbose
-from txjoin.jvm import class_archive_options, local_fs_conf, spark_home, spark_jars
+from txjoin.jvm import (
+    class_archive_options,
+    local_fs_conf,
+    spark_home,
+    spark_jars,
+    spark_java_home,
+)
 
 # PySpark 4.2's applyInPandasWithState serializer pads its output with all-NA rows
 # and concatenates them (pyspark/sql/pandas/serializers.py), which pandas 2.x
@@ -116,7 +122,7 @@ def get_session(
         # included, then raises it: the error is reported once, by txjoin, in one line.
         warnings.filterwarnings("ignore", message="toPandas attempted Arrow optimization",
                                 category=UserWarning)
-    with _jvm_output(log_file):
+    with _jvm_output(log_file), _spark_java_home():
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
@@ -154,6 +160,25 @@ def _jvm_output(log_file: str | os.PathLike[str] | None) -> Iterator[None]:
         sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)
+
+
+@contextlib.contextmanager
+def _spark_java_home() -> Iterator[None]:
+    """``JAVA_HOME`` set to :func:`txjoin.jvm.spark_java_home` while this call launches the
+    driver's JVM, and only then: a JVM the process starts later (a Flink peer) keeps its own."""
+    home = spark_java_home() if SparkContext._gateway is None else None
+    if home is None:
+        yield
+        return
+    saved = os.environ.get("JAVA_HOME")
+    os.environ["JAVA_HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("JAVA_HOME", None)
+        else:
+            os.environ["JAVA_HOME"] = saved
 
 
 def stop_session() -> None:
