@@ -161,18 +161,25 @@ def spark_java_home() -> Path | None:
     """The JDK a Spark driver txjoin starts runs on (its ``JAVA_HOME`` as it starts; the local
     stack's broker and Kafka Connect keep the ``java`` on PATH).
 
-    ``$TXJOIN_SPARK_JAVA_HOME`` if set; else none where ``$JAVA_HOME`` is set (Spark takes
-    that, as always); else the newest JDK under ``JDK_ROOTS`` that Spark supports, if it is
-    newer than the ``java`` on PATH. On these machines that is Temurin 25 beside OpenJDK 17:
-    a driver on 25 spent a quarter less CPU in its JIT compiler in ``txjoin demo``'s timed
-    window (docs/benchmarks.md, "The Spark driver on Java 25"). None: the ``java`` on PATH."""
+    ``$TXJOIN_SPARK_JAVA_HOME`` if set (ConfigError if it holds no ``bin/java``); else none
+    where ``$JAVA_HOME`` is set (Spark takes that, as always); else the newest JDK under
+    ``JDK_ROOTS`` that Spark supports, if it is newer than the ``java`` on PATH (none when
+    that one's version cannot be read: it stays, as Spark would take it). On these
+    machines that is Temurin 25 beside OpenJDK 17: a driver on 25 spent a quarter less CPU
+    in its JIT compiler in ``txjoin demo``'s timed window (docs/benchmarks.md, "The Spark
+    driver on Java 25"). None: the ``java`` on PATH."""
     chosen = os.environ.get(SPARK_JAVA_HOME_ENV)
     if chosen:
+        if not (Path(chosen) / "bin" / "java").is_file():
+            raise ConfigError(f"${SPARK_JAVA_HOME_ENV} is {chosen!r}, which has no bin/java: "
+                              f"set it to a JDK's folder (Java 17, 21 or 25) or unset it")
         return Path(chosen)
     if os.environ.get("JAVA_HOME"):
         return None
     on_path = shutil.which("java")
     current = java_version(Path(on_path).resolve().parents[1]) if on_path else None
+    if on_path is not None and current is None:
+        return None
     best: tuple[tuple[int, ...], Path] | None = None
     for root in JDK_ROOTS:
         try:

@@ -9,6 +9,7 @@ import pyspark
 import pytest
 
 from txjoin import jvm
+from txjoin.errors import ConfigError
 from txjoin.jvm import JARS_ENV, SPARK_HOME_PARTS, spark_home
 
 pytestmark = pytest.mark.unit
@@ -93,6 +94,25 @@ def test_the_users_choice_of_jdk_wins(jdks: Path, tmp_path: Path,
     assert jvm.spark_java() == (mine / "bin" / "java").resolve()
     monkeypatch.setenv(jvm.SPARK_JAVA_HOME_ENV, str(jdks / "java-17-openjdk-amd64"))
     assert jvm.spark_java_home() == jdks / "java-17-openjdk-amd64"
+
+
+def test_a_jdk_folder_without_java_is_refused_in_one_line(
+        jdks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(jvm.SPARK_JAVA_HOME_ENV, str(tmp_path / "no-jdk"))
+    with pytest.raises(ConfigError, match=r"TXJOIN_SPARK_JAVA_HOME is '.*no-jdk', which has "
+                                          r"no bin/java: set it to a JDK's folder"):
+        jvm.spark_java_home()
+
+
+def test_a_java_on_path_of_unknown_version_keeps_the_driver_on_it(
+        jdks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _jdk(jdks, "temurin-25-jdk-amd64", "25.0.3")
+    bare = tmp_path / "bare" / "bin"
+    bare.mkdir(parents=True)
+    (bare / "java").write_text("#!/bin/sh\n")
+    (bare / "java").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bare))
+    assert jvm.spark_java_home() is None
 
 
 def test_a_java_on_path_as_new_as_any_keeps_the_driver_on_it(jdks: Path,
