@@ -39,12 +39,14 @@ def test_without_a_writable_folder_the_spark_home_is_pysparks_own(
     assert spark_home() == Path(pyspark.__file__).resolve().parent
 
 
-def _jdk(root: Path, name: str, version: str) -> Path:
+def _jdk(root: Path, name: str, version: str | None) -> Path:
+    """A JDK's folder: ``bin/java``, and a ``release`` file saying ``version`` (none: no file)."""
     home = root / name
     (home / "bin").mkdir(parents=True)
     (home / "bin" / "java").write_text("#!/bin/sh\n")
     (home / "bin" / "java").chmod(0o755)  # (shutil.which finds executables only)
-    (home / "release").write_text(f'IMPLEMENTOR="x"\nJAVA_VERSION="{version}"\n')
+    if version is not None:
+        (home / "release").write_text(f'IMPLEMENTOR="x"\nJAVA_VERSION="{version}"\n')
     return home
 
 
@@ -107,11 +109,7 @@ def test_a_jdk_folder_without_java_is_refused_in_one_line(
 def test_a_java_on_path_of_unknown_version_keeps_the_driver_on_it(
         jdks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _jdk(jdks, "temurin-25-jdk-amd64", "25.0.3")
-    bare = tmp_path / "bare" / "bin"
-    bare.mkdir(parents=True)
-    (bare / "java").write_text("#!/bin/sh\n")
-    (bare / "java").chmod(0o755)
-    monkeypatch.setenv("PATH", str(bare))
+    monkeypatch.setenv("PATH", str(_jdk(tmp_path, "bare", None) / "bin"))
     assert jvm.spark_java_home() is None
 
 
