@@ -42,7 +42,7 @@ from txjoin.job import Job
 from txjoin.join.output import changes_to_table
 from txjoin.join.routing import METADATA_SIZE, Routed, row_digest
 from txjoin.join.shard import ShardEngine, long_lived_state
-from txjoin.join.spark import host
+from txjoin.join.spark import host, input_frames
 from txjoin.join.state_log import ShardLog
 from txjoin.join.temporal import OutputChange
 from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
@@ -65,6 +65,11 @@ LOG_VALUE_SCHEMA = META_SCHEMA
 OUTPUT_SCHEMA = "shard int, changes binary, info string"
 """Per shard and batch: its output changes as Arrow IPC streams (``OUTPUT_CHUNK_ROWS`` each at
 most), and its progress (JSON) on the first row."""
+
+# A Python worker imports this module to unpickle the processor, before it reads the
+# task's rows: from then on they come in frames cut from each Arrow batch, not rebuilt
+# row by row (input_frames).
+input_frames.install()
 
 # Engines cached in this process (a shard's host, or a Python worker):
 # (query token, shard) -> engine. Only a cache
