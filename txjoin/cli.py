@@ -131,7 +131,10 @@ def _env(name: str) -> str:
                    "start when the job is idle (a busy job runs its batches back to back).")
 @click.option("--max-events-per-trigger", envvar=_env("MAX_EVENTS_PER_TRIGGER"),
               show_envvar=True, type=int, default=None,
-              help="Cap on records per micro-batch (default: everything available).")
+              help="Cap on records per micro-batch (default: everything available). Spark "
+                   "shares it among partitions by backlog, so on a backlog a small table's "
+                   "topic is read a few records a batch, and its snapshot and what follows "
+                   "wait for them (docs/production.md).")
 @click.option("--checkpoint-dir", envvar=_env("CHECKPOINT_DIR"), show_envvar=True, default=None,
               help="Spark checkpoint root; the job's checkpoint is <dir>/<job name>. "
                    "Default: <--dir>/checkpoints.")
