@@ -151,10 +151,21 @@ def java_version(home: Path) -> tuple[int, ...] | None:
     return tuple(int(part) for part in found.group(1).split(".")) if found else None
 
 
+SPARK_JAVA = {17: (17,), 21: (21,), 25: (25, 0, 3)}
+"""The Java releases Spark 4.2 runs on, each from its least version: 25 from 25.0.3 (Spark
+deprecates earlier 25s for a G1 data corruption, SPARK-55852)."""
+
+
 def spark_supports(version: tuple[int, ...]) -> bool:
-    """Whether Spark 4.2 runs on this Java: 17, 21, or 25 from 25.0.3 (Spark deprecates
-    earlier 25s for a G1 data corruption, SPARK-55852)."""
-    return version[0] in (17, 21) or (version[0] == 25 and version >= (25, 0, 3))
+    """Whether Spark 4.2 runs on this Java (``SPARK_JAVA``)."""
+    least = SPARK_JAVA.get(version[0])
+    return least is not None and version >= least
+
+
+def _releases() -> str:
+    """``SPARK_JAVA``'s releases in words: "17, 21 or 25"."""
+    *first, last = map(str, SPARK_JAVA)
+    return f"{', '.join(first)} or {last}" if first else last
 
 
 def spark_java_home() -> Path | None:
@@ -172,7 +183,7 @@ def spark_java_home() -> Path | None:
     if chosen:
         if not (Path(chosen) / "bin" / "java").is_file():
             raise ConfigError(f"${SPARK_JAVA_HOME_ENV} is {chosen!r}, which has no bin/java: "
-                              f"set it to a JDK's folder (Java 17, 21 or 25) or unset it")
+                              f"set it to a JDK's folder (Java {_releases()}) or unset it")
         return Path(chosen)
     if os.environ.get("JAVA_HOME"):
         return None
