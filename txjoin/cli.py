@@ -132,9 +132,10 @@ def _env(name: str) -> str:
 @click.option("--max-events-per-trigger", envvar=_env("MAX_EVENTS_PER_TRIGGER"),
               show_envvar=True, type=int, default=None,
               help="Cap on records per micro-batch (default: everything available). Spark "
-                   "shares it among partitions by backlog, so on a backlog a small table's "
-                   "topic is read a few records a batch, and its snapshot and what follows "
-                   "wait for them (docs/production.md).")
+                   "shares it among partitions by backlog; a new checkpoint reads the topics "
+                   "with at most this many records, beside larger ones, through a second "
+                   "source with the same cap, so a small table's snapshot is not read a "
+                   "record a batch (docs/production.md).")
 @click.option("--checkpoint-dir", envvar=_env("CHECKPOINT_DIR"), show_envvar=True, default=None,
               help="Spark checkpoint root; the job's checkpoint is <dir>/<job name>. "
                    "Default: <--dir>/checkpoints.")

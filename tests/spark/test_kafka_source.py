@@ -83,6 +83,37 @@ def test_a_read_limit_splits_batches_and_a_restart_resumes_where_it_stopped(
     assert sorted(r[2] for b in second for r in b) == [10, 11, 12]
 
 
+def test_small_topics_apart_arrive_whole_and_a_restart_keeps_the_checkpoints_sources(
+        spark: SparkSession, bootstrap: str, tmp_path: Path) -> None:
+    orders, tables = _topics(bootstrap)
+    _produce(bootstrap, orders, _values(40, "o"))
+    _produce(bootstrap, tables, _values(3, "t"))
+    topics = KafkaTopics(bootstrap, [orders, tables])
+    counts = topics.partitions()
+    checkpoint = tmp_path / "cp"
+    sources = topics.sources(checkpoint, counts, max_events=10)
+    assert sources == ((orders,), (tables,))
+    first = _run(read_stream(spark, bootstrap, [orders, tables], max_events=10,
+                             sources=sources), checkpoint)
+    # one source of both would read tables a record a batch (its share of 10 by backlog)
+    assert sorted(r[2] for r in first[0] if r[0] == tables) == [0, 1, 2]
+    assert len(first) >= 4 and all(len([r for r in b if r[0] == orders]) <= 10 for b in first)
+    assert last_offsets(checkpoint) == {orders: {"0": 40}, tables: {"0": 3}}
+
+    # restarted: the sources its offset log has, whatever the backlogs are now
+    _produce(bootstrap, tables, _values(30, "later"))
+    assert topics.sources(checkpoint, counts, max_events=10) == sources
+    second = _run(read_stream(spark, bootstrap, [orders, tables], max_events=10,
+                              sources=sources), checkpoint)
+    assert sorted(r[2] for b in second for r in b) == list(range(3, 33))
+    # a checkpoint started with one source keeps one; no limit, or latest: one
+    single = tmp_path / "single"
+    _run(read_stream(spark, bootstrap, [orders, tables], max_events=10), single)
+    assert topics.sources(single, counts, max_events=10) == ()
+    assert topics.sources(tmp_path / "new", counts, max_events=None) == ()
+    assert topics.sources(tmp_path / "new", counts, 10, starting_offsets="latest") == ()
+
+
 def test_topics_are_checked_with_one_line_errors(bootstrap: str) -> None:
     (data,) = _topics(bootstrap, count=1, partitions=3)
     (tx,) = _topics(bootstrap, count=1, partitions=2)

@@ -1,10 +1,12 @@
-"""The caught-up rule for Spark's kafka source under a read limit (``KafkaFacts.caught_up``).
+"""The caught-up rule for Spark's kafka source under a read limit (``KafkaFacts.caught_up``),
+and the split of small topics into a source of their own (``split_topics``).
 
 ``spark_rate_limit`` is Spark 4.2's ``KafkaMicroBatchStream.rateLimit`` (spark-sql-kafka
 4.2.0), in Python with the same float arithmetic: the end offsets a batch is planned with
-when ``maxOffsetsPerTrigger`` is set. The rule must never call a batch caught up while a
-partition was cut short (that would settle a snapshot or confirm a restarted transaction
-too early), and must call a batch caught up once the backlog is small.
+when ``maxOffsetsPerTrigger`` is set (each kafka source of a query plans its own). The
+rule must never call a topic caught up while one of its partitions was cut short (that
+would settle a snapshot or confirm a restarted transaction too early), and must call a
+batch caught up once the backlog is small.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from txjoin.ingest.spark.kafka import KafkaFacts
+from txjoin.ingest.spark.kafka import KafkaFacts, split_topics
 
 
 def spark_rate_limit(limit: int, start: dict[int, int], latest: dict[int, int]) -> dict[int, int]:
@@ -44,7 +46,7 @@ def test_a_batch_called_caught_up_read_every_partition_to_its_end(
     ends = spark_rate_limit(limit, start, latest)
     records = sum(ends[tp] - start[tp] for tp in start)
     facts = KafkaFacts({"t": len(backlog)}, max_events=limit)
-    if facts.caught_up(records):
+    if facts.caught_up({"t": records}):
         assert ends == latest, (backlog, limit, ends)
 
 
@@ -55,9 +57,46 @@ def test_a_small_backlog_is_caught_up_in_one_batch(backlog: list[int], limit: in
         start = dict.fromkeys(range(len(backlog)), 0)
         latest = dict(enumerate(backlog))
         assert spark_rate_limit(limit, start, latest) == latest
-        assert facts.caught_up(sum(backlog))
+        assert facts.caught_up({"t": sum(backlog)}) == {"t"}
 
 
 def test_without_a_limit_every_batch_is_caught_up() -> None:
-    assert KafkaFacts({"a": 3, "b": 1}).caught_up(10**9)
+    assert KafkaFacts({"a": 3, "b": 1}).caught_up({"a": 10**9}) == {"a", "b"}
     assert KafkaFacts({"a": 3, "b": 1}).several() == {"a": 3}
+
+
+topic_backlogs = st.dictionaries(st.sampled_from("abcdef"),
+                                 st.lists(st.integers(0, 3000), min_size=1, max_size=3),
+                                 min_size=1)
+
+
+@given(topic_backlogs, st.integers(1, 5000), st.integers(0, 10**6))
+def test_with_small_topics_apart_a_topic_called_caught_up_was_read_to_its_end(
+        backlog: dict[str, list[int]], limit: int, base: int) -> None:
+    """Each source plans its batch alone (its own limit): the rule, per source, never calls
+    a topic caught up while a partition of it was cut short."""
+    sources = split_topics({t: sum(ns) for t, ns in backlog.items()}, limit)
+    facts = KafkaFacts({t: len(ns) for t, ns in backlog.items()}, max_events=limit,
+                       sources=sources)
+    start = {(t, p): base + 17 * p for t, ns in backlog.items() for p in range(len(ns))}
+    latest = {(t, p): start[(t, p)] + n for t, ns in backlog.items() for p, n in enumerate(ns)}
+    ends = {}
+    for group in facts.groups():
+        parts = [tp for tp in start if tp[0] in group]
+        ends.update(spark_rate_limit(limit, {tp: start[tp] for tp in parts},
+                                     {tp: latest[tp] for tp in parts}))
+    read = {t: sum(ends[tp] - start[tp] for tp in start if tp[0] == t) for t in backlog}
+    for topic in facts.caught_up(read):
+        assert all(ends[tp] == latest[tp] for tp in start if tp[0] == topic), (topic, read)
+    if sources:  # a small topic arrives whole once the other sources' share is ignored
+        small = sources[1]
+        if sum(sum(backlog[t]) for t in small) < limit - sum(len(backlog[t]) for t in small):
+            assert set(small) <= facts.caught_up(read)
+
+
+def test_small_topics_get_a_source_of_their_own_only_beside_a_larger_one() -> None:
+    assert split_topics({"orders": 400_000, "tx": 200_000, "tables": 8, "pizzas": 0},
+                        25_000) == (("orders", "tx"), ("tables", "pizzas"))
+    assert split_topics({"orders": 400_000, "tables": 8}, None) == ()  # no limit: one
+    assert split_topics({"orders": 20_000, "tables": 8}, 25_000) == ()  # all small: one
+    assert split_topics({"orders": 30_000, "tx": 30_000}, 25_000) == ()  # all large: one

@@ -246,7 +246,9 @@ def check_kafka(job: Job, config: RunConfig, prefixes: dict[str, str],
     counts = topics.partitions()
     if checkpoint is not None:
         topics.check_checkpoint(checkpoint, counts)
-    return topics, KafkaFacts(counts, config.max_events_per_trigger)
+    sources = topics.sources(checkpoint, counts, config.max_events_per_trigger,
+                             config.starting_offsets)
+    return topics, KafkaFacts(counts, config.max_events_per_trigger, sources)
 
 
 def check_record_columns(job: Job, prefixes: dict[str, str], topics: KafkaTopics,
@@ -312,9 +314,10 @@ class Pipeline:
         return str(Path(self.config.checkpoint_dir) / self.job.name)
 
     def kafka_source(self) -> DataFrame:
-        """Spark's own ``kafka`` source over the job's topics, after checking them and the
-        checkpoint (``txjoin.ingest.spark.kafka``); the shards learn the partition
-        counts and the read limit from :attr:`kafka_facts`."""
+        """Spark's own ``kafka`` source over the job's topics (two, small topics apart, under
+        a read limit: ``txjoin.ingest.spark.kafka``), after checking them and the
+        checkpoint; the shards learn the partition counts, the read limit and the sources
+        from :attr:`kafka_facts`."""
         from txjoin.ingest.spark.kafka import read_stream
 
         topics, self.kafka_facts = check_kafka(self.job, self.config, self.prefixes,
@@ -322,7 +325,8 @@ class Pipeline:
         assert self.config.bootstrap_servers is not None
         return read_stream(self.spark, self.config.bootstrap_servers, topics.topics,
                            starting_offsets=self.config.starting_offsets,
-                           max_events=self.config.max_events_per_trigger)
+                           max_events=self.config.max_events_per_trigger,
+                           sources=self.kafka_facts.sources)
 
     def n_shards(self) -> int:
         """``--shards``, else what the checkpoint was started with, else Spark's parallelism."""

@@ -24,6 +24,16 @@ What the core learned from txjoin's former Python source, re-derived here:
   exactly-once source support, writes no transaction markers; the topics are not
   compacted): a batch cut short by the limit that also skipped gaps could pass for
   caught up.
+- **Small topics read by a source of their own.** Spark's share of the limit goes by
+  backlog, so on a long backlog a topic of a few records (a lookup table's snapshot) is
+  read a record or so per batch, and nothing is released until its last snapshot row
+  arrives. So when a new checkpoint starts with a read limit N, the topics whose backlog
+  is at most N while some other topic's is larger are read by a second kafka source
+  with a limit N of its own (:func:`split_topics`): they arrive whole in the first
+  batches. Spark matches sources by their place in the query, so a restart takes the
+  split from the checkpoint's offset log (a line per source: :func:`checkpoint_sources`),
+  whatever the backlogs are then; a checkpoint started with one source keeps one. The
+  caught-up rule holds per source (:meth:`KafkaFacts.caught_up`).
 - **Partition counts.** Read from the brokers when the query starts (and recorded in
   the checkpoint, see below). Table topics with several partitions are declared to the
   shards from these counts; a record from a partition beyond them (a topic that gained
@@ -38,10 +48,11 @@ What the core learned from txjoin's former Python source, re-derived here:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,6 +76,11 @@ TOPICS_FILE = "txjoin-topics.json"
 _NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # Kafka's zero UUID: the broker has no id
 
 
+Sources = tuple[tuple[str, ...], ...]
+"""The topics each kafka source of the query reads, in the query's order (one source: one
+group of every topic)."""
+
+
 @dataclass(frozen=True)
 class KafkaFacts:
     """What the shards need to know about the topics and Spark's kafka source does not say."""
@@ -72,15 +88,26 @@ class KafkaFacts:
     partitions: dict[str, int]
     """Topic -> partition count, for every subscribed topic."""
     max_events: int | None = None
-    """``maxOffsetsPerTrigger``: None reads everything available in every batch."""
+    """``maxOffsetsPerTrigger`` of each source: None reads everything available in every
+    batch."""
+    sources: Sources = ()
+    """The topics of each kafka source (:func:`split_topics`); empty: one source."""
 
-    @property
-    def total_partitions(self) -> int:
-        return sum(self.partitions.values())
+    def groups(self) -> Sources:
+        return self.sources or (tuple(self.partitions),)
 
-    def caught_up(self, records: int) -> bool:
-        """Whether a batch of ``records`` records read every partition to its planned end."""
-        return self.max_events is None or records < self.max_events - self.total_partitions
+    def caught_up(self, records: Mapping[str, int]) -> set[str]:
+        """The topics a batch read to their planned end, from ``records`` (topic -> records
+        the batch read from it): every topic of a source that read fewer than ``N - P``
+        records (N its limit, P its partitions; each source is limited on its own)."""
+        if self.max_events is None:
+            return set(self.partitions)
+        out: set[str] = set()
+        for group in self.groups():
+            read = sum(records.get(t, 0) for t in group)
+            if read < self.max_events - sum(self.partitions.get(t, 0) for t in group):
+                out.update(group)
+        return out
 
     def several(self) -> dict[str, int]:
         """The topics with several partitions and their counts."""
@@ -211,6 +238,21 @@ class KafkaTopics:
                     del last[(topic, partition)]
         return out
 
+    def sources(self, checkpoint: Path | None, counts: dict[str, int], max_events: int | None,
+                starting_offsets: str = "earliest") -> Sources:
+        """The kafka sources of the query: as the checkpoint's offset log has them once it
+        planned a batch, else :func:`split_topics` of the backlogs now."""
+        if checkpoint is not None:
+            recorded = checkpoint_sources(checkpoint, self.topics)
+            if recorded is not None:
+                return recorded
+        if max_events is None or starting_offsets != "earliest":
+            return ()
+        backlogs = dict.fromkeys(self.topics, 0)
+        for (topic, _), (low, high) in self.ranges(counts).items():
+            backlogs[topic] += high - low
+        return split_topics(backlogs, max_events)
+
     def topic_ids(self) -> dict[str, str]:
         """Kafka topic ids of the subscribed topics; empty where the broker has none."""
         from confluent_kafka import KafkaException, TopicCollection
@@ -269,21 +311,53 @@ class KafkaTopics:
                                       for t, n in sorted(counts.items())}, indent=1) + "\n")
 
 
-def last_offsets(checkpoint: Path) -> dict[str, dict[str, int]]:
-    """The kafka source's end offsets of the checkpoint's last planned batch (empty if none).
+def _offset_lines(checkpoint: Path) -> list[dict[str, dict[str, int]]]:
+    """Each kafka source's end offsets in the checkpoint's last planned batch, in the
+    query's source order (empty: no batch planned).
 
     Spark's offset log: ``<checkpoint>/offsets/<batch id>``, a version line, a metadata
-    line, then one line per source (this query has one: the kafka source).
+    line, then one line per source (``{topic: {partition: offset}}`` for a kafka source).
     """
     folder = checkpoint / "offsets"
     batches = sorted((int(p.name) for p in folder.glob("[0-9]*")), reverse=True) \
         if folder.is_dir() else []
     for batch in batches:
-        lines = (folder / str(batch)).read_text().splitlines()
-        if len(lines) >= 3 and lines[2].strip().startswith("{"):
-            loaded = json.loads(lines[2])
-            return {t: {p: int(o) for p, o in parts.items()} for t, parts in loaded.items()}
-    return {}
+        lines = [line.strip() for line in (folder / str(batch)).read_text().splitlines()[2:]]
+        if lines and all(line.startswith("{") for line in lines):
+            return [{t: {p: int(o) for p, o in parts.items()}
+                     for t, parts in json.loads(line).items()} for line in lines]
+    return []
+
+
+def last_offsets(checkpoint: Path) -> dict[str, dict[str, int]]:
+    """The kafka sources' end offsets of the checkpoint's last planned batch (empty if none)."""
+    return {t: parts for line in _offset_lines(checkpoint) for t, parts in line.items()}
+
+
+def split_topics(backlogs: Mapping[str, int], max_events: int | None) -> Sources:
+    """The kafka sources a new checkpoint's query reads, from each topic's ``backlogs``
+    (records to read): with a read limit N, the topics of at most N records while another
+    has more get a source of their own (a share by backlog would read them a record or so
+    a batch); otherwise one source."""
+    if max_events is None:
+        return ()
+    small = tuple(t for t, n in backlogs.items() if n <= max_events)
+    large = tuple(t for t in backlogs if t not in small)
+    return (large, small) if small and large else ()
+
+
+def checkpoint_sources(checkpoint: Path, topics: Sequence[str]) -> Sources | None:
+    """The kafka sources the checkpoint's query was started with, as its offset log records
+    them (``topics`` no source read yet go to the first); None if it planned no batch."""
+    lines = _offset_lines(checkpoint)
+    if not lines:
+        return None
+    if len(lines) == 1:
+        return ()
+    groups = [[t for t in line if t in topics] for line in lines]
+    seen = {t for group in groups for t in group}
+    groups[0].extend(t for t in topics if t not in seen)
+    return tuple(tuple(group) for group in groups)
 
 
 # The consumer's fetch.max.wait.ms: how long the broker holds a fetch that finds fewer
@@ -307,13 +381,23 @@ MAX_POLL_RECORDS = 20_000
 
 
 def read_stream(spark: SparkSession, bootstrap: str, topics: Sequence[str],
-                starting_offsets: str = "earliest", max_events: int | None = None
-                ) -> DataFrame:
+                starting_offsets: str = "earliest", max_events: int | None = None,
+                sources: Sources = ()) -> DataFrame:
     """Spark's kafka source over ``topics`` as ``markers.SCHEMA_DDL`` rows (key and value
-    as strings: Debezium's JSON; a tombstone's value is null)."""
+    as strings: Debezium's JSON; a tombstone's value is null); with ``sources``, one kafka
+    source per group of topics, each with the read limit, in one stream (a union)."""
     if starting_offsets not in ("earliest", "latest"):
         raise ConfigError(f"--starting-offsets must be 'earliest' or 'latest', got "
                           f"{starting_offsets!r}")
+    if max_events is not None and max_events <= 0:
+        raise ConfigError(f"--max-events-per-trigger must be positive, got {max_events}")
+    frames = [_read_one(spark, bootstrap, group, starting_offsets, max_events)
+              for group in (sources or (tuple(topics),))]
+    return functools.reduce(DataFrame.union, frames)
+
+
+def _read_one(spark: SparkSession, bootstrap: str, topics: Sequence[str],
+              starting_offsets: str, max_events: int | None) -> DataFrame:
     reader = (spark.readStream.format(SOURCE_NAME)
               .option("kafka.bootstrap.servers", bootstrap)
               .option("subscribe", ",".join(dict.fromkeys(topics)))
@@ -324,8 +408,6 @@ def read_stream(spark: SparkSession, bootstrap: str, topics: Sequence[str],
               .option("kafka.max.partition.fetch.bytes", str(MAX_PARTITION_FETCH_BYTES))
               .option("kafka.max.poll.records", str(MAX_POLL_RECORDS)))
     if max_events is not None:
-        if max_events <= 0:
-            raise ConfigError(f"--max-events-per-trigger must be positive, got {max_events}")
         reader = reader.option("maxOffsetsPerTrigger", str(max_events))
     return reader.load().selectExpr(
         "topic", "partition", "offset", "CAST(key AS STRING) AS key",

@@ -260,7 +260,9 @@ class ShardProcessor(StatefulProcessor):
                 zip(marker_rows["topic"], marker_rows["partition"], marker_rows["offset"],
                     strict=True), self.streams)
         else:
-            caught, partitions = self._kafka_facts(self.kafka_facts, int((~markers).sum()))
+            read = frame["topic"][~markers].value_counts().to_dict() \
+                if self.kafka_facts.max_events is not None else {}
+            caught, partitions = self._kafka_facts(self.kafka_facts, read)
         records = frame.loc[~markers]
         read_started = time.perf_counter()
         items = routed_items(self.job, len(self.labels), records)
@@ -293,19 +295,18 @@ class ShardProcessor(StatefulProcessor):
                 "seconds": {**result.seconds, "total": time.perf_counter() - started}}
         return changes_frame(self.job, shard, result.changes, info)
 
-    def _kafka_facts(self, facts: KafkaFacts, records: int
+    def _kafka_facts(self, facts: KafkaFacts, records: dict[str, int]
                      ) -> tuple[set[str], TopicPartitions | None]:
         """The same, for Spark's kafka source: every shard sees every record of the batch
-        once, so ``records`` is the batch's size, which tells whether the read limit cut
-        it short (``KafkaFacts.caught_up``)."""
-        caught_up = facts.caught_up(records)
-        caught = {s for t, s in self.streams.items() if t in facts.partitions} \
-            if caught_up else set()
-        several = {self.streams[t]: n for t, n in facts.several().items() if t in self.streams}
+        once, so ``records`` (topic -> records) is what the batch read, which tells which
+        sources the read limit cut short (``KafkaFacts.caught_up``)."""
+        topics = facts.caught_up(records)
+        caught = {s for t, s in self.streams.items() if t in topics}
+        several = {t: n for t, n in facts.several().items() if t in self.streams}
         if not several:
             return caught, None
-        parts = {s: frozenset(range(n)) for s, n in several.items()} if caught_up else {}
-        return caught, TopicPartitions(several, parts)
+        parts = {self.streams[t]: frozenset(range(n)) for t, n in several.items() if t in topics}
+        return caught, TopicPartitions({self.streams[t]: n for t, n in several.items()}, parts)
 
     def close(self) -> None:
         pass
