@@ -11,12 +11,16 @@ batch caught up once the backlog is small.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from txjoin.ingest.spark.kafka import KafkaFacts, split_topics
+from txjoin.errors import CheckpointError
+from txjoin.ingest.spark.kafka import KafkaFacts, checkpoint_sources, last_offsets, split_topics
 
 
 def spark_rate_limit(limit: int, start: dict[int, int], latest: dict[int, int]) -> dict[int, int]:
@@ -100,3 +104,26 @@ def test_small_topics_get_a_source_of_their_own_only_beside_a_larger_one() -> No
     assert split_topics({"orders": 400_000, "tables": 8}, None) == ()  # no limit: one
     assert split_topics({"orders": 20_000, "tables": 8}, 25_000) == ()  # all small: one
     assert split_topics({"orders": 30_000, "tx": 30_000}, 25_000) == ()  # all large: one
+
+
+def _offset_log(checkpoint: Path, batch: int, *sources: dict[str, dict[str, int]]) -> None:
+    """A batch of Spark's offset log as Spark writes it: version, metadata, a line per source."""
+    folder = checkpoint / "offsets"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = ["v1", json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 1, "conf": {}}),
+             *(json.dumps(s) for s in sources)]
+    (folder / str(batch)).write_text("\n".join(lines))
+
+
+def test_a_restart_takes_the_sources_from_the_checkpoints_offset_log(tmp_path: Path) -> None:
+    assert checkpoint_sources(tmp_path, ["o", "t"]) is None  # nothing planned: decide anew
+    _offset_log(tmp_path, 0, {"o": {"0": 5}})
+    assert checkpoint_sources(tmp_path, ["o", "t"]) == ()  # one source: kept one
+    _offset_log(tmp_path, 1, {"o": {"0": 9}, "x": {"0": 2, "1": 3}}, {"t": {"0": 8}})
+    # the newest batch decides; a topic no source read yet goes to the first
+    assert checkpoint_sources(tmp_path, ["o", "x", "t", "new"]) == (("o", "x", "new"), ("t",))
+    assert last_offsets(tmp_path) == {"o": {"0": 9}, "x": {"0": 2, "1": 3}, "t": {"0": 8}}
+    with pytest.raises(CheckpointError, match=r"reads t through a kafka source of their own, "
+                                              r"and the job subscribes none of them now; .*"
+                                              r"--rebuild"):
+        checkpoint_sources(tmp_path, ["o", "x"])

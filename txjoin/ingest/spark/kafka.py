@@ -355,6 +355,12 @@ def checkpoint_sources(checkpoint: Path, topics: Sequence[str]) -> Sources | Non
     if len(lines) == 1:
         return ()
     groups = [[t for t in line if t in topics] for line in lines]
+    for line, group in zip(lines, groups, strict=True):
+        if not group:  # Spark would refuse the query: its sources no longer match the log
+            raise CheckpointError(
+                f"{SOURCE_NAME}: the checkpoint {checkpoint} reads {', '.join(sorted(line))} "
+                f"through a kafka source of their own, and the job subscribes none of them now; "
+                f"{RECOVER}")
     seen = {t for group in groups for t in group}
     groups[0].extend(t for t in topics if t not in seen)
     return tuple(tuple(group) for group in groups)
