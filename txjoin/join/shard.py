@@ -37,20 +37,29 @@ from txjoin.sequence.assembly import IncompletePolicy, SnapshotBuffer, TopicPart
 
 
 @contextlib.contextmanager
-def long_lived_state() -> Iterator[None]:
+def long_lived_state(settle: bool = True) -> Iterator[None]:
     """Run a shard's batch with the cyclic collector off, then collect only what the batch
     allocated and move the survivors out of the collector's generations (``gc.freeze``).
 
     A shard's state is millions of long-lived objects (rows, open transactions' events):
     left to the collector, every full collection during a batch walks all of them again
-    (a 200,000-event transaction: ~20% of its batches' time)."""
+    (a 200,000-event transaction: ~20% of its batches' time). ``settle=False`` leaves the
+    collector off for the caller to :func:`settle_state` later: a shard's host does it
+    after it replied, between two batches, not on the task's path."""
     gc.disable()
     try:
         yield
     finally:
-        gc.collect(1)
-        gc.freeze()
-        gc.enable()
+        if settle:
+            settle_state()
+
+
+def settle_state() -> None:
+    """The end of :func:`long_lived_state`: collect what the batch allocated, freeze the
+    survivors, turn the collector back on."""
+    gc.collect(1)
+    gc.freeze()
+    gc.enable()
 
 
 def _position_key(item: ChangeEvent | TxMarker) -> tuple[str, int, int]:

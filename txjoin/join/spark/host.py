@@ -220,6 +220,7 @@ def _alive(pid: int) -> bool:
 
 
 def _serve(conn: socket.socket) -> None:
+    from txjoin.join.shard import settle_state
     from txjoin.join.spark.shards import run_batch
 
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -229,13 +230,18 @@ def _serve(conn: socket.socket) -> None:
     request = recv(conn)
     store = RemoteStore(conn)
     try:
-        out = run_batch(request, store)
-    except Exception as exc:  # the task raises it, as if it had run the batch itself
-        args = tuple(a if _picklable(a) else str(a) for a in exc.args)
-        attrs = {k: v for k, v in vars(exc).items() if _picklable(v)}
-        send(conn, ("error", type(exc).__module__, type(exc).__qualname__, args, attrs))
-        return
-    send(conn, ("done", out))
+        try:
+            out = run_batch(request, store, settle=False)
+        except Exception as exc:  # the task raises it, as if it had run the batch itself
+            args = tuple(a if _picklable(a) else str(a) for a in exc.args)
+            attrs = {k: v for k, v in vars(exc).items() if _picklable(v)}
+            send(conn, ("error", type(exc).__module__, type(exc).__qualname__, args, attrs))
+            return
+        send(conn, ("done", out))
+    finally:
+        # The collection after a batch (shard.long_lived_state), once the task has its
+        # output: between two batches, while Spark and the sinks finish this one.
+        settle_state()
 
 
 def main(name: str, watch_pid: int) -> None:

@@ -313,11 +313,12 @@ class ShardProcessor(StatefulProcessor):
 
 
 def run_batch(request: tuple[bytes, int, pd.DataFrame, float, int | None],
-              store: Any) -> list[pd.DataFrame]:
+              store: Any, settle: bool = True) -> list[pd.DataFrame]:
     """Run a shard's batch in this process (a Python worker, or the shard's host):
     ``request`` is what :meth:`ShardProcessor.handleInputRows` sends (the last field: the
     micro-batch, known only when a crash point needs it), ``store`` the shard's
-    state store (Spark's, or the task's over the host's connection)."""
+    state store (Spark's, or the task's over the host's connection). ``settle=False``:
+    the caller calls ``shard.settle_state()`` once it has sent the output (a host)."""
     spec, shard, frame, started, batch = request
     crashpoints.shard_batch(batch)
     processor = _PROCESSORS.get(spec)
@@ -327,7 +328,7 @@ def run_batch(request: tuple[bytes, int, pd.DataFrame, float, int | None],
         _PROCESSORS.clear()
         _PROCESSORS[spec] = processor
     processor.store = store
-    with long_lived_state():
+    with long_lived_state(settle):
         return [processor.handle(shard, frame, started)]
 
 

@@ -1,0 +1,94 @@
+"""A shard's host answers the task first and collects after (``txjoin/join/spark/host.py``).
+
+The collection that ends a shard's batch (``shard.long_lived_state``) walks what the
+batch allocated; in a host it runs once the task has the batch's output, between two
+batches, so it is not on the task's path. These tests run the host's side of one
+connection in a thread, with the task's side (``host.serve_batch``) over a socket pair
+and an in-memory state store.
+"""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from pyspark import cloudpickle
+
+from txjoin.job import load_job
+from txjoin.join import shard as shard_mod
+from txjoin.join.spark import host
+from txjoin.join.spark.routing import ROUTED_COLUMNS
+from txjoin.join.spark.shards import ShardProcessor
+from txjoin.join.state_log import MemoryStore
+from txjoin.sequence.assembly import IncompletePolicy
+
+ORDERS = Path(__file__).resolve().parents[2] / "jobs" / "orders.py"
+
+
+def _request() -> tuple[bytes, int, pd.DataFrame, float, None]:
+    """What a task sends for a batch that read nothing (a processor's fields as
+    ``ShardProcessor.handleInputRows`` pickles them, shard 0 of 2)."""
+    processor = ShardProcessor(load_job(ORDERS), [0, 1], IncompletePolicy("fail", 300.0),
+                               "shop", "test-token")
+    spec = cloudpickle.dumps({k: v for k, v in vars(processor).items()
+                              if k not in ("store", "_spec")})
+    frame = pd.DataFrame({c: pd.Series([], dtype=object) for c in ROUTED_COLUMNS
+                          if c != "shard"})
+    frame["offset"] = frame["offset"].astype("int64")
+    frame["counted"] = frame["counted"].astype(bool)
+    return spec, 0, frame, time.perf_counter(), None
+
+
+@pytest.fixture
+def connection() -> Iterator[tuple[socket.socket, socket.socket]]:
+    task, served = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    yield task, served
+    task.close()
+    served.close()
+    gc.enable()  # whatever a failed test left
+
+
+def test_the_host_replies_before_it_collects(
+        connection: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    task, served = connection
+    replied = threading.Event()
+    seen: list[bool] = []
+    settle = shard_mod.settle_state
+
+    def settle_after_reply() -> None:
+        # the batch's collector is still off here: the reply must not wait for this
+        seen.append(not gc.isenabled())
+        seen.append(replied.wait(10))
+        settle()
+
+    monkeypatch.setattr(shard_mod, "settle_state", settle_after_reply)
+    thread = threading.Thread(target=host._serve, args=(served,), daemon=True)
+    thread.start()
+    out = list(host.serve_batch(task, _request(), MemoryStore()))
+    replied.set()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert len(out) == 1 and list(out[0]["shard"]) == [0]  # the shard's (empty) output
+    assert seen == [True, True]  # collected with the collector off, after the reply
+    assert gc.isenabled()
+
+
+def test_a_failed_batch_is_reported_and_the_collector_is_back_on(
+        connection: tuple[socket.socket, socket.socket]) -> None:
+    task, served = connection
+    _spec, shard, frame, started, batch = _request()
+    thread = threading.Thread(target=host._serve, args=(served,), daemon=True)
+    thread.start()
+    with pytest.raises(pickle.UnpicklingError, match="invalid load key"):  # raised in the task
+        list(host.serve_batch(task, (b"not a pickle", shard, frame, started, batch),
+                              MemoryStore()))
+    thread.join(10)
+    assert not thread.is_alive()
+    assert gc.isenabled()
