@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from pyspark import cloudpickle
 
 from txjoin.job import load_job
 from txjoin.join import shard as shard_mod
@@ -33,17 +32,14 @@ ORDERS = Path(__file__).resolve().parents[2] / "jobs" / "orders.py"
 
 
 def _request() -> tuple[bytes, int, pd.DataFrame, float, None]:
-    """What a task sends for a batch that read nothing (a processor's fields as
-    ``ShardProcessor.handleInputRows`` pickles them, shard 0 of 2)."""
+    """What a task sends for a batch that read nothing (shard 0 of 2)."""
     processor = ShardProcessor(load_job(ORDERS), [0, 1], IncompletePolicy("fail", 300.0),
                                "shop", "test-token")
-    spec = cloudpickle.dumps({k: v for k, v in vars(processor).items()
-                              if k not in ("store", "_spec")})
     frame = pd.DataFrame({c: pd.Series([], dtype=object) for c in ROUTED_COLUMNS
                           if c != "shard"})
     frame["offset"] = frame["offset"].astype("int64")
     frame["counted"] = frame["counted"].astype(bool)
-    return spec, 0, frame, time.perf_counter(), None
+    return processor.spec(), 0, frame, time.perf_counter(), None
 
 
 @pytest.fixture

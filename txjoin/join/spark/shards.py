@@ -238,18 +238,24 @@ class ShardProcessor(StatefulProcessor):
 
         frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         shard = self.labels.index(int(key[0]))
-        if self._spec is None:
-            spec = {k: v for k, v in vars(self).items() if k not in ("store", "_spec")}
-            self._spec = cloudpickle.dumps(spec)
         # tests only (txjoin.crashpoints): the host has no task context to tell the batch
         batch = crashpoints.task_batch_id() if crashpoints.armed(crashpoints.SHARD_APPLY) \
             else None
-        request = (self._spec, shard, frame, started, batch)
+        request = (self.spec(), shard, frame, started, batch)
         if not host.available():
             yield from run_batch(request, self.store)
             return
         with host.connect(shard) as conn:
             yield from host.serve_batch(conn, request, self.store)
+
+    def spec(self) -> bytes:
+        """The processor's fields, pickled once: what a request carries, and what
+        :func:`run_batch` rebuilds the processor from in a shard's host."""
+        spec: bytes | None = getattr(self, "_spec", None)
+        if spec is None:
+            spec = self._spec = cloudpickle.dumps(
+                {k: v for k, v in vars(self).items() if k not in ("store", "_spec")})
+        return spec
 
     def handle(self, shard: int, frame: pd.DataFrame, started: float) -> pd.DataFrame:
         """Run one batch of the shard on its engine (cached in this process)."""
