@@ -452,6 +452,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                         for r, b in zip(reports, stages, strict=True)],
         })
         result.update(sink_figures(commits))
+        result["per_shard"] = shard_figures(steady)
         result["ratio_to_ceiling"] = round(result["events_per_s"] /
                                            max(1, result["ceiling_events_per_s"]), 3)
         result["output_rows"] = len(expected)
@@ -489,6 +490,83 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
             shutil.rmtree(pg_root, ignore_errors=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def shard_figures(steady: Sequence[Any]) -> dict[str, Any]:
+    """What a cluster's batch costs against the work of all its tasks, from the steady
+    batches' reports (``BatchReport.per_shard``): per shard stage (and ``cpu``, each shard
+    process's CPU seconds over its batch), the p50 over batches of the slowest shard's
+    seconds (``slowest``) and of the sum over shards (``sum``); and per shard, the rows its
+    state held after the last batch and its process's peak RSS."""
+    per_batch = [r.per_shard for r in steady if r.per_shard]
+    if not per_batch:
+        return {}
+    stages = list(dict.fromkeys(k for shards in per_batch for s in shards
+                                for k in s.get("seconds", {})))
+
+    def seconds(s: dict[str, Any], stage: str) -> float:
+        return float(s.get("cpu_seconds", 0.0) if stage == "cpu"
+                     else s.get("seconds", {}).get(stage, 0.0))
+
+    figures: dict[str, Any] = {"slowest": {}, "sum": {}}
+    for stage in [*stages, "cpu"]:
+        figures["slowest"][stage] = round(quantile(
+            [max(seconds(s, stage) for s in shards) for shards in per_batch], 0.5), 4)
+        figures["sum"][stage] = round(quantile(
+            [sum(seconds(s, stage) for s in shards) for shards in per_batch], 0.5), 4)
+    last = {s["shard"]: s for shards in per_batch for s in shards}
+    figures["state_rows"] = [last[k].get("state_rows", 0) for k in sorted(last)]
+    figures["peak_rss_mb"] = [max(s.get("peak_rss_mb", 0) for shards in per_batch
+                                  for s in shards if s["shard"] == k) for k in sorted(last)]
+    figures["steady_batches"] = len(per_batch)
+    return figures
+
+
+def sweep_figures(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The shard sweep's comparison: per shard count, its slowest and summed shard seconds
+    (``total``, and ``cpu``) and its largest shard state, each as a ratio to the fewest
+    shards' run."""
+    base_n = min(runs)
+    base = runs[base_n]["per_shard"]
+    ratios: dict[str, Any] = {}
+    for n, run in sorted(runs.items()):
+        mine = run["per_shard"]
+        ratios[str(n)] = {
+            **{f"slowest_{k}": round(mine["slowest"][k] / max(1e-9, base["slowest"][k]), 3)
+               for k in ("total", "cpu")},
+            **{f"sum_{k}": round(mine["sum"][k] / max(1e-9, base["sum"][k]), 3)
+               for k in ("total", "cpu")},
+            "largest_state_rows": round(max(mine["state_rows"]) /
+                                        max(1, max(base["state_rows"])), 3),
+            "events_per_s": run["events_per_s"]}
+    return {"base_shards": base_n, "ratios_to_base": ratios}
+
+
+def sweep_chart(runs: dict[int, dict[str, Any]], path: Path) -> None:
+    """The sweep as a PNG (matplotlib): per shard count, the slowest shard's and the summed
+    shard CPU seconds per steady batch, against the ideal split of the fewest shards' work."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = sorted(runs)
+    slowest = [runs[n]["per_shard"]["slowest"]["cpu"] for n in counts]
+    summed = [runs[n]["per_shard"]["sum"]["cpu"] for n in counts]
+    ideal = [slowest[0] * counts[0] / n for n in counts]
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    ax.plot(counts, summed, "o-", label="sum over shards")
+    ax.plot(counts, slowest, "o-", label="slowest shard (a cluster's batch)")
+    ax.plot(counts, ideal, "--", color="grey", label="work split evenly")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [str(n) for n in counts])
+    ax.set_xlabel("shards (local[1])")
+    ax.set_ylabel("shard CPU seconds per steady batch (p50)")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def sink_figures(commits: list[GroupCommit]) -> dict[str, Any]:
@@ -531,12 +609,19 @@ def sink_figures(commits: list[GroupCommit]) -> dict[str, Any]:
 @click.option("--partitions", type=click.IntRange(min=1), default=1, show_default=True,
               help="Partitions of each table topic (records spread by key, as Debezium's are); "
                    "the transaction topic keeps one. kafka and replay sources.")
+@click.option("--shard-sweep", "sweep", default=None, metavar="N,N,...",
+              help="Run the same workload once per shard count (e.g. 1,2,4,8; use with "
+                   "--master local[1], where a batch's shard tasks run one after another) "
+                   "and report per count the slowest shard's and the summed shards' seconds "
+                   "per steady batch, per stage and in CPU, and each shard's state rows and "
+                   "peak RSS (kafka and replay sources; --chart: a PNG of it).")
 @click.option("--keep", is_flag=True, help="Keep the work directory (checkpoints, Delta, logs).")
 @click.option("--peer", "peers", multiple=True, type=click.Choice(["flink"]),
               help="Also run this system on the same workload, archived as files, and compare "
                    "throughput and inconsistent observable states (txjoin.peers.bench).")
 @click.option("--chart", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="With --peer or --source files:DIR: a PNG chart of the comparison.")
+              help="With --peer, --shard-sweep or --source files:DIR: a PNG chart of the "
+                   "comparison.")
 @click.option("--also-job", "also_jobs", multiple=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Also run this job (over the pizzeria's tables, e.g. jobs/orders_totals.py) "
@@ -550,7 +635,7 @@ def sink_figures(commits: list[GroupCommit]) -> dict[str, Any]:
 def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, master: str,
           snapshot_orders: int, source_kind: str, shards: int | None, partitions: int,
           keep: bool, peers: tuple[str, ...], chart: Path | None,
-          also_jobs: tuple[Path, ...]) -> None:
+          also_jobs: tuple[Path, ...], sweep: str | None) -> None:
     """Benchmark the full pipeline (source -> shards -> Delta + PostgreSQL) against its ceiling.
 
     With --peer or --source files:DIR: the same workload through txjoin's file source and
@@ -563,6 +648,13 @@ def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, 
             raise ConfigError(f"--also-job {path}: reads {', '.join(sorted(tables))}; the "
                               "benchmark's workload is the pizzeria's "
                               f"({', '.join(workload_tables)})")
+    if sweep is not None:
+        if peers or also_jobs or shards is not None or source_kind not in ("kafka", "replay"):
+            raise ConfigError("--shard-sweep sets --shards itself and runs with the kafka and "
+                              "replay sources, without --peer or --also-job")
+        run_sweep(parse_counts(sweep), transactions, max_events_per_trigger, seed, out,
+                  master, keep, snapshot_orders, source_kind, partitions, chart)
+        return
     if peers or chart is not None or source_kind.startswith("files:"):
         if also_jobs:
             raise ConfigError("--also-job runs with the kafka and replay sources, not with "
@@ -586,3 +678,49 @@ def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, 
     for key, value in shown.items():
         click.echo(f"{key:<{width}}  {value}")
     click.echo(f"written to {out}")
+
+
+def parse_counts(text: str) -> list[int]:
+    """``--shard-sweep``'s shard counts: distinct positive integers, comma separated."""
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        counts = []
+    if not counts or counts[0] < 1:
+        raise click.BadParameter(f"expected shard counts such as 1,2,4,8, got {text!r}",
+                                 param_hint="--shard-sweep")
+    return counts
+
+
+def run_sweep(counts: list[int], transactions: int, max_events: int, seed: int, out: Path,
+              master: str, keep: bool, snapshot_orders: int, source_kind: str,
+              partitions: int, chart: Path | None) -> None:
+    """``--shard-sweep``: :func:`run_bench` once per shard count, one after another, into one
+    results file (each run whole under ``runs``, its batches left out) with the ratios."""
+    runs: dict[int, dict[str, Any]] = {}
+    for n in counts:
+        click.echo(f"-- {n} shard(s) on {master}")
+        with tempfile.TemporaryDirectory(prefix="txjoin-sweep-") as tmp:
+            result = run_bench(transactions, max_events, seed, Path(tmp) / "run.json", master,
+                               keep, snapshot_orders=snapshot_orders, source_kind=source_kind,
+                               shards=n, partitions=partitions)
+        result.pop("batches", None)
+        runs[n] = result
+        figures = result.get("per_shard", {})
+        if not figures:
+            raise ConfigError(f"--shard-sweep: the run with {n} shard(s) had no steady batch "
+                              "(every batch brought snapshot rows); raise -n or lower "
+                              "--max-events-per-trigger")
+        click.echo(f"   {result['events_per_s']} events/s; per steady batch: slowest shard "
+                   f"{figures['slowest']['total']:.3f} s ({figures['slowest']['cpu']:.3f} s "
+                   f"CPU), sum over shards {figures['sum']['total']:.3f} s "
+                   f"({figures['sum']['cpu']:.3f} s CPU); state rows per shard "
+                   f"{figures['state_rows']}; peak RSS per shard {figures['peak_rss_mb']} MB")
+    summary = {"shard_sweep": counts, "master": master, "transactions": transactions,
+               **sweep_figures(runs), "runs": {str(n): r for n, r in runs.items()}}
+    for n, ratio in summary["ratios_to_base"].items():
+        click.echo(f"{n:>3} shard(s): " + ", ".join(f"{k} {v}" for k, v in ratio.items()))
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    if chart is not None:
+        sweep_chart(runs, chart)
+    click.echo(f"written to {out}" + (f" and {chart}" if chart else ""))

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import click
 import pytest
 
 from tests.unit.delivery import pizzeria_rows
 from tests.unit.test_properties import JOB_VARIANTS
-from txjoin.bench import batch_stages, stage_names
+from txjoin.bench import batch_stages, parse_counts, shard_figures, stage_names, sweep_figures
 from txjoin.join.sharded import ShardedEngine
-from txjoin.pipeline.pipeline import stage_seconds
+from txjoin.pipeline.pipeline import merge_infos, stage_seconds
 
 SHARD_STAGES = {"state_load", "read_records", "sequence", "join", "state_save"}
 
@@ -52,3 +55,59 @@ def test_stage_names_fill_what_a_batch_did_not_have() -> None:
     stages = [{"compute": 1.0}, {"compute": 2.0, "delta_maintain": 3.0}]
     assert stage_names(stages) == ["compute", "delta_maintain"]
     assert stages[0] == {"compute": 1.0, "delta_maintain": 0.0}
+
+
+def _shard(n: int, total: float, cpu: float, rows: int, rss: int) -> dict[str, object]:
+    return {"shard": n, "seconds": {"join": total / 2, "total": total}, "cpu_seconds": cpu,
+            "state_rows": rows, "peak_rss_mb": rss}
+
+
+def test_merged_progress_keeps_each_shards_own_figures_in_shard_order() -> None:
+    infos = [{"shard": 1, "commit_seq": 3, "records": 5, "seconds": {"total": 0.2},
+              "cpu_seconds": 0.1, "state_rows": 7, "peak_rss_mb": 90, "waiting": 0},
+             {"shard": 0, "commit_seq": 3, "records": 4, "seconds": {"total": 0.5},
+              "cpu_seconds": 0.4, "state_rows": 9, "peak_rss_mb": 80}]
+    merged = merge_infos(infos)
+    assert merged["seconds"] == {"total": 0.5}  # the slowest sets the pace
+    assert [s["shard"] for s in merged["per_shard"]] == [0, 1]
+    assert merged["per_shard"][1] == {"shard": 1, "seconds": {"total": 0.2},
+                                      "cpu_seconds": 0.1, "state_rows": 7,
+                                      "peak_rss_mb": 90, "records": 5}
+
+
+def test_the_sweep_takes_the_slowest_shard_and_the_sum_per_batch_then_the_median() -> None:
+    batches = [[_shard(0, 1.0, 0.9, 10, 100), _shard(1, 3.0, 2.0, 12, 130)],
+               [_shard(0, 2.0, 1.0, 11, 110), _shard(1, 2.0, 1.5, 13, 120)],
+               [_shard(0, 5.0, 4.0, 14, 105), _shard(1, 1.0, 0.5, 15, 125)]]
+    steady = [SimpleNamespace(per_shard=b) for b in batches]
+    figures = shard_figures(steady)
+    # per batch: slowest 3, 2, 5 -> median 3; sums 4, 4, 6 -> median 4
+    assert figures["slowest"]["total"] == 3.0 and figures["sum"]["total"] == 4.0
+    assert figures["slowest"]["cpu"] == 2.0 and figures["sum"]["cpu"] == 2.9
+    assert figures["slowest"]["join"] == 1.5
+    assert figures["state_rows"] == [14, 15]  # after the last batch
+    assert figures["peak_rss_mb"] == [110, 130]  # the peak over batches
+    assert shard_figures([SimpleNamespace(per_shard=[])]) == {}
+
+
+def test_sweep_ratios_are_to_the_fewest_shards_run() -> None:
+    def run(slowest: float, total: float, rows: list[int], rate: int) -> dict[str, object]:
+        return {"events_per_s": rate, "per_shard": {
+            "slowest": {"total": slowest, "cpu": slowest}, "sum": {"total": total, "cpu": total},
+            "state_rows": rows}}
+
+    ratios = sweep_figures({1: run(2.0, 2.0, [100], 10), 4: run(0.5, 2.4, [30, 20, 25, 25], 30)})
+    assert ratios["base_shards"] == 1
+    assert ratios["ratios_to_base"]["4"] == {
+        "slowest_total": 0.25, "slowest_cpu": 0.25, "sum_total": 1.2, "sum_cpu": 1.2,
+        "largest_state_rows": 0.3, "events_per_s": 30}
+
+
+@pytest.mark.parametrize("text", ["", "0,2", "a,b", "1,-2"])
+def test_shard_sweep_counts_are_checked(text: str) -> None:
+    with pytest.raises(click.BadParameter, match="shard counts"):
+        parse_counts(text)
+
+
+def test_shard_sweep_counts_are_sorted_and_distinct() -> None:
+    assert parse_counts("8,1,2,2,4") == [1, 2, 4, 8]

@@ -136,6 +136,8 @@ class BatchReport:
     snapshot_rows: int = 0  # snapshot (op=r) rows the batch brought
     state_bytes_written: int = 0  # bytes the shards handed to the state store
     shard_states: list[str] = field(default_factory=list)  # cached/caught-up/restored/new
+    # each shard's own figures, by shard number (merge_infos: ``per_shard``)
+    per_shard: list[dict[str, Any]] = field(default_factory=list)
 
 
 def decode_batch(job: Job, frame: pd.DataFrame) -> tuple[pa.Table, dict[str, Any]]:
@@ -190,7 +192,18 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
     # the slowest shard sets the pace; per stage: the max over shards
     merged["seconds"] = {k: max(i.get("seconds", {}).get(k, 0.0) for i in infos)
                          for k in infos[0].get("seconds", {})}
+    # and each shard's own, for what a cluster's batch costs (its slowest task) against the
+    # work of all tasks together (``txjoin bench --shard-sweep``)
+    merged["per_shard"] = [{k: i[k] for k in PER_SHARD if k in i}
+                           for i in sorted(infos, key=lambda i: i.get("shard", 0))]
     return merged
+
+
+# What a shard reports of itself beside the merged progress (ShardProcessor.handle): its
+# stages' wall seconds, its process's CPU seconds over the batch, the rows its state holds,
+# its process's peak RSS, the bytes it wrote to the state store and the records it read.
+PER_SHARD = ("shard", "seconds", "cpu_seconds", "state_rows", "peak_rss_mb",
+             "state_bytes_written", "records")
 
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -417,7 +430,8 @@ class Pipeline:
             commit_ts_ms=commit_ts_ms, finished_at=time.time(),
             snapshot_rows=int(info.get("snapshot_rows", 0)),
             state_bytes_written=int(info.get("state_bytes_written", 0)),
-            shard_states=list(info.get("states", [])))
+            shard_states=list(info.get("states", [])),
+            per_shard=list(info.get("per_shard", [])))
         self.reports.append(report)
         if self.on_batch is not None:
             self.on_batch(report)

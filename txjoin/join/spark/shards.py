@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import json
 import pickle
+import resource
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -43,7 +44,7 @@ from txjoin.join.output import changes_to_table
 from txjoin.join.routing import METADATA_SIZE, Routed, row_digest
 from txjoin.join.shard import ShardEngine, long_lived_state
 from txjoin.join.spark import host, input_frames
-from txjoin.join.state_log import ShardLog
+from txjoin.join.state_log import ShardLog, engine_rows
 from txjoin.join.temporal import OutputChange
 from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
 
@@ -259,6 +260,9 @@ class ShardProcessor(StatefulProcessor):
 
     def handle(self, shard: int, frame: pd.DataFrame, started: float) -> pd.DataFrame:
         """Run one batch of the shard on its engine (cached in this process)."""
+        # This process's CPU over the batch: in a shard's host, the shard's own (the host
+        # serves one shard); the shard sweep of `txjoin bench` compares it across shards.
+        cpu_started = time.process_time()
         markers = is_marker(frame["offset"])
         if self.kafka_facts is None:
             marker_rows = frame.loc[markers]
@@ -298,7 +302,10 @@ class ShardProcessor(StatefulProcessor):
                 "skipped": engine.skipped, "state": result.restored,
                 "state_bytes_written": self.store.written,
                 "snapshot_rows": engine.batch_snapshot_rows,
-                "seconds": {**result.seconds, "total": time.perf_counter() - started}}
+                "state_rows": engine_rows(engine),
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+                "seconds": {**result.seconds, "total": time.perf_counter() - started},
+                "cpu_seconds": time.process_time() - cpu_started}
         return changes_frame(self.job, shard, result.changes, info)
 
     def _kafka_facts(self, facts: KafkaFacts, records: dict[str, int]
