@@ -422,7 +422,7 @@ select o.id as order_id,
        sum(l.quantity * p.price) / nullif(count(l.id), 0) as per_line,
        coalesce(max(p.price), 0) as top_price,
        round(sum(l.quantity), -1) + count(*) as rounded,
-       upper(string_agg(p.name, ', ' order by l.line_no)) as names
+       upper(string_agg(p.name, ', ' order by l.line_no, l.id)) as names
 from orders o
   join order_lines l on l.order_id = o.id and l.quantity <> 0
   left join pizzas p on p.id = l.pizza_id
@@ -463,7 +463,7 @@ def test_expressions_over_aggregates_and_having_compile_to_the_hand_written_job(
     property tests of WITH_ARRAY and WITH_DISTINCT)."""
     compiled = _from_sql(tmp_path, TIERS_SQL)
     hand = TIERS
-    assert compiled.lookup("l").order_by == ("line_no",)
+    assert compiled.lookup("l").order_by == ("line_no", "id")
     assert compiled.having == "COUNT(l.id) > 1 AND NOT BOOL_OR(l.gift) IS FALSE"
     assert compiled.output.columns["rounded"] == "ROUND(SUM(l.quantity), -1) + COUNT(l.id)"
     assert compiled.output_types() == hand.output_types()
