@@ -240,6 +240,27 @@ def test_expressions_over_aggregates_mean_what_postgresql_means() -> None:
     assert three["per_line"] is None and three["spread"] == 3  # 1 - 1 + 3
 
 
+def test_both_sinks_declare_the_type_of_an_expression_over_aggregates() -> None:
+    from txjoin.join.output import changes_to_table, output_schema
+    from txjoin.join.temporal import OutputChange
+    from txjoin.sinks.delta import stored_schema
+    from txjoin.sinks.postgres import field_pg_type
+
+    schema = output_schema(WITH_ARRAY)
+    names = ("tier", "per_line", "top_or_zero", "rounded", "spread")
+    assert [field_pg_type(schema.field(n)) for n in names] == [
+        "text", "numeric", "numeric(12,2)", "numeric", "bigint"]
+    delta = stored_schema(schema)
+    assert [str(delta.field(n).type) for n in names] == [
+        "string", "string", "decimal128(12, 2)", "string", "int64"]
+    oracle = Oracle(WITH_ARRAY)
+    oracle.load_snapshot(ROWS)
+    table = changes_to_table(WITH_ARRAY, [OutputChange((1,), "c", oracle.output[(1,)],
+                                                       1, 7, None)])
+    # An unbounded numeric computed from aggregates is written as PostgreSQL prints it.
+    assert table.column("per_line").to_pylist() == ["5.5825000000000000"]
+
+
 @pytest.mark.parametrize("semantics", ["current", "as_of_fact"])
 def test_having_deletes_an_order_whose_group_stops_satisfying_it_and_inserts_one_that_starts(
         semantics: str) -> None:
