@@ -520,6 +520,7 @@ class _Compiler:
         self.refs: set[str] = set()
         self.scope = scope
         self.no_aggregate = no_aggregate
+        self.calls: dict[str, str] = {}  # aggregate key -> the call as written
 
     def fail(self, what: str) -> ExprError:
         return ExprError(f"{self.where}: {what}; supported: {SUPPORTED}")
@@ -652,12 +653,17 @@ class _Compiler:
         except ExprError as exc:
             raise ExprError(f"{self.where}: {e.sql(dialect='postgres')}: {exc}") from None
         numeric = _kind(t) == "numeric"
+        written = e.sql(dialect="postgres")
+        self.calls[key] = written
 
         def get(b: Binding) -> Any:
             v = b[AGGREGATED][key]
             # An unbounded numeric aggregate is held as its text (txjoin/join/aggregate.py).
             return Decimal(v) if numeric and isinstance(v, str) else v
-        return _Node(t, get, lambda c: c(AGGREGATED, key))
+
+        def sql(c: ColumnSql) -> str:
+            return written if c is _AS_WRITTEN else c(AGGREGATED, key)  # an error: the call
+        return _Node(t, get, sql)
 
     def column(self, e: exp.Column) -> _Node:
         alias, col = e.table, e.name
@@ -1109,18 +1115,21 @@ def compile_expr(text: str, types: Mapping[str, str], where: str,
     refs = sorted(compiler.refs)
     coerce = _kind(t) in ("numeric", "double")
 
+    calls = compiler.calls
+
     def fn(b: Binding) -> Any:
         try:
             v = inner(b)
         except _Refused as exc:
-            raise _refusal(where, exc, refs, b) from None
+            raise _refusal(where, exc, refs, b, calls) from None
         return _coerce(v, t) if coerce else v
     return Compiled(text, t, fn, node.sql, frozenset(compiler.refs))
 
 
-def _refusal(where: str, exc: _Refused, refs: list[str], b: Binding) -> ExpressionValueError:
+def _refusal(where: str, exc: _Refused, refs: list[str], b: Binding,
+             calls: Mapping[str, str]) -> ExpressionValueError:
     """The one-line error of a value PostgreSQL would refuse: what, in which sub-expression,
-    on which values, and what to do."""
+    on which values (columns, then the aggregates read), and what to do."""
     def value(ref: str) -> str:
         alias, col = ref.split(".", 1)
         row = b.get(alias)
@@ -1128,7 +1137,10 @@ def _refusal(where: str, exc: _Refused, refs: list[str], b: Binding) -> Expressi
             return f"{ref} NULL (no {alias} row)"
         v = row.get(col)
         return f"{ref} {'NULL' if v is None else _shown(_text_of(v))}"
-    values = ", ".join(value(r) for r in refs) or "no columns"
+    def aggregated(key: str) -> str:
+        v = b.get(AGGREGATED, {}).get(key)
+        return f"{calls[key]} {'NULL' if v is None else _shown(_text_of(v))}"
+    values = ", ".join([*map(value, refs), *map(aggregated, calls)]) or "no columns"
     fix = ("the source row or the expression" if exc.message.startswith("invalid input")
            else "the expression (a wider type: CAST(... AS bigint) or numeric)")
     return ExpressionValueError(

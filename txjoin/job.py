@@ -31,6 +31,7 @@ from typing import Any, Literal
 from txjoin.errors import JobError, did_you_mean
 from txjoin.expr import (
     AGGREGATE_FUNCTIONS,
+    AGGREGATED,
     Compiled,
     ExprError,
     compile_expr,
@@ -796,6 +797,8 @@ def validate(job: Job) -> None:
     aliases = [job.fact_alias, *(lk.alias for lk in job.lookups)]
     if len(set(aliases)) != len(aliases):
         _fail(job, f"an alias is used twice: {aliases}")
+    if AGGREGATED in aliases:  # the binding's entry of the aggregates expressions read
+        _fail(job, f"alias {AGGREGATED!r} is reserved; name the table otherwise")
 
     import networkx as nx  # here: unpickling a job (every Spark query's start) needs none
 

@@ -23,7 +23,6 @@ from hypothesis import strategies as st
 from tests.e2e.test_expressions_postgres import _compare as _compare_computed
 from tests.e2e.test_expressions_postgres import _load, _same
 from tests.fixtures.postgres import new_database
-from tests.unit.strategies import sql_expressions
 from tests.unit.test_children import (
     CHILD_ROWS,
     ROWS,
@@ -31,8 +30,9 @@ from tests.unit.test_children import (
     TIERS_SQL,
     WITH_ARRAY,
     WITH_DISTINCT,
+    aggregate_jobs,
 )
-from txjoin.job import Job, Output
+from txjoin.job import Job
 from txjoin.join.oracle import Oracle
 from txjoin.verify.verify import _connect, _fetch, job_query
 
@@ -155,29 +155,6 @@ def test_a_distinct_array_lookup_is_postgresqls_equals_any(dsn: str,
 
 
 # -- expressions over aggregates, and HAVING ---------------------------------------------------
-
-AGGREGATE_LEAVES = {
-    "int": ["count(l.id)", "sum(l.quantity)", "max(l.line_no)", "min(l.quantity)",
-            "count(pz.id)", "o.id"],
-    "num": ["sum(l.quantity * p.price)", "avg(p.price)", "max(pz.price)", "min(p.price)",
-            "sum(pz.price)", "avg(l.quantity)"],
-    "text": ["string_agg(p.name, ', ')", "max(p.name)", "min(pz.name)"],
-}
-"""Aggregates of the lines (and their pizzas) and of the order's pizzas (an array lookup)."""
-
-
-@st.composite
-def aggregate_jobs(draw: Any) -> Job:
-    """WITH_ARRAY's lookups with random expressions over aggregates and a random HAVING."""
-    computed = {f"e_{kind}": draw(sql_expressions(kind, AGGREGATE_LEAVES), label=kind)
-                for kind in ("int", "num", "text", "bool")}
-    having = draw(st.one_of(st.none(), sql_expressions("bool", AGGREGATE_LEAVES, depth=2),
-                            st.sampled_from(["count(l.id) > 1", "bool_or(l.gift)",
-                                             "sum(l.quantity) >= 2 OR count(pz.id) = 0"])),
-                  label="having")
-    return replace(WITH_ARRAY, output=Output("x", {"order_id": "o.id"}, {
-        **computed, "pizzas": "count(pz.id) + 0"}), having=having)
-
 
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.strategies import PIZZERIA_ROWS, workloads
+from tests.unit.strategies import PIZZERIA_ROWS, sql_expressions, workloads
 from tests.unit.test_properties import run_and_check
 from tests.unit.test_sharding import run_sharded
 from txjoin.errors import JobError
@@ -97,11 +97,45 @@ VARIANTS = {
 }
 
 
+AGGREGATE_LEAVES = {
+    "int": ["count(l.id)", "sum(l.quantity)", "max(l.line_no)", "min(l.quantity)",
+            "count(pz.id)", "o.id"],
+    "num": ["sum(l.quantity * p.price)", "avg(p.price)", "max(pz.price)", "min(p.price)",
+            "sum(pz.price)", "avg(l.quantity)"],
+    "text": ["string_agg(p.name, ', ')", "max(p.name)", "min(pz.name)"],
+}
+"""Aggregates of the lines (and their pizzas) and of the order's pizzas (an array lookup)."""
+
+
+@st.composite
+def aggregate_jobs(draw: Any) -> Job:
+    """WITH_ARRAY's lookups with random expressions over aggregates and a random HAVING
+    (tests/e2e/test_children_postgres.py asks PostgreSQL the same)."""
+    computed = {f"e_{kind}": draw(sql_expressions(kind, AGGREGATE_LEAVES), label=kind)
+                for kind in ("int", "num", "text", "bool")}
+    having = draw(st.one_of(st.none(), sql_expressions("bool", AGGREGATE_LEAVES, depth=2),
+                            st.sampled_from(["count(l.id) > 1", "bool_or(l.gift)",
+                                             "sum(l.quantity) >= 2 OR count(pz.id) = 0"])),
+                  label="having")
+    return replace(WITH_ARRAY, output=Output("x", {"order_id": "o.id"}, {
+        **computed, "pizzas": "count(pz.id) + 0"}), having=having)
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @given(data=st.data())
 def test_child_rows_output_is_always_a_committed_prefix_and_converges(variant: str,
                                                                       data: Any) -> None:
     job = VARIANTS[variant]
+    run_and_check(job, data.draw(workloads(CHILD_ROWS), label="workload"), data)
+
+
+@settings(max_examples=15)
+@given(data=st.data())
+def test_random_expressions_over_aggregates_and_having_are_always_a_committed_prefix(
+        data: Any) -> None:
+    job = replace(data.draw(aggregate_jobs(), label="job"),
+                  semantics=data.draw(st.sampled_from(["current", "as_of_fact"]),
+                                      label="semantics"))
     run_and_check(job, data.draw(workloads(CHILD_ROWS), label="workload"), data)
 
 
@@ -238,6 +272,18 @@ def test_expressions_over_aggregates_mean_what_postgresql_means() -> None:
     assert [two[c] for c in ("tier", "per_line", "top_or_zero", "rounded", "spread",
                              "shout")] == ["light", None, Decimal("0"), None, None, None]
     assert three["per_line"] is None and three["spread"] == 3  # 1 - 1 + 3
+
+
+def test_a_value_postgresql_refuses_names_the_aggregates_it_was_computed_from() -> None:
+    from txjoin.errors import ExpressionValueError
+
+    job = _job(output=Output("x", {"order_id": "o.id"}, {
+        "big": "CAST(sum(l.quantity) AS int) * 2000000000"}))
+    with pytest.raises(ExpressionValueError) as info:
+        Oracle(job).load_snapshot(ROWS)
+    assert str(info.value).startswith(
+        "output column 'big': integer out of range in (CAST(SUM(l.quantity) AS integer) * "
+        "2000000000) with SUM(l.quantity) 7, as PostgreSQL would refuse it")
 
 
 def test_both_sinks_declare_the_type_of_an_expression_over_aggregates() -> None:
