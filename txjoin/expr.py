@@ -25,6 +25,12 @@ outside its type (``integer out of range``), a ``numeric(p,s)`` cast that overfl
 :class:`~txjoin.errors.ExpressionValueError` naming the column, the sub-expression and the
 row's values (a literal is refused at load time).
 
+An output column or a job's ``having`` may read aggregates of a listed alias's elements
+(``CASE WHEN max(l.qty) > 4 THEN 'heavy' ELSE 'light' END``): each aggregate call is handed
+to the caller's :class:`AggregateScope`, which computes it beside the job's
+:class:`~txjoin.job.Aggregate` columns; the expression reads its value from the binding
+(``AGGREGATED``) and its SQL is the caller's rendering of that aggregate.
+
 Anything outside this is an :class:`ExprError` at load time naming what is supported.
 Child rows, aggregates and ``job from-sql`` (issue 37) build on :func:`compile_expr`.
 """
@@ -36,7 +42,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from txjoin.errors import ExpressionValueError
 from txjoin.ingest.types import DECIMAL_TYPE, column_kind
@@ -56,6 +62,29 @@ SUPPORTED = ("column references alias.column; literals (numbers, 'text', true/fa
              "interval 'N unit', date '...', timestamp '...'); + - * / % || and unary -; "
              "= <> < <= > >= BETWEEN IN (...) IS [NOT] NULL AND OR NOT; CASE; "
              "functions " + ", ".join(FUNCTIONS))
+
+AGGREGATED = "#aggregated"
+"""The binding's entry holding the values of the aggregates an expression reads (aggregate
+key -> value), and the alias a :data:`ColumnSql` is asked for them by (column: the key);
+no alias of a job can be named so."""
+AGGREGATE_FUNCTIONS = ("count", "sum", "min", "max", "avg", "bool_and", "bool_or",
+                       "string_agg")
+
+
+class AggregateScope(Protocol):
+    """Where an expression may read aggregates: the caller computes each one."""
+
+    def aggregate(self, func: str, arg: str, separator: str | None) -> tuple[str, str]:
+        """The key and result type of ``func(arg[, separator])`` (``arg``: PostgreSQL SQL
+        over one element's columns); raises :class:`ExprError` (without a location) when
+        it is not one the scope computes."""
+        ...
+
+    def element_of(self, ref: str) -> str | None:
+        """The listed alias (child rows, array lookup) whose elements ``ref`` is a column
+        of, or None."""
+        ...
+
 
 _CTX = Context(prec=1000, rounding=ROUND_HALF_UP)
 _MAX_DECIMAL = 38  # Arrow decimal128: a wider result is declared plain numeric (text in Delta)
@@ -479,12 +508,19 @@ def _lit_sql(value: Any, t: str) -> Callable[[ColumnSql], str]:
 
 # -- the compiler -------------------------------------------------------------------------
 
+_AGGREGATE_NODES: dict[type, str] = {}
+"""sqlglot's node of each aggregate -> its name (filled with sqlglot's first import)."""
+
 
 class _Compiler:
-    def __init__(self, types: Mapping[str, str], where: str) -> None:
+    def __init__(self, types: Mapping[str, str], where: str, scope: AggregateScope | None,
+                 no_aggregate: str) -> None:
         self.types = types
         self.where = where
         self.refs: set[str] = set()
+        self.scope = scope
+        self.no_aggregate = no_aggregate
+        self.calls: dict[str, str] = {}  # aggregate key -> the call as written
 
     def fail(self, what: str) -> ExprError:
         return ExprError(f"{self.where}: {what}; supported: {SUPPORTED}")
@@ -576,16 +612,69 @@ class _Compiler:
             return self.date_trunc(e)
         if isinstance(e, exp.Extract):
             return self.extract(e)
+        if type(e) in _AGGREGATE_NODES:
+            return self.aggregate(e)
+        if isinstance(e, exp.Filter) and type(e.this) in _AGGREGATE_NODES:
+            raise self.fail(f"{_AGGREGATE_NODES[type(e.this)]}(...) FILTER (WHERE ...) is not "
+                            f"supported; filter the elements in their lookup's where=")
         if isinstance(e, exp.Anonymous | exp.Func):
             name = e.name if isinstance(e, exp.Anonymous) else e.sql_name().lower()
             raise self.fail(f"unknown function {name}()")
         raise self.fail(f"unsupported construct {e.sql(dialect='postgres')!r}")
+
+    def aggregate(self, e: exp.Expression) -> _Node:
+        """An aggregate call: its value is the scope's, computed over the elements."""
+        func = _AGGREGATE_NODES[type(e)]
+        if self.scope is None:
+            raise ExprError(f"{self.where}: {func}() is an aggregate: {self.no_aggregate}")
+        arg = e.this
+        if isinstance(arg, exp.Star):
+            raise ExprError(f"{self.where}: {func}(*) inside an expression: count a column "
+                            f"of the elements that is never NULL, e.g. their key "
+                            f"(count(l.id))")
+        if isinstance(arg, exp.Distinct):
+            raise ExprError(f"{self.where}: {func}(DISTINCT ...) is not supported")
+        if isinstance(arg, exp.Order):
+            raise ExprError(f"{self.where}: {func}(... ORDER BY ...) inside an expression: "
+                            f"the elements are aggregated in their own order (child rows: "
+                            f"Children(order_by=...); an array: its order); drop the ORDER BY")
+        if e.args.get("expressions"):
+            raise ExprError(f"{self.where}: {func}() takes one argument here "
+                            f"({e.sql(dialect='postgres')})")
+        separator = None
+        if func == "string_agg":
+            sep = e.args.get("separator")
+            if not (isinstance(sep, exp.Literal) and sep.is_string):
+                raise ExprError(f"{self.where}: string_agg(x, separator): the separator must "
+                                f"be a text literal")
+            separator = sep.this
+        try:
+            key, t = self.scope.aggregate(func, arg.sql(dialect="postgres"), separator)
+        except ExprError as exc:
+            raise ExprError(f"{self.where}: {e.sql(dialect='postgres')}: {exc}") from None
+        numeric = _kind(t) == "numeric"
+        written = e.sql(dialect="postgres")
+        self.calls[key] = written
+
+        def get(b: Binding) -> Any:
+            v = b[AGGREGATED][key]
+            # An unbounded numeric aggregate is held as its text (txjoin/join/aggregate.py).
+            return Decimal(v) if numeric and isinstance(v, str) else v
+
+        def sql(c: ColumnSql) -> str:
+            return written if c is _AS_WRITTEN else c(AGGREGATED, key)  # an error: the call
+        return _Node(t, get, sql)
 
     def column(self, e: exp.Column) -> _Node:
         alias, col = e.table, e.name
         if not alias:
             raise self.fail(f"column {col!r} must be written alias.column")
         ref = f"{alias}.{col}"
+        listed = self.scope.element_of(ref) if self.scope is not None else None
+        if ref not in self.types and listed is not None:
+            raise ExprError(f"{self.where}: {ref} is a column of the elements of {listed} "
+                            f"(one value per element), read outside an aggregate; aggregate "
+                            f"it: max({ref}), sum({ref}), count({ref}), ...")
         if ref not in self.types:
             aliases = sorted({r.split('.', 1)[0] for r in self.types})
             raise self.fail(f"unknown column {ref} (aliases here: {', '.join(aliases)})")
@@ -987,44 +1076,60 @@ class _Compiler:
                      lambda c: f"extract({field} FROM {a.sql(c)})")
 
 
-def compile_expr(text: str, types: Mapping[str, str], where: str) -> Compiled:
+NO_AGGREGATE = ("an aggregate is read by an output column or a job's having=, over child "
+                "rows or an array lookup's elements")
+
+
+def compile_expr(text: str, types: Mapping[str, str], where: str,
+                 scope: AggregateScope | None = None, no_aggregate: str = NO_AGGREGATE
+                 ) -> Compiled:
     """Compile ``text`` over the columns ``types`` (``alias.column`` -> declared type).
 
-    ``where`` prefixes every error (the job file and the column).
+    ``where`` prefixes every error (the job file and the column). ``scope``: the aggregates
+    the expression may read (none without it: an aggregate call is refused, saying
+    ``no_aggregate``).
     """
     if not isinstance(text, str) or not text.strip():
         raise ExprError(f"{where}: an expression must be non-empty SQL text, got {text!r}")
     # sqlglot on first use (binding this module's ``exp`` for _Compiler): it was 0.2 s of the
     # start of every process that unpickles a job (Spark's Python workers, the shards'
     # hosts, each query's pre-init process), most of which never compile an expression.
-    global exp
+    global exp, _AGGREGATE_NODES
     import sqlglot
     from sqlglot import exp
+
+    if not _AGGREGATE_NODES:
+        _AGGREGATE_NODES = dict(zip((exp.Count, exp.Sum, exp.Min, exp.Max, exp.Avg,
+                                     exp.LogicalAnd, exp.LogicalOr, exp.GroupConcat),
+                                    AGGREGATE_FUNCTIONS, strict=True))
 
     try:
         tree = sqlglot.parse_one(text, read="postgres")
     except sqlglot.errors.ParseError as exc:
         first = str(exc).splitlines()[0]
         raise ExprError(f"{where}: cannot parse {text!r}: {first}") from None
-    compiler = _Compiler(types, where)
+    compiler = _Compiler(types, where, scope, no_aggregate)
     node = compiler.node(tree)  # type: ignore[arg-type]
     t = "text" if node.type == "unknown" else node.type
     inner = node.fn
     refs = sorted(compiler.refs)
     coerce = _kind(t) in ("numeric", "double")
 
+    calls = compiler.calls
+
     def fn(b: Binding) -> Any:
         try:
             v = inner(b)
         except _Refused as exc:
-            raise _refusal(where, exc, refs, b) from None
+            raise _refusal(where, exc, refs, b, calls) from None
         return _coerce(v, t) if coerce else v
     return Compiled(text, t, fn, node.sql, frozenset(compiler.refs))
 
 
-def _refusal(where: str, exc: _Refused, refs: list[str], b: Binding) -> ExpressionValueError:
+def _refusal(where: str, exc: _Refused, refs: list[str], b: Binding,
+             calls: Mapping[str, str]) -> ExpressionValueError:
     """The one-line error of a value PostgreSQL would refuse: what, in which sub-expression,
-    on which values, and what to do."""
+    on which values (columns, then the aggregates read), and what to do."""
     def value(ref: str) -> str:
         alias, col = ref.split(".", 1)
         row = b.get(alias)
@@ -1032,7 +1137,10 @@ def _refusal(where: str, exc: _Refused, refs: list[str], b: Binding) -> Expressi
             return f"{ref} NULL (no {alias} row)"
         v = row.get(col)
         return f"{ref} {'NULL' if v is None else _shown(_text_of(v))}"
-    values = ", ".join(value(r) for r in refs) or "no columns"
+    def aggregated(key: str) -> str:
+        v = b.get(AGGREGATED, {}).get(key)
+        return f"{calls[key]} {'NULL' if v is None else _shown(_text_of(v))}"
+    values = ", ".join([*map(value, refs), *map(aggregated, calls)]) or "no columns"
     fix = ("the source row or the expression" if exc.message.startswith("invalid input")
            else "the expression (a wider type: CAST(... AS bigint) or numeric)")
     return ExpressionValueError(

@@ -29,7 +29,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from txjoin.errors import JobError, did_you_mean
-from txjoin.expr import Compiled, ExprError, compile_expr, is_plain_ref
+from txjoin.expr import (
+    AGGREGATE_FUNCTIONS,
+    AGGREGATED,
+    Compiled,
+    ExprError,
+    compile_expr,
+    is_plain_ref,
+)
 from txjoin.ingest.debezium import (
     BINARY_HANDLING_MODES,
     DECIMAL_HANDLING_MODES,
@@ -256,8 +263,7 @@ class Children(Lookup):
         return True
 
 
-AGGREGATES: tuple[str, ...] = ("count", "sum", "min", "max", "avg", "bool_and", "bool_or",
-                               "string_agg")
+AGGREGATES: tuple[str, ...] = AGGREGATE_FUNCTIONS
 
 
 @dataclass(frozen=True)
@@ -297,9 +303,13 @@ Projection = str | Collect | Aggregate
 class Output:
     """The output table: its name, key columns (from the fact) and value columns.
 
-    A value column is ``alias.column``, a :class:`Collect`, or a SQL expression over the
-    aliases' columns (``"o.quantity * p.price"``), computed with PostgreSQL's meaning;
-    its type is derived from the declared column types (txjoin/expr.py).
+    A value column is ``alias.column``, a :class:`Collect`, an :class:`Aggregate`, or a SQL
+    expression over the aliases' columns (``"o.quantity * p.price"``), computed with
+    PostgreSQL's meaning; its type is derived from the declared column types
+    (txjoin/expr.py). An expression may read aggregates of a listed alias's elements, as an
+    :class:`Aggregate` computes them: ``"CASE WHEN max(l.qty) > 4 THEN 'heavy' ELSE 'light'
+    END"``, ``"sum(l.amount) / nullif(count(l.id), 0)"`` (each call's argument reads one
+    element's columns; ``count`` counts a column, e.g. the key: ``count(l.id)``).
     """
 
     table: str
@@ -338,6 +348,12 @@ class Job:
 
     ``where``: a SQL predicate over any (non-array) alias's columns; a fact whose
     joined row does not satisfy it (false or NULL) has no output row.
+
+    ``having``: a SQL predicate over the fact's group, evaluated after ``where``: its
+    columns and aggregates of its listed aliases' elements, as an output column reads them
+    (``"count(l.id) > 0"``, ``"sum(l.amount) >= o.minimum"``); a fact whose group does not
+    satisfy it has no output row (a delete when it stops satisfying it, an insert when it
+    starts), in both semantics.
     """
 
     name: str
@@ -362,6 +378,7 @@ class Job:
     --binary-handling-mode`` overrides it."""
     sources: Sequence[Source] = ()
     where: str | None = None
+    having: str | None = None
     _by_name: dict[str, Table] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -438,11 +455,18 @@ class Job:
         aggregate's (PostgreSQL's result type)."""
         proj = {**self.output.key, **self.output.columns}[name]
         if isinstance(proj, Aggregate):
-            arg = self.expressions.aggregates.get(name)
-            return aggregate_type(proj.func, None if arg is None else arg.type)
+            return self.aggregate_result_type(name)
         assert isinstance(proj, str)
         compiled = self.expressions.columns.get(name)
         return compiled.type if compiled is not None else self.column_type(proj)
+
+    def aggregate_result_type(self, name: str) -> str:
+        """The type of an aggregate: an :class:`Aggregate` output column, or one an
+        expression reads (by its key in ``expressions.nested``)."""
+        agg = self.expressions.nested.get(name) or self.output.columns[name]
+        assert isinstance(agg, Aggregate)
+        arg = self.expressions.aggregates.get(name)
+        return aggregate_type(agg.func, None if arg is None else arg.type)
 
     def element_aliases(self, listed: str) -> list[str]:
         """The aliases an element of the listed alias ``listed`` binds: itself and its
@@ -559,7 +583,75 @@ class Expressions:
     lookups: Mapping[str, Compiled]
     columns: Mapping[str, Compiled]
     aggregates: Mapping[str, Compiled] = field(default_factory=dict)
-    """Output column -> the compiled argument of its :class:`Aggregate` (none for count(*))."""
+    """Output column (or key in ``nested``) -> the compiled argument of its
+    :class:`Aggregate` (none for count(*))."""
+    having: Compiled | None = None
+    nested: Mapping[str, Aggregate] = field(default_factory=dict)
+    """The aggregates the computed columns and ``having`` read, by key (an expression reads
+    its value as ``binding[AGGREGATED][key]``); the same call twice is one aggregate."""
+
+
+class ElementAggregates:
+    """The aggregates an output column or ``having`` may read (txjoin.expr.AggregateScope):
+    of one listed alias's elements, each computed as an :class:`Aggregate` column is.
+
+    ``top``: the columns a fact's joined row has (``alias.column`` -> type); ``elements``:
+    per listed alias, the columns of one element; ``taken``: names no key may have (the
+    output columns). ``found`` and ``args``: each aggregate read so far and its argument,
+    by key; the same call twice is one aggregate.
+    """
+
+    def __init__(self, top: Mapping[str, str], elements: Mapping[str, Mapping[str, str]],
+                 taken: Sequence[str] = ()) -> None:
+        self.top = dict(top)
+        self.elements = {alias: dict(types) for alias, types in elements.items()}
+        self.every = {ref: t for types in self.elements.values() for ref, t in types.items()}
+        self.taken = set(taken)
+        self.found: dict[str, Aggregate] = {}
+        self.args: dict[str, Compiled] = {}
+        self._keys: dict[Aggregate, str] = {}
+
+    @classmethod
+    def of(cls, job: Job) -> ElementAggregates:
+        """The scope of ``job``'s output columns and ``having``."""
+        return cls(_column_types(job, _top_aliases(job)),
+                   {lk.alias: _column_types(job, job.element_aliases(lk.alias))
+                    for lk in job.lookups if lk.listed}, list(job.output.columns))
+
+    def element_of(self, ref: str) -> str | None:
+        return next((alias for alias, types in self.elements.items() if ref in types), None)
+
+    def aggregate(self, func: str, arg: str, separator: str | None) -> tuple[str, str]:
+        compiled = compile_expr(arg, {**self.top, **self.every}, "its argument",
+                                no_aggregate="an aggregate inside an aggregate's argument is "
+                                             "not supported")
+        owners = {ref: self.element_of(ref) for ref in sorted(compiled.refs)}
+        outside = [ref for ref, owner in owners.items() if owner is None]
+        if outside:
+            raise ExprError(f"reads {outside[0]}, which is not a column of child rows or of "
+                            f"array elements: an aggregate's argument reads one element's "
+                            f"columns (use {outside[0]} outside the aggregate)")
+        listed = sorted({owner for owner in owners.values() if owner is not None})
+        if not listed:
+            raise ExprError(f"reads no column of child rows or of array elements; aggregate "
+                            f"a column of theirs ({func}({next(iter(self.every))}))"
+                            if self.every else "the job has no child rows (Children) or "
+                            "array lookup whose elements it could aggregate")
+        if len(listed) > 1:
+            raise ExprError(f"reads the elements of {listed[0]} and of {listed[1]}; an "
+                            f"aggregate is over one listed alias's elements")
+        t = aggregate_type(func, compiled.type)
+        # Valid by construction: a listed alias, a known function, a separator with
+        # string_agg only (txjoin/expr.py reads them from the call).
+        agg = Aggregate(listed[0], func, compiled.text, separator)
+        key = self._keys.get(agg)
+        if key is None:
+            n = len(self._keys) + 1
+            while f"#{n}" in self.taken or f"#{n}" in self.found:
+                n += 1
+            key = self._keys[agg] = f"#{n}"
+            self.found[key], self.args[key] = agg, compiled
+        return key, t
 
 
 def _top_aliases(job: Job) -> list[str]:
@@ -583,23 +675,32 @@ def _column_types(job: Job, aliases: Sequence[str]) -> dict[str, str]:
 
 def _compile_expressions(job: Job) -> Expressions:
     top = _column_types(job, _top_aliases(job))
+    scope = ElementAggregates.of(job)
     try:
-        where = None if job.where is None else compile_expr(job.where, top, "where")
+        where = None if job.where is None else compile_expr(
+            job.where, top, "where", no_aggregate="where= filters a fact's joined row before "
+            "aggregating; filter on aggregates with having=")
         lookups = {lk.alias: compile_expr(lk.where, _column_types(job, [lk.alias]),
-                                          f"lookup {lk.alias!r} where")
+                                          f"lookup {lk.alias!r} where",
+                                          no_aggregate="a lookup's where= filters its own "
+                                          "rows; filter on aggregates with the job's having=")
                    for lk in job.lookups if lk.where is not None}
-        columns = {name: compile_expr(proj, top, f"output column {name!r}")
+        columns = {name: compile_expr(proj, top, f"output column {name!r}", scope)
                    for name, proj in job.output.columns.items()
                    if isinstance(proj, str) and not is_plain_ref(proj)}
+        having = None if job.having is None else compile_expr(job.having, top, "having",
+                                                              scope)
         aggregates = {name: compile_expr(proj.expr, _column_types(
-                          job, job.element_aliases(proj.alias)), f"output column {name!r}")
+                          job, job.element_aliases(proj.alias)), f"output column {name!r}",
+                          no_aggregate="an aggregate inside an aggregate's argument is not "
+                          "supported")
                       for name, proj in job.output.columns.items()
                       if isinstance(proj, Aggregate) and proj.expr is not None}
     except ExprError as exc:
         _fail(job, str(exc))
         raise  # unreachable: _fail raises
-    for what, compiled in [("where", where), *((f"lookup {a!r} where", c)
-                                                for a, c in lookups.items())]:
+    for what, compiled in [("where", where), ("having", having),
+                           *((f"lookup {a!r} where", c) for a, c in lookups.items())]:
         if compiled is not None and compiled.type != "bool":
             _fail(job, f"{what}: {compiled.text!r} is {compiled.type}, not a boolean "
                        f"predicate; compare it (e.g. {compiled.text} IS NOT NULL)")
@@ -610,7 +711,8 @@ def _compile_expressions(job: Job) -> Expressions:
             aggregate_type(agg.func, arg.type)
         except ExprError as exc:
             _fail(job, f"output column {name!r}: {exc}")
-    return Expressions(where, lookups, columns, aggregates)
+    return Expressions(where, lookups, columns, {**aggregates, **scope.args}, having,
+                       scope.found)
 
 
 _SUM_TYPE = {"smallint": "bigint", "int": "bigint", "bigint": "numeric"}
@@ -695,6 +797,8 @@ def validate(job: Job) -> None:
     aliases = [job.fact_alias, *(lk.alias for lk in job.lookups)]
     if len(set(aliases)) != len(aliases):
         _fail(job, f"an alias is used twice: {aliases}")
+    if AGGREGATED in aliases:  # the binding's entry of the aggregates expressions read
+        _fail(job, f"alias {AGGREGATED!r} is reserved; name the table otherwise")
 
     import networkx as nx  # here: unpickling a job (every Spark query's start) needs none
 

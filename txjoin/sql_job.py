@@ -36,7 +36,10 @@ table's key, read inside aggregates, is the fact's child rows (:class:`~txjoin.j
 one child table per job): ``count``/``sum``/``avg``/``min``/``max``/``bool_and``/``bool_or``/
 ``string_agg`` over them (and their lookups) are :class:`~txjoin.job.Aggregate` columns, and
 ``json_agg`` of an object over an inner join of them a ``Collect``; an aggregate's ``ORDER
-BY`` of child columns is the child rows' ``order_by``.
+BY`` of child columns is the child rows' ``order_by``. Those aggregates may be part of a
+select item's expression (``CASE WHEN max(l.qty) > 4 THEN ...``, ``sum(l.amount) /
+nullif(count(l.id), 0)``) and of ``HAVING``, the job's ``having`` (each fact is its own
+group: a filter on it after ``WHERE``).
 
 Column types come from the catalog as ``txjoin job init`` reads them
 (:func:`txjoin.catalog.read_catalog`), or from the tables of an existing job file.
@@ -59,6 +62,7 @@ from txjoin.job import (
     Aggregate,
     Children,
     Collect,
+    ElementAggregates,
     Job,
     Lookup,
     Output,
@@ -244,10 +248,9 @@ class _Compiler:
                                 "ANY(o.col) (each matching row once) or CROSS JOIN "
                                 "unnest(o.col) WITH ORDINALITY AS u(x, n) JOIN t ON t.id = u.x "
                                 "(every element, in array order)", ("any",))
-        for key in ("having", "qualify"):
-            if select.args.get(key) is not None:
-                self.fail(select.args[key], f"{key.upper()}: a filter on aggregates over "
-                                            f"child rows is not supported yet", (key,))
+        if select.args.get("qualify") is not None:
+            self.fail(select.args["qualify"], "QUALIFY filters on window functions, which "
+                                              "are not supported", ("qualify",))
         for key in ("limit", "offset", "fetch"):
             if select.args.get(key) is not None:
                 self.fail(select.args[key], f"{key.upper()}: keeps a part of the result by an "
@@ -640,7 +643,11 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
            for col, typ in t.columns.items()}
 
     def under_array(node: exp.Expr) -> str | None:
+        """An element's column read outside an aggregate (inside one, an aggregate reads
+        it)."""
         for col in node.find_all(exp.Column):
+            if col.find_ancestor(*_AGGREGATES) is not None:
+                continue
             if col.table in q.unnests:
                 return f"{col.table}.{col.name}"
             if q.under_array(col.table):
@@ -648,25 +655,33 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
         return None
 
     def expression(node: exp.Expr, what: str) -> str:
-        sql = node.sql(dialect=DIALECT)
-        if any(isinstance(n, exp.AggFunc) or _collected(n) is not None for n in node.walk()):
-            agg = next(n for n in node.walk()
-                       if isinstance(n, exp.AggFunc) or _collected(n) is not None)
+        aggregates = [n for n in node.walk()
+                      if isinstance(n, exp.AggFunc) or _collected(n) is not None]
+        scope = None
+        if aggregates:
+            agg = aggregates[0]
             word = _Compiler._word(agg)
             if select.args.get("group") is None:
                 c.fail(agg, f"{word}(...) in {what} without GROUP BY the fact's key: an "
                             f"aggregate across facts, which one fact's change cannot "
                             f"re-evaluate; a job has one output row per fact", (word,))
-            c.fail(agg, f"{word}(...) in {what}: not supported yet here; an aggregate is "
-                        f"supported as a whole select item (count, sum, avg, min, max, "
-                        f"bool_and, bool_or, string_agg) "
-                        f"over child rows (a table joined from the fact on a column that is "
-                        f"not its key), and json_agg/JSON_ARRAYAGG of an object over an "
-                        f"unnested array or child rows, GROUP BY the fact's key", (word,))
+            if _collected(agg) is not None or type(agg) not in _AGGREGATES \
+                    or not q.child_aliases:
+                c.fail(agg, f"{word}(...) in {what}: not supported here; txjoin computes "
+                            f"count, sum, avg, min, max, bool_and, bool_or and string_agg "
+                            f"over child rows (a table joined from the fact on a column that "
+                            f"is not its key), GROUP BY the fact's key, as a select item, "
+                            f"inside one's expression or in HAVING; json_agg/JSON_ARRAYAGG of "
+                            f"an object over an unnested array or child rows as a whole "
+                            f"select item", (word,))
+            scope = _child_scope(q, top)
+        place = c.at(node)  # before the aggregates are rewritten (they lose their places)
+        sql = (_canonical_aggregates(c, q, node) if scope is not None else node).sql(
+            dialect=DIALECT)
         try:
-            compile_expr(sql, top, what)
+            compile_expr(sql, top, what, scope)
         except ExprError as exc:
-            c.fail(node, str(exc))
+            raise JobError(f"{place}: {exc}") from None
         return sql
 
     # -- WHERE
@@ -717,7 +732,7 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
                          f"(... AS name)")
         if out in key or out in columns:
             c.fail(item, f"output column {out!r} is named twice; rename one with AS")
-        if isinstance(body, exp.Expr) and type(body) in _AGGREGATES and q.child_aliases:
+        if type(body) in _AGGREGATES and q.child_aliases:
             columns[out] = _child_aggregate(c, q, body)
             continue
         collected = _collected(body)
@@ -730,6 +745,11 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
             continue
         q.qualify(body)
         inside = under_array(body)
+        if inside is not None and _child_of(q, inside) is not None:
+            c.fail(body, f"{body.sql(dialect=DIALECT)}: reads {inside}, a column of the child "
+                         f"rows {_child_of(q, inside)}, outside an aggregate: that is one "
+                         f"output row per child row, and a job has one per fact; aggregate "
+                         f"it (max({inside}), sum({inside}), count({inside}), ...)")
         if inside is not None:
             c.fail(body, f"{body.sql(dialect=DIALECT)}: reads {inside}, an array element, "
                          f"outside an aggregate: that is one output row per element, and a "
@@ -740,6 +760,22 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
             key[out] = projection
         else:
             columns[out] = projection
+    # -- HAVING: one group per fact, so a filter on the fact's group after WHERE
+    having_text = None
+    having = select.args.get("having")
+    if having is not None:
+        if group is None:
+            c.fail(having, "HAVING without GROUP BY the fact's key: a filter on aggregates "
+                           "across facts; GROUP BY the fact's primary key", ("having",))
+        q.qualify(having.this)
+        inside = under_array(having.this)
+        if inside is not None:
+            what = (f"a column of the child rows {_child_of(q, inside)}"
+                    if _child_of(q, inside) is not None else "an array element")
+            c.fail(having, f"HAVING reads {inside}, {what}, outside an aggregate: one value "
+                           f"per element, where HAVING filters the fact's group; aggregate "
+                           f"it (max({inside}), count({inside}), ...)", ("having",))
+        having_text = expression(having.this, "HAVING")
     missing = [k for k in sorted(fact_keys) if k not in key.values()]
     if missing:
         c.fail(select, f"the SELECT does not list the fact's primary key "
@@ -766,7 +802,7 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
                   lookups=q.lookups,
                   output=Output(table=target or name, key=key, columns=columns),
                   semantics=semantics,  # type: ignore[arg-type]
-                  where=where_text, sources=job_sources,
+                  where=where_text, having=having_text, sources=job_sources,
                   decimal_handling_mode=modes.get("decimal_handling_mode"),
                   time_precision_mode=modes.get("time_precision_mode"),
                   binary_handling_mode=modes.get("binary_handling_mode"))
@@ -844,7 +880,8 @@ def _child_joins(c: _Compiler, q: _Query, select: exp.Select) -> None:
     if select.args.get("group") is None:
         return
     read: set[str] = set()
-    for item in select.expressions:
+    having = select.args.get("having")
+    for item in [*select.expressions, *([having] if having is not None else [])]:
         for node in item.walk():
             if isinstance(node, tuple(_AGGREGATES)) or _collected(node) is not None:
                 q.qualify(node)
@@ -912,6 +949,10 @@ def _child_aggregate(c: _Compiler, q: _Query, node: exp.Expr) -> Aggregate:
                          f"of the child: count({alias}.{q.aliases[alias].key[0]})", ("count",))
         return Aggregate(alias, "count")
     q.qualify(arg)
+    inner = next((n for n in arg.walk() if type(n) in _AGGREGATES), None)
+    if inner is not None:
+        c.fail(inner, f"{func}({arg.sql(dialect=DIALECT)}): an aggregate inside an "
+                      f"aggregate's argument is not supported", (_Compiler._word(inner),))
     for col in arg.find_all(exp.Column):
         if col.table != alias and not _ancestor(q, alias, col.table):
             c.fail(col, f"{func}(...) reads {col.table}.{col.name}, which is not a column of "
@@ -919,6 +960,41 @@ def _child_aggregate(c: _Compiler, q: _Query, node: exp.Expr) -> Aggregate:
                         f"rows only", (func,))
     _order_children(c, q, alias, order, func)
     return Aggregate(alias, func, arg.sql(dialect=DIALECT), separator)
+
+
+def _canonical_aggregates(c: _Compiler, q: _Query, node: exp.Expr) -> exp.Expr:
+    """``node`` with each aggregate over the child rows as a job's expression reads it
+    (checked and ordered as a whole-item aggregate is: :func:`_child_aggregate`; its ORDER
+    BY is the child rows' ``order_by``; ``count(*)`` over an inner join is the count of the
+    child's key)."""
+    outer = [n for n in node.walk() if type(n) in _AGGREGATES
+             and n.find_ancestor(*_AGGREGATES) is None]
+    for agg_node in outer:
+        agg = _child_aggregate(c, q, agg_node)
+        arg = agg.expr if agg.expr is not None else \
+            f"{agg.alias}.{q.aliases[agg.alias].key[0]}"
+        sep = "" if agg.separator is None else \
+            ", '" + agg.separator.replace("'", "''") + "'"
+        call = sqlglot.parse_one(f"{agg.func}({arg}{sep})", read=DIALECT)
+        if agg_node is node:
+            node = call
+        else:
+            agg_node.replace(call)
+    return node
+
+
+def _child_of(q: _Query, ref: str) -> str | None:
+    """The child rows' alias whose element ``ref`` (alias.column) is a column of, or None."""
+    alias = ref.split(".", 1)[0]
+    return next((a for a in q.child_aliases if a == alias or _ancestor(q, a, alias)), None)
+
+
+def _child_scope(q: _Query, top: Mapping[str, str]) -> ElementAggregates:
+    """The aggregates an expression over the child rows may read, as the job reads them."""
+    elements = {alias: {f"{a}.{col}": typ for a, t in q.aliases.items()
+                        if a == alias or _ancestor(q, alias, a) for col, typ in t.columns.items()}
+                for alias in q.child_aliases}
+    return ElementAggregates(top, elements)
 
 
 def _ancestor(q: _Query, ancestor: str, alias: str) -> bool:
@@ -1029,6 +1105,8 @@ def render(job: Job, query: str, path: str, comments: Mapping[str, str] | None =
     lines += ["        },", "    ),"]
     if job.where is not None:
         lines.append(f"    where={_q(job.where)},")
+    if job.having is not None:
+        lines.append(f"    having={_q(job.having)},")
     lines.append(f"    semantics={_q(job.semantics)},")
     for mode in ("decimal_handling_mode", "time_precision_mode", "binary_handling_mode"):
         value = getattr(job, mode)

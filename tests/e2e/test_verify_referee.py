@@ -19,7 +19,8 @@ import psycopg2
 import pytest
 
 from tests.unit.strategies import Workload, produce
-from txjoin.job import Job, Lookup, Output, Pick, Source, Table
+from txjoin import expr
+from txjoin.job import Children, Job, Lookup, Output, Pick, Source, Table
 from txjoin.join import temporal
 from txjoin.join.engine import Engine
 from txjoin.join.output import changes_to_table, output_schema
@@ -214,3 +215,42 @@ def test_an_array_lookup_with_a_pick_verifies_against_postgresql(
                         {"shop": cluster["shop_db"]})
     postgres = next(s for s in result.sinks if s.sink == "postgres")
     assert [e["id"] for e, _ in postgres.diff.different] == [1], result.format()
+
+
+def tiers_job() -> Job:
+    """Users with expressions over their colours' aggregates, kept while they have two."""
+    colours = ranked_job(["shop"]).tables[1]
+    return Job(
+        name="tiers", sources=[Source("shop", prefix="shop_db")],
+        tables=[ranked_job(["shop"]).tables[0], colours],
+        fact="public.users", fact_alias="u",
+        lookups=[Children("c", "public.users_favorite_color", parent="u",
+                          on={"user_id": "id"})],
+        output=Output(table="tiers_out", key={"id": "u.id"}, columns={
+            "tier": "CASE WHEN max(c.rank) > 1 THEN 'many' ELSE 'few' END",
+            "mean_weight": "sum(c.weight) / nullif(count(c.weight), 0)",
+            "ranks": "coalesce(sum(c.rank), 0) * 2 + count(c.id)"}),
+        having="count(c.id) >= 2", semantics="current")
+
+
+def test_expressions_over_aggregates_and_having_are_refereed_by_postgresql(
+        cluster: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PostgreSQL sink declares the computed columns' types; verify's SQL (each
+    aggregate its own subquery, HAVING a filter on the user's group) agrees with the engine,
+    and catches a comparison broken in txjoin/expr.py, which the oracle shares."""
+    job = tiers_job()
+    run_engine_into_sink(job, cluster["sink"])
+    result = verify_job(job, ("", cluster["sink"]), tmp_path / "no-delta",
+                        {"shop": cluster["shop_db"]})
+    postgres = next(s for s in result.sinks if s.sink == "postgres")
+    assert postgres.ok and postgres.rows == 2, result.format()  # users 3, 4: under two
+    with monkeypatch.context() as patched:
+        compare = expr._cmp
+        patched.setattr(expr, "_cmp", lambda op: compare("<" if op == ">" else op))
+        broken = tiers_job()
+        run_engine_into_sink(broken, cluster["sink"])
+        result = verify_job(broken, ("", cluster["sink"]), tmp_path / "no-delta",
+                            {"shop": cluster["shop_db"]})
+    postgres = next(s for s in result.sinks if s.sink == "postgres")
+    (want, got), = postgres.diff.different  # user 1's greatest rank is 2: many
+    assert (want["id"], want["tier"], got["tier"]) == (1, "many", "few"), result.format()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from decimal import Decimal
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.strategies import PIZZERIA_ROWS, workloads
+from tests.unit.strategies import PIZZERIA_ROWS, sql_expressions, workloads
 from tests.unit.test_properties import run_and_check
 from tests.unit.test_sharding import run_sharded
 from txjoin.errors import JobError
@@ -44,6 +45,8 @@ CHILD_ROWS: dict[str, Any] = {
         "pizza_id": d(st.integers(1, 6)), "quantity": d(st.integers(0, 3)), "gift": d(_GIFTS)},
 }
 
+HAVING = "count(pz.id) >= 2 OR coalesce(sum(l.quantity), 0) >= 3"
+
 # Aggregates over the array lookup too (the order's pizzas), and a double sum.
 WITH_ARRAY = replace(
     ORDER_LINES,
@@ -60,10 +63,19 @@ WITH_ARRAY = replace(
         "all_gifts": Aggregate("l", "bool_and", "l.gift"),
         "line_avg": Aggregate("l", "avg", "l.quantity"),
         "halves": Aggregate("l", "sum", "CAST(l.quantity AS double precision) / 2"),
+        # Expressions over aggregates (and the fact's columns), as PostgreSQL computes them.
+        "tier": "CASE WHEN max(l.quantity) > 1 THEN 'heavy' ELSE 'light' END",
+        "per_line": "sum(l.quantity * p.price) / nullif(count(l.id), 0)",
+        "top_or_zero": "coalesce(max(pz.price), 0)",
+        "rounded": "round(avg(p.price), 1)",
+        "spread": "max(l.line_no) - min(l.line_no) + o.id",
+        "shout": "upper(string_agg(p.name, '; ')) || '!'",
     }))
 
 # The order's pizzas as PostgreSQL's `JOIN pizzas pz ON pz.id = ANY(o.pizzas)`: each
-# matching pizza once, by first occurrence (an inner, distinct array lookup), listed too.
+# matching pizza once, by first occurrence (an inner, distinct array lookup), listed too;
+# and a HAVING on the order's group (over both the pizzas and the lines): an order enters
+# and leaves the output as lines move, pizzas are deleted or arrays change.
 WITH_DISTINCT = replace(
     WITH_ARRAY,
     lookups=[*ORDER_LINES.lookups,
@@ -72,7 +84,8 @@ WITH_DISTINCT = replace(
     output=Output("order_lines_enriched", {"order_id": "o.id"}, {
         **WITH_ARRAY.output.columns,
         "pizza_list": Collect("pz", {"id": "pz.id", "name": "pz.name"}),
-    }))
+    }),
+    having=HAVING)
 
 VARIANTS = {
     "order_lines/current": ORDER_LINES,
@@ -84,11 +97,45 @@ VARIANTS = {
 }
 
 
+AGGREGATE_LEAVES = {
+    "int": ["count(l.id)", "sum(l.quantity)", "max(l.line_no)", "min(l.quantity)",
+            "count(pz.id)", "o.id"],
+    "num": ["sum(l.quantity * p.price)", "avg(p.price)", "max(pz.price)", "min(p.price)",
+            "sum(pz.price)", "avg(l.quantity)"],
+    "text": ["string_agg(p.name, ', ')", "max(p.name)", "min(pz.name)"],
+}
+"""Aggregates of the lines (and their pizzas) and of the order's pizzas (an array lookup)."""
+
+
+@st.composite
+def aggregate_jobs(draw: Any) -> Job:
+    """WITH_ARRAY's lookups with random expressions over aggregates and a random HAVING
+    (tests/e2e/test_children_postgres.py asks PostgreSQL the same)."""
+    computed = {f"e_{kind}": draw(sql_expressions(kind, AGGREGATE_LEAVES), label=kind)
+                for kind in ("int", "num", "text", "bool")}
+    having = draw(st.one_of(st.none(), sql_expressions("bool", AGGREGATE_LEAVES, depth=2),
+                            st.sampled_from(["count(l.id) > 1", "bool_or(l.gift)",
+                                             "sum(l.quantity) >= 2 OR count(pz.id) = 0"])),
+                  label="having")
+    return replace(WITH_ARRAY, output=Output("x", {"order_id": "o.id"}, {
+        **computed, "pizzas": "count(pz.id) + 0"}), having=having)
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @given(data=st.data())
 def test_child_rows_output_is_always_a_committed_prefix_and_converges(variant: str,
                                                                       data: Any) -> None:
     job = VARIANTS[variant]
+    run_and_check(job, data.draw(workloads(CHILD_ROWS), label="workload"), data)
+
+
+@settings(max_examples=15)
+@given(data=st.data())
+def test_random_expressions_over_aggregates_and_having_are_always_a_committed_prefix(
+        data: Any) -> None:
+    job = replace(data.draw(aggregate_jobs(), label="job"),
+                  semantics=data.draw(st.sampled_from(["current", "as_of_fact"]),
+                                      label="semantics"))
     run_and_check(job, data.draw(workloads(CHILD_ROWS), label="workload"), data)
 
 
@@ -101,6 +148,32 @@ def test_child_rows_union_of_shard_outputs_is_always_a_committed_prefix(semantic
     workload = data.draw(workloads(CHILD_ROWS), label="workload")
     run_sharded(job, workload, data, data.draw(st.integers(1, 4), label="shards"),
                 data.draw(st.integers(1, 2), label="table topic partitions"))
+
+
+# The same lookups and HAVING, without the columns (which do not change which orders are out).
+_HAVING_ONLY = replace(WITH_DISTINCT, output=Output("x", {"order_id": "o.id"}, {}))
+_WITHOUT_HAVING = replace(_HAVING_ONLY, having=None)
+
+
+def _enters_and_leaves(workload: Any) -> bool:
+    """An order leaves WITH_DISTINCT's output (its group fails HAVING) and one enters it,
+    while it exists: a delete and an insert that only HAVING makes."""
+    states = outputs_after_each(_HAVING_ONLY, workload.snapshot, workload.transactions)
+    plain = outputs_after_each(_WITHOUT_HAVING, workload.snapshot, workload.transactions)
+    left = entered = False
+    for (before, after), (all_before, all_after) in zip(pairwise(states), pairwise(plain),
+                                                        strict=True):
+        left |= any(k not in after and k in all_after for k in before)
+        entered |= any(k not in before and k in all_before for k in after)
+    return left and entered
+
+
+def test_the_workloads_take_orders_in_and_out_of_having() -> None:
+    """The property tests over WITH_DISTINCT reach HAVING's own changes: an existing order
+    whose group stops satisfying it (a delete) and one whose group starts (an insert)."""
+    workload = find(workloads(CHILD_ROWS), _enters_and_leaves,
+                    settings=settings(max_examples=3000, database=None, phases=[Phase.generate]))
+    assert _enters_and_leaves(workload)
 
 
 def _moves(workload: Any) -> bool:
@@ -185,6 +258,72 @@ def test_aggregates_mean_what_postgresql_means() -> None:
     assert three["average_price"] is None and three["pizza_count"] == 1
 
 
+def test_expressions_over_aggregates_mean_what_postgresql_means() -> None:
+    oracle = Oracle(WITH_ARRAY)
+    oracle.load_snapshot(ROWS)
+    one, two, three = (oracle.output[(i,)] for i in (1, 2, 3))
+    types = WITH_ARRAY.output_types()
+    assert [one[c] for c in ("tier", "per_line", "top_or_zero", "rounded", "spread")] == [
+        "heavy", Decimal("5.5825000000000000"), Decimal("9.50"), Decimal("6.4"), 2]
+    assert one["shout"] == "MARGHERITA; NAPOLI; DIAVOLA!"
+    assert (types["per_line"], types["top_or_zero"], types["rounded"], types["spread"]) == (
+        "numeric", "numeric(12,2)", "numeric", "int")
+    # No line: max() NULL, so no CASE branch is true; a division by a NULLIF'd count NULL.
+    assert [two[c] for c in ("tier", "per_line", "top_or_zero", "rounded", "spread",
+                             "shout")] == ["light", None, Decimal("0"), None, None, None]
+    assert three["per_line"] is None and three["spread"] == 3  # 1 - 1 + 3
+
+
+def test_a_value_postgresql_refuses_names_the_aggregates_it_was_computed_from() -> None:
+    from txjoin.errors import ExpressionValueError
+
+    job = _job(output=Output("x", {"order_id": "o.id"}, {
+        "big": "CAST(sum(l.quantity) AS int) * 2000000000"}))
+    with pytest.raises(ExpressionValueError) as info:
+        Oracle(job).load_snapshot(ROWS)
+    assert str(info.value).startswith(
+        "output column 'big': integer out of range in (CAST(SUM(l.quantity) AS integer) * "
+        "2000000000) with SUM(l.quantity) 7, as PostgreSQL would refuse it")
+
+
+def test_both_sinks_declare_the_type_of_an_expression_over_aggregates() -> None:
+    from txjoin.join.output import changes_to_table, output_schema
+    from txjoin.join.temporal import OutputChange
+    from txjoin.sinks.delta import stored_schema
+    from txjoin.sinks.postgres import field_pg_type
+
+    schema = output_schema(WITH_ARRAY)
+    names = ("tier", "per_line", "top_or_zero", "rounded", "spread")
+    assert [field_pg_type(schema.field(n)) for n in names] == [
+        "text", "numeric", "numeric(12,2)", "numeric", "bigint"]
+    delta = stored_schema(schema)
+    assert [str(delta.field(n).type) for n in names] == [
+        "string", "string", "decimal128(12, 2)", "string", "int64"]
+    oracle = Oracle(WITH_ARRAY)
+    oracle.load_snapshot(ROWS)
+    table = changes_to_table(WITH_ARRAY, [OutputChange((1,), "c", oracle.output[(1,)],
+                                                       1, 7, None)])
+    # An unbounded numeric computed from aggregates is written as PostgreSQL prints it.
+    assert table.column("per_line").to_pylist() == ["5.5825000000000000"]
+
+
+@pytest.mark.parametrize("semantics", ["current", "as_of_fact"])
+def test_having_deletes_an_order_whose_group_stops_satisfying_it_and_inserts_one_that_starts(
+        semantics: str) -> None:
+    job = replace(ORDER_LINES, semantics=semantics, having="count(l.id) >= 2")
+    add = SourceTransaction("t1", [RowChange("insert", "public.order_lines", {
+        **LINES[5], "id": 8}), RowChange("update", "public.order_lines",
+                                        {**LINES[0], "order_id": 3})])
+    drop = SourceTransaction("t2", [RowChange("delete", "public.order_lines", LINES[5]),
+                                    RowChange("delete", "public.order_lines",
+                                              {**LINES[0], "order_id": 3})])
+    expected = outputs_after_each(job, ROWS, [add, drop])
+    assert [sorted(state) for state in expected] == [[(1,)], [(1,), (3,)], [(1,)]]
+    assert expected[1][(3,)]["line_count"] == 3
+    assert _engine_output(job, ROWS, [add, drop]) == expected[-1]
+    assert _engine_output(job, ROWS, [add]) == expected[1]
+
+
 def _engine_output(job: Job, rows: dict[str, list[dict[str, Any]]],
                    txs: list[SourceTransaction]) -> dict[Any, Any]:
     synth = Synthesizer(job)
@@ -247,6 +386,27 @@ def _job(**changes: Any) -> Job:
     ({"output": Output("x", {"order_id": "o.id"}, {"n": Aggregate("l", "bool_or",
                                                                  "l.quantity")})},
      "bool_or() takes a boolean value, not int"),
+    ({"output": Output("x", {"order_id": "o.id"}, {"n": "max(l.quantity) + l.quantity"})},
+     "output column 'n': l.quantity is a column of the elements of l (one value per "
+     "element), read outside an aggregate; aggregate it: max(l.quantity)"),
+    ({"output": Output("x", {"order_id": "o.id"}, {"n": "max(l.quantity * o.id)"})},
+     "output column 'n': MAX(l.quantity * o.id): reads o.id, which is not a column of child "
+     "rows or of array elements"),
+    ({"output": Output("x", {"order_id": "o.id"}, {"n": "sum(max(l.quantity))"})},
+     "max() is an aggregate: an aggregate inside an aggregate's argument is not supported"),
+    ({"output": Output("x", {"order_id": "o.id"}, {"n": "count(*) + 1"})},
+     "count(*) inside an expression: count a column of the elements that is never NULL"),
+    ({"output": Output("x", {"order_id": "o.id"}, {"n": "sum(l.gift)"})},
+     "SUM(l.gift): sum() takes an integer, numeric, real or double value, not bool"),
+    ({"output": Output("x", {"order_id": "o.id"}, {
+        "n": "string_agg(p.name, ', ' ORDER BY l.id)"})},
+     "string_agg(... ORDER BY ...) inside an expression"),
+    ({"where": "count(l.id) > 0"},
+     "where: count() is an aggregate: where= filters a fact's joined row before aggregating; "
+     "filter on aggregates with having="),
+    ({"having": "count(l.id)"},
+     "having: 'count(l.id)' is bigint, not a boolean predicate"),
+    ({"having": "l.gift"}, "having: l.gift is a column of the elements of l"),
 ])
 def test_a_wrong_declaration_is_one_line_naming_it(change: dict[str, Any], message: str
                                                    ) -> None:
@@ -320,6 +480,106 @@ def test_group_by_with_aggregates_over_order_lines_is_the_order_lines_job(
     columns = list(compiled.output.column_names)
     assert [{k: {c: row[c] for c in columns} for k, row in state.items()} for state in want] \
         == got
+
+
+# The issue's shapes: expressions over aggregates, and HAVING; PostgreSQL, then Flink SQL.
+TIERS_SQL = """\
+select o.id as order_id,
+       case when max(l.quantity) > 2 then 'heavy' else 'light' end as tier,
+       sum(l.quantity * p.price) / nullif(count(l.id), 0) as per_line,
+       coalesce(max(p.price), 0) as top_price,
+       round(sum(l.quantity), -1) + count(*) as rounded,
+       upper(string_agg(p.name, ', ' order by l.line_no, l.id)) as names
+from orders o
+  join order_lines l on l.order_id = o.id and l.quantity <> 0
+  left join pizzas p on p.id = l.pizza_id
+group by o.id
+having count(l.id) > 1 and bool_or(l.gift) is not false
+"""
+TIERS_FLINK = """\
+INSERT INTO order_tiers
+SELECT o.id AS order_id,
+       CASE WHEN MAX(l.quantity) > 2 THEN 'heavy' ELSE 'light' END AS tier,
+       SUM(l.quantity * p.price) / NULLIF(COUNT(l.id), 0) AS per_line
+FROM orders AS o
+  LEFT JOIN order_lines FOR SYSTEM_TIME AS OF o.order_time AS l ON l.order_id = o.id
+  LEFT JOIN pizzas FOR SYSTEM_TIME AS OF o.order_time AS p ON p.id = l.pizza_id
+GROUP BY o.id
+HAVING COUNT(l.id) > 0
+"""
+TIERS = replace(
+    ORDER_LINES,
+    lookups=[replace(ORDER_LINES.lookup("l"), how="inner"), ORDER_LINES.lookup("p")],
+    output=Output("order_lines", {"order_id": "o.id"}, {
+        "tier": "CASE WHEN max(l.quantity) > 2 THEN 'heavy' ELSE 'light' END",
+        "per_line": "sum(l.quantity * p.price) / nullif(count(l.id), 0)",
+        "top_price": "coalesce(max(p.price), 0)",
+        "rounded": "round(sum(l.quantity), -1) + count(l.id)",
+        "names": "upper(string_agg(p.name, ', '))"}),
+    having="count(l.id) > 1 AND bool_or(l.gift) IS NOT FALSE")
+
+
+@settings(max_examples=8, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_expressions_over_aggregates_and_having_compile_to_the_hand_written_job(
+        tmp_path: Path, data: Any) -> None:
+    """Aggregates inside select items and HAVING compile to one job's expressions and
+    `having` (count(*) over the inner join: the count of the child's key; the aggregate's
+    ORDER BY: the child rows' order) whose output is the hand-written job's, after every
+    transaction of random workloads (the engine against the oracle over such jobs: the
+    property tests of WITH_ARRAY and WITH_DISTINCT)."""
+    compiled = _from_sql(tmp_path, TIERS_SQL)
+    hand = TIERS
+    assert compiled.lookup("l").order_by == ("line_no", "id")
+    assert compiled.having == "COUNT(l.id) > 1 AND NOT BOOL_OR(l.gift) IS FALSE"
+    assert compiled.output.columns["rounded"] == "ROUND(SUM(l.quantity), -1) + COUNT(l.id)"
+    assert compiled.output_types() == hand.output_types()
+    workload = data.draw(workloads(CHILD_ROWS), label="workload")
+    got = outputs_after_each(compiled, workload.snapshot, workload.transactions)
+    assert got == outputs_after_each(hand, workload.snapshot, workload.transactions)
+
+
+def test_expressions_over_aggregates_and_having_compile_from_flink_sql(tmp_path: Path) -> None:
+    job = _from_sql(tmp_path, TIERS_FLINK)
+    assert job.semantics == "as_of_fact" and job.output.table == "order_tiers"
+    assert isinstance(job.lookup("l"), Children) and job.having == "COUNT(l.id) > 0"
+    assert job.output.columns["tier"] == (
+        "CASE WHEN MAX(l.quantity) > 2 THEN 'heavy' ELSE 'light' END")
+    oracle = Oracle(job)
+    oracle.load_snapshot(ROWS)
+    assert sorted(oracle.output) == [(1,), (3,)]  # order 2 has no line
+    assert oracle.output[(1,)]["tier"] == "heavy"  # max quantity 3 (line 4)
+    assert oracle.output[(3,)]["per_line"] is None  # Napoli has no price
+
+
+@pytest.mark.parametrize(("query", "words"), [
+    (ORDER_LINES_SQL.replace("sum(l.quantity) as", "sum(l.quantity) + l.line_no as"),
+     ["q.sql:4:8: SUM(l.quantity) + l.line_no: reads l.line_no, a column of the child rows l, "
+      "outside an aggregate", "aggregate it (max(l.line_no)"]),
+    (ORDER_LINES_SQL.replace("group by o.id", "group by o.id having l.quantity > 1"),
+     ["q.sql:12:15: HAVING reads l.quantity, a column of the child rows l, outside an "
+      "aggregate"]),
+    ("select o.id as order_id from orders o left join order_lines l on l.order_id = o.id\n"
+     "having count(l.id) > 1", ["q.sql:2:1: HAVING without GROUP BY the fact's key"]),
+    (ORDER_LINES_SQL.replace("sum(l.quantity) as", "1 + sum(max(l.quantity)) as"),
+     ["sum(MAX(l.quantity)): an aggregate inside an aggregate's argument is not supported"]),
+    (ORDER_LINES_SQL.replace("sum(l.quantity) as", "count(*) + 1 as"),
+     ["count(*) over LEFT JOIN public.order_lines", "count(l.id)"]),
+    (ORDER_LINES_SQL.replace("sum(l.quantity) as", "max(l.quantity) > 'x' as"),
+     ["q.sql:4:8: output column 'pizzas_ordered': cannot compare int > text"]),
+    ("select o.id as order_id, 2 * sum(p.price) as total from orders o cross join "
+     "unnest(o.pizzas) with ordinality as u(pid, n) join pizzas p on p.id = u.pid group by o.id",
+     ["sum(...) in output column 'total': not supported here", "over child rows"]),
+])
+def test_what_from_sql_cannot_compile_over_aggregates_says_what_truthfully(
+        tmp_path: Path, query: str, words: list[str]) -> None:
+    """A column reference inside an aggregate is never reported as outside one."""
+    with pytest.raises(JobError) as info:
+        _from_sql(tmp_path, query)
+    assert "\n" not in str(info.value)
+    for word in words:
+        assert word in str(info.value)
+    assert "reads p.price, an array element, outside an aggregate" not in str(info.value)
 
 
 @pytest.mark.parametrize(("query", "words"), [

@@ -226,7 +226,8 @@ def test_a_lookup_filter_reads_only_its_own_alias() -> None:
 
 
 def test_an_output_expression_cannot_read_under_an_array_lookup() -> None:
-    with pytest.raises(JobError, match=r"unknown column p\.price"):
+    with pytest.raises(JobError, match=r"p\.price is a column of the elements of p \(one "
+                                       r"value per element\), read outside an aggregate"):
         orders_with(None, None, None, {"x": "p.price * 2"}, "current")
     assert isinstance(ORDERS.output.columns["pizzas"], Collect)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from decimal import Context, Decimal, localcontext
 from typing import Any, Literal
 
-from txjoin.expr import numeric_divide
+from txjoin.expr import AGGREGATED, numeric_divide
 from txjoin.ingest.debezium import Modes
 from txjoin.job import Aggregate, Children, Collect, Job, Lookup
 
@@ -248,6 +248,13 @@ class Oracle:
         # Filter and computed columns on the whole joined row (WHERE, then SELECT).
         expressions = self.job.expressions
         if expressions.where is not None and expressions.where.evaluate(env) is not True:
+            return None
+        # The aggregates computed columns and HAVING read, then HAVING on the fact's group.
+        env[AGGREGATED] = {
+            key: _aggregate(agg, self.job.aggregate_result_type(key),
+                            [expressions.aggregates[key].evaluate(e) for e in env[agg.alias]])
+            for key, agg in expressions.nested.items()}
+        if expressions.having is not None and expressions.having.evaluate(env) is not True:
             return None
 
         def get(scope: dict[str, Any], ref: str) -> Any:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from txjoin.errors import DecodeError, JobError
+from txjoin.expr import AGGREGATED
 from txjoin.ingest.debezium import ChangeEvent
 from txjoin.ingest.types import UNAVAILABLE
 from txjoin.job import Aggregate, Children, Collect, Job, Lookup, Pick
@@ -119,6 +120,12 @@ class TemporalJoin:
                    else None,
                    aggregator(proj.func, job.projection_type(name), proj.separator))
             for name, proj in output.columns.items() if isinstance(proj, Aggregate)}
+        # The aggregates computed columns and `having` read (bound[AGGREGATED][key]).
+        self._nested = {
+            key: (agg.alias, expressions.aggregates[key].evaluate,
+                  aggregator(agg.func, job.aggregate_result_type(key), agg.separator))
+            for key, agg in expressions.nested.items()}
+        self._having = None if expressions.having is None else expressions.having.evaluate
         # Per column: the fields of a collected list (packed as tuples), or None.
         self._collected: list[tuple[str, ...] | None] = [
             tuple(proj.fields) if isinstance(proj, Collect) else None
@@ -417,6 +424,11 @@ class TemporalJoin:
             return None
         if self._where is not None and self._where(bound) is not True:
             return None  # filtered out: no output row (a delete if it had one)
+        if self._nested:
+            bound[AGGREGATED] = {key: agg([arg(element) for element in bound[listed]])
+                                 for key, (listed, arg, agg) in self._nested.items()}
+        if self._having is not None and self._having(bound) is not True:
+            return None  # the fact's group fails `having`: no output row, as `where`
         out: Row = {}
         computed = self._computed
         for name, proj in [*self.job.output.key.items(), *self.job.output.columns.items()]:

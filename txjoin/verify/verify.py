@@ -52,6 +52,7 @@ import psycopg2.extensions
 import psycopg2.extras
 
 from txjoin.errors import ConfigError, TxjoinError
+from txjoin.expr import AGGREGATED
 from txjoin.ingest.debezium import Modes
 from txjoin.ingest.types import ColumnValueError, column_kind, convert_value
 from txjoin.job import Aggregate, Children, Collect, Job, Lookup
@@ -226,7 +227,9 @@ def job_query(job: Job, relations: Relations | None = None) -> str:
     elsewhere (verify's copies of several databases' tables).
     """
     collected = {c.alias for c in job.output.columns.values() if isinstance(c, Collect)}
-    aggregated = {c.alias for c in job.output.columns.values() if isinstance(c, Aggregate)}
+    aggregated = {c.alias for c in [*job.output.columns.values(),
+                                    *job.expressions.nested.values()]
+                  if isinstance(c, Aggregate)}
     for lookup in job.lookups:
         if lookup.array and lookup.alias not in collected | aggregated:
             raise ConfigError(f"job {job.name!r}: verify can only compile array lookups that "
@@ -240,6 +243,13 @@ def job_query(job: Job, relations: Relations | None = None) -> str:
             parent = job.lookup(parent).parent
     select = [f"{_ref(ref)} AS {_ident(name)}" for name, ref in job.output.key.items()]
     required = []
+
+    def column(alias: str, name: str) -> str:
+        # An aggregate a computed column or HAVING reads: its own subquery, as a column's.
+        if alias == AGGREGATED:
+            return _aggregate(job, name, job.expressions.nested[name], relations)
+        return _alias_column(alias, name)
+
     for name, projection in job.output.columns.items():
         if isinstance(projection, Collect):
             select.append(f"{_collect(job, projection, relations)} AS {_ident(name)}")
@@ -248,7 +258,7 @@ def job_query(job: Job, relations: Relations | None = None) -> str:
         elif isinstance(projection, Aggregate):
             select.append(f"{_aggregate(job, name, projection, relations)} AS {_ident(name)}")
         elif name in job.expressions.columns:  # a computed column, as PostgreSQL computes it
-            select.append(f"{job.expressions.columns[name].render(_alias_column)} AS "
+            select.append(f"{job.expressions.columns[name].render(column)} AS "
                           f"{_ident(name)}")
         else:
             select.append(f"{_ref(projection)} AS {_ident(name)}")
@@ -257,6 +267,8 @@ def job_query(job: Job, relations: Relations | None = None) -> str:
     conditions = []
     if job.expressions.where is not None:
         conditions.append(f"{job.expressions.where.render(_alias_column)} IS TRUE")
+    if job.expressions.having is not None:  # one group per fact: HAVING is a filter on it
+        conditions.append(f"{job.expressions.having.render(column)} IS TRUE")
     # An inner listed alias no column collects: a fact without an element has no row.
     conditions += [f"EXISTS (SELECT 1 {_elements(job, lk.alias, relations)[0]})"
                    for lk in job.lookups if lk.listed and lk.how == "inner"
