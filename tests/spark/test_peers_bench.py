@@ -61,4 +61,5 @@ def test_pathway_peer_ends_at_the_current_oracle_at_both_commit_cadences(
         assert pathway["every_row"]["observed_states"] == pathway["changelog_rows"]
         assert 0 <= pathway["inconsistent_states"] <= pathway["observed_states"]
         assert pathway["commit_to_output_ms"]["times"] >= 1
+        assert 0 <= pathway["read_seconds"] <= pathway["wall_seconds"]
         assert pathway["events_per_s"] > 0

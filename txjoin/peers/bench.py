@@ -244,6 +244,7 @@ def run_pathway_peer(workload: ArchivedWorkload, hashes: list[int], work: Path,
         "pathway_version": run.version,
         "setup_seconds": round(run.setup_s, 2),
         "process_seconds": round(run.process_s, 2),
+        "read_seconds": round(run.read_s, 2),
         "compared_with": "current oracle (regular joins), pizzas as a multiset; "
                          "one observation per Pathway time",
     }

@@ -47,6 +47,7 @@ class PathwayRun:
     autocommit_ms: int
     version: str
     commit_to_output_ms: dict[str, float]  # per time: its output complete - its commit
+    read_s: float  # the slowest table subject's feeding of the engine (Python)
 
 
 def run_pathway(archive: Path, prefix: str, workdir: Path,
@@ -73,7 +74,7 @@ def run_pathway(archive: Path, prefix: str, workdir: Path,
     info = json.loads(summary.read_text())
     return PathwayRun(changes, info["setup_s"], info["query_s"], process_s,
                       info["autocommit_ms"], info["pathway_version"],
-                      info["commit_to_output_ms"])
+                      info["commit_to_output_ms"], info["read_s"])
 
 
 @dataclass
