@@ -54,6 +54,7 @@ from txjoin.ingest.debezium import transaction_topic
 from txjoin.job import Job, load_job
 from txjoin.join.engine import Engine
 from txjoin.join.spark import host as shard_host
+from txjoin.peers import PEERS
 from txjoin.pipeline.metrics import quantile
 from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
@@ -616,9 +617,11 @@ def sink_figures(commits: list[GroupCommit]) -> dict[str, Any]:
                    "per steady batch, per stage and in CPU, and each shard's state rows and "
                    "peak RSS (kafka and replay sources; --chart: a PNG of it).")
 @click.option("--keep", is_flag=True, help="Keep the work directory (checkpoints, Delta, logs).")
-@click.option("--peer", "peers", multiple=True, type=click.Choice(["flink"]),
+@click.option("--peer", "peers", multiple=True, type=click.Choice(PEERS),
               help="Also run this system on the same workload, archived as files, and compare "
-                   "throughput and inconsistent observable states (txjoin.peers.bench).")
+                   "throughput and inconsistent observable states (txjoin.peers.bench; "
+                   "repeatable). pathway runs twice: at its default 1,500 ms commits and at "
+                   "100 ms.")
 @click.option("--chart", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="With --peer, --shard-sweep or --source files:DIR: a PNG chart of the "
                    "comparison.")

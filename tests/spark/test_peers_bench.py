@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from txjoin.peers.bench import run_peer_bench
+from txjoin.job import load_job
+from txjoin.peers.bench import JOB, PATHWAY_COMMITS_MS, run_pathway_peer, run_peer_bench
+from txjoin.peers.consistency import grouped_prefix_hashes
+from txjoin.peers.workload import archive_workload
 
 pytestmark = pytest.mark.spark
 
@@ -41,3 +44,22 @@ def test_peer_bench_counts_no_inconsistent_state_for_txjoin_and_replays_flink(
     assert flink["observed_states"] == flink["changelog_rows"] > 0
     assert 0 <= flink["inconsistent_states"] <= flink["observed_states"]
     assert flink["events_per_s"] > 0
+
+
+def test_pathway_peer_ends_at_the_current_oracle_at_both_commit_cadences(
+        tmp_path: Path) -> None:
+    job = load_job(JOB)
+    workload = archive_workload(job, tmp_path / "archive", 60, seed=3)
+    current = grouped_prefix_hashes(job, workload.snapshot, workload.transactions)
+    for label, ms in PATHWAY_COMMITS_MS.items():
+        pathway = run_pathway_peer(workload, current, tmp_path, ms)
+        if "skipped" in pathway:
+            pytest.skip(f"Pathway peer unavailable: {pathway['skipped']}")
+        assert pathway["autocommit_ms"] == ms, label
+        assert pathway["final_equals_oracle"] is True, label
+        assert 0 < pathway["observed_states"] <= pathway["every_row"]["observed_states"]
+        assert pathway["every_row"]["observed_states"] == pathway["changelog_rows"]
+        assert 0 <= pathway["inconsistent_states"] <= pathway["observed_states"]
+        assert pathway["commit_to_output_ms"]["times"] >= 1
+        assert 0 <= pathway["read_seconds"] <= pathway["wall_seconds"]
+        assert pathway["events_per_s"] > 0

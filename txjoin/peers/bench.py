@@ -1,4 +1,4 @@
-"""``txjoin bench --peer flink``: txjoin and Flink SQL on one archived workload.
+"""``txjoin bench --peer flink --peer pathway``: txjoin and its peers on one archived workload.
 
 1. Generate the pizzeria workload (``pizzeria_workload`` + ``Synthesizer``) and
    write it once as Kafka Connect sink files (one file per topic).
@@ -13,12 +13,18 @@
    changes, which is the ``current`` semantics), pizzas compared as multisets
    (``JSON_ARRAYAGG`` has no defined order). ``upsert_view`` also reports the
    count without the states between a ``-U`` and its ``+U``.
+4. Pathway (``txjoin.peers.pathway_job``): the same query over the same files, each
+   table read as upserts by key and committed on Pathway's timer, once with its
+   default cadence (``pathway``, 1,500 ms) and once every 100 ms (``pathway-100ms``);
+   its output changes are replayed against the same ``current`` prefixes, one
+   observation after each of Pathway's times (``every_row``: also inside them).
 
 An inconsistent state is a materialized result equal to the oracle's output after
 no committed prefix (``txjoin.peers.consistency``). Throughput is the archive's
 records (every topic, BEGIN/END and tombstones included) over each system's
 wall time for the query: Spark's after a warm-up query, Flink's from submitting
-the job (its mini-cluster start included) to its end.
+the job (its mini-cluster start included) to its end, Pathway's ``pw.run()`` (its
+graph built before, its interpreter's start not counted).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import pyarrow as pa
 from txjoin.errors import ConfigError
 from txjoin.ingest.debezium import transaction_topic
 from txjoin.job import Job, load_job
+from txjoin.peers import PEERS
 from txjoin.peers.consistency import (
     ChangelogReplay,
     grouped_prefix_hashes,
@@ -46,7 +53,9 @@ from txjoin.peers.workload import ArchivedWorkload, archive_workload
 from txjoin.sinks import OP, OP_DELETE, Upkeep, without_metadata
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "orders.py"
-PEERS = ("flink",)
+# Pathway's commit cadences (autocommit_duration_ms): its default, then a fast one.
+PATHWAY_COMMITS_MS = {"pathway": 1500, "pathway-100ms": 100}
+COLORS = {"txjoin": "#2b7bba", "flink": "#e6550d", "pathway": "#31a354"}  # the chart's bars
 
 
 class ObservingSink:
@@ -207,6 +216,40 @@ def run_flink_peer(workload: ArchivedWorkload, hashes: list[int], work: Path
     }
 
 
+def run_pathway_peer(workload: ArchivedWorkload, hashes: list[int], work: Path,
+                     autocommit_ms: int) -> dict[str, Any]:
+    """Pathway over the archive at one commit cadence; figures and consistency, or
+    ``skipped`` with the reason."""
+    from txjoin.peers.environment import PeerUnavailable
+    from txjoin.peers.pathway import replay_changes, run_pathway
+
+    try:
+        run = run_pathway(workload.directory, workload.prefix,
+                          work / f"pathway-{autocommit_ms}ms", autocommit_ms)
+    except PeerUnavailable as exc:
+        return {"skipped": str(exc)}
+    replay = replay_changes(run.changes, hashes)
+    return {
+        "wall_seconds": round(run.query_s, 2),
+        "events_per_s": round(workload.records / run.query_s),
+        "data_events_per_s": round(workload.data_events / run.query_s),
+        "inconsistent_states": replay.per_time.inconsistent_states,
+        "observed_states": replay.per_time.observed_states,
+        "final_equals_oracle": replay.per_time.final_equals(hashes),
+        "every_row": {"inconsistent_states": replay.every_row.inconsistent_states,
+                      "observed_states": replay.every_row.observed_states},
+        "changelog_rows": replay.rows,
+        "autocommit_ms": run.autocommit_ms,
+        "commit_to_output_ms": run.commit_to_output_ms,
+        "pathway_version": run.version,
+        "setup_seconds": round(run.setup_s, 2),
+        "process_seconds": round(run.process_s, 2),
+        "read_seconds": round(run.read_s, 2),
+        "compared_with": "current oracle (regular joins), pizzas as a multiset; "
+                         "one observation per Pathway time",
+    }
+
+
 def run_peer_bench(transactions: int, seed: int, out: Path, chart: Path | None,
                    peers: tuple[str, ...], source_dir: Path | None, master: str,
                    max_events: int, keep: bool = False) -> dict[str, Any]:
@@ -236,10 +279,14 @@ def run_peer_bench(transactions: int, seed: int, out: Path, chart: Path | None,
         result["peers"]["txjoin"] = run_txjoin(job, workload, as_of, work, master, max_events)
         click.echo(f"txjoin: {_line(result['peers']['txjoin'])}")
         for name in peers:
-            if name != "flink":
+            if name not in PEERS:
                 raise ConfigError(f"--peer {name!r}: known peers are {', '.join(PEERS)}")
-            result["peers"][name] = run_flink_peer(workload, current, work)
-            click.echo(f"{name}: {_line(result['peers'][name])}")
+            runs = ({name: lambda: run_flink_peer(workload, current, work)} if name == "flink"
+                    else {label: lambda ms=ms: run_pathway_peer(workload, current, work, ms)
+                          for label, ms in PATHWAY_COMMITS_MS.items()})
+            for label, run in runs.items():
+                result["peers"][label] = run()
+                click.echo(f"{label}: {_line(result['peers'][label])}")
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -253,7 +300,7 @@ def _line(peer: dict[str, Any]) -> str:
     if "skipped" in peer:
         return f"skipped: {peer['skipped']}"
     return (f"{peer['events_per_s']} records/s ({peer['wall_seconds']}s), "
-            f"{peer['inconsistent_states']} inconsistent of {peer['observed_states']} "
+            f"{peer['inconsistent_states']:,} inconsistent of {peer['observed_states']:,} "
             f"observed states, final equals oracle: {peer['final_equals_oracle']}")
 
 
@@ -266,8 +313,8 @@ def draw_chart(result: dict[str, Any], path: Path) -> None:
 
     ran = {n: p for n, p in result["peers"].items() if "skipped" not in p}
     names = list(ran)
-    colors = ["#2b7bba" if n == "txjoin" else "#e6550d" for n in names]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
+    colors = [COLORS.get(n.split("-")[0], "#e6550d") for n in names]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(4 + 1.6 * len(names), 3.8))
     speed = [ran[n]["events_per_s"] for n in names]
     left.bar(names, speed, color=colors)
     left.set_title("source records/s (higher is better)")

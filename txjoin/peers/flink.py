@@ -9,12 +9,10 @@ makes the peer unavailable with a one-line reason; the benchmark goes on without
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,13 +24,10 @@ from txjoin.peers.consistency import (
     Observation,
     value_hash,
 )
+from txjoin.peers.environment import ROOT, PeerEnvironment, PeerUnavailable, last_error
 from txjoin.peers.flink_job import TABLES, parse_line, table_folder
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class PeerUnavailable(Exception):
-    """The peer cannot run here; the message is the one-line reason."""
+FLINK = PeerEnvironment("PyFlink", ".venv-flink", "pyflink.table", "pyflink")
 
 
 @dataclass
@@ -44,25 +39,6 @@ class FlinkRun:
     query_s: float
     process_s: float
     parallelism: int
-
-
-def flink_python() -> str:
-    """An interpreter that imports pyflink, or PeerUnavailable."""
-    candidates = []
-    if os.environ.get("TXJOIN_FLINK_PYTHON"):
-        candidates.append(os.environ["TXJOIN_FLINK_PYTHON"])
-    if importlib.util.find_spec("pyflink") is not None:
-        candidates.append(sys.executable)
-    candidates.append(str(ROOT / ".venv-flink" / "bin" / "python"))
-    for python in candidates:
-        if not Path(python).exists():
-            continue
-        probe = subprocess.run([python, "-c", "import pyflink.table"], capture_output=True,
-                               timeout=120, check=False)
-        if probe.returncode == 0:
-            return python
-    raise PeerUnavailable("PyFlink is not installed: run `bash scripts/flink-env.sh` (it "
-                          "creates .venv-flink), or set TXJOIN_FLINK_PYTHON")
 
 
 def check_archive(archive: Path, prefix: str) -> None:
@@ -81,7 +57,7 @@ def run_flink(archive: Path, prefix: str, workdir: Path, parallelism: int = 2,
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise PeerUnavailable("no Java found (PyFlink needs Java 11 or 17)")
     check_archive(archive, prefix)
-    python = flink_python()
+    python = FLINK.python()
     workdir.mkdir(parents=True, exist_ok=True)
     changelog, log, summary = (workdir / "flink-changelog.txt", workdir / "flink.log",
                                workdir / "flink-summary.json")
@@ -95,15 +71,9 @@ def run_flink(archive: Path, prefix: str, workdir: Path, parallelism: int = 2,
     process_s = time.monotonic() - started
     if proc.returncode != 0 or not summary.exists():
         raise PeerUnavailable(f"the Flink job failed (exit {proc.returncode}): "
-                              f"{_last_error(log)} (log: {log})")
+                              f"{last_error(log)} (log: {log})")
     info = json.loads(summary.read_text())
     return FlinkRun(changelog, info["setup_s"], info["query_s"], process_s, parallelism)
-
-
-def _last_error(log: Path) -> str:
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()
-             if "Exception" in line or "Error" in line]
-    return lines[-1][:300] if lines else "no error message"
 
 
 @dataclass
