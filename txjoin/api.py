@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from txjoin.errors import ConfigError
 from txjoin.pipeline.pipeline import (
@@ -84,7 +84,7 @@ def resolve_paths(config: RunConfig, deploy_mode: str = "client") -> RunConfig:
     relative path is refused: the driver resolves it against its working directory, a
     new one on each node and at each restart, so a restarted driver would not find its
     checkpoint."""
-    changes = {}
+    changes: dict[str, Any] = {}
     for name, option in (("checkpoint_dir", "--checkpoint-dir"), ("output_dir", "--output-dir")):
         value = str(getattr(config, name))
         scheme = _SCHEME.match(value)
@@ -409,7 +409,7 @@ def start(spark: SparkSession, job: Job, config: RunConfig,
                           "the source into the sinks' shadow tables and swaps them in): run "
                           "that once, then start the stream without rebuild")
     check_session(spark)
-    config = dataclasses.replace(config, master=spark.sparkContext.master)
+    config = dataclasses.replace(config, master=str(spark.sparkContext.master))
     config = check(job, config, deploy_mode(spark))
     stream = Stream(spark, job, config, on_batch=on_batch, on_sink_commit=on_sink_commit)
     try:
