@@ -93,3 +93,38 @@ def test_submit_line_is_for_a_standalone_master() -> None:
                                      "--checkpoint-dir", "/c", "--output-dir", "/o"])
     assert done.exit_code == 2
     assert "on YARN or Kubernetes spark-submit runs txjoin/submit.py itself" in done.output
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_python_driver_dies_with_the_process_that_started_it() -> None:
+    """A driver JVM killed with kill -9 takes its Python driver along (txjoin.submit), so no
+    Delta committer of the dead driver writes beside the restarted one."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    # the parent stands in for the driver JVM: it starts the "Python driver" and waits
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'from txjoin.submit import "
+        "_die_with_parent; _die_with_parent(); print(1, flush=True); import time; "
+        "time.sleep(120)'], stdout=subprocess.PIPE)\n"
+        "child.stdout.readline()\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait(10)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and "Z" not in _state(child):
+        assert time.monotonic() < deadline, "the child outlived its parent"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
