@@ -163,7 +163,8 @@ def test_a_supervised_driver_killed_three_times_resumes_exactly_once(e2e_stack: 
             return -1
         version = DeltaTable(str(changelog)).version()
         held = delta.held()
-        history.append((version, -1 if held is None else held.frontier_commit_seq))
+        frontier = None if held is None else held.frontier_commit_seq
+        history.append((version, -1 if frontier is None else frontier))
         return version
 
     with standalone_cluster(tmp_path / "cluster") as cluster:
