@@ -63,3 +63,26 @@ if [ ! -f "$localfs_jar" ]; then
         echo "warning: no javac: Spark uses Hadoop's local file system (a process per file it creates)" >&2
     fi
 fi
+
+# txjoin's launcher for a standalone master's cluster mode (jvm/submit: a JVM main class that
+# starts the Python driver through Spark's PythonRunner, since spark-submit refuses a Python
+# application there), compiled against pyspark's jars into .jars/submit/ (txjoin.jvm.submit_jar).
+submit_sum=$(cat jvm/submit/src/txjoin/submit/*.java | sha256sum | cut -c1-16)
+submit_jar=.jars/submit/txjoin-submit-$submit_sum.jar
+if [ ! -f "$submit_jar" ]; then
+    rm -rf .jars/submit
+    mkdir -p .jars/submit
+    if command -v javac >/dev/null 2>&1 && command -v jar >/dev/null 2>&1; then
+        pyspark_jars=$(.venv/bin/python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')
+        rm -rf .jars/submit.tmp
+        if javac --release 17 -nowarn -cp "$pyspark_jars/*" -d .jars/submit.tmp \
+                jvm/submit/src/txjoin/submit/*.java > .jars/javac-submit.log 2>&1; then
+            jar cf "$submit_jar" -C .jars/submit.tmp .
+        else
+            echo "warning: could not compile jvm/submit (log: .jars/javac-submit.log); no standalone cluster mode" >&2
+        fi
+        rm -rf .jars/submit.tmp
+    else
+        echo "warning: no javac: no jar for a standalone master's cluster mode (jvm/submit)" >&2
+    fi
+fi

@@ -86,7 +86,7 @@ class TxjoinCommands(click.Group):
 
 
 COMMAND_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("The job", ("job", "run", "verify", "maintain", "export")),
+    ("The job", ("job", "run", "submit-line", "verify", "maintain", "export")),
     ("The local stack", ("up", "status", "generate", "demo", "down")),
     ("Tools", ("replay", "bench", "soak")),
 )
@@ -300,7 +300,59 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
         raise ConfigError("--vacuum-retention-hours runs with the job's maintenance: add "
                           "--maintain-every N (or run `txjoin maintain` while it is stopped)")
     config.prefixes(job)  # every source has a prefix, no two share one: fail before Spark
+    submitted = click.get_current_context().find_root().obj  # txjoin.submit's, or None
+    if submitted is not None:  # under spark-submit: its master, deploy mode and session
+        if spark_conf:
+            raise ConfigError("--spark-conf: under spark-submit the session is spark-submit's; "
+                              "give Spark settings to spark-submit (--conf KEY=VALUE)")
+        config.master = submitted.master
+        run_job(job, config, deploy_mode=submitted.deploy_mode, session=submitted.session)
+        return
     run_job(job, config)
+
+
+@main.command("submit-line", context_settings={"ignore_unknown_options": True,
+                                               "allow_interspersed_args": False})
+@click.option("--master", required=True,
+              help="The standalone master's URL, spark://HOST:PORT.")
+@click.option("--python", "python", default=sys.executable, show_default="this txjoin's",
+              help="The interpreter of an environment with txjoin, at the same path on every "
+                   "worker (the driver's and the executors').")
+@click.option("--spark-submit", "spark_submit", default="spark-submit", show_default=True,
+              help="The spark-submit to name (e.g. $SPARK_HOME/bin/spark-submit).")
+@click.argument("job_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("run_args", nargs=-1, type=click.UNPROCESSED)
+@cli_errors
+def submit_line(master: str, python: str, spark_submit: str, job_file: Path,
+                run_args: tuple[str, ...]) -> None:
+    """Print the spark-submit command that runs JOB_FILE in cluster mode on a standalone
+    master, its driver restarted by the master if it dies (--supervise).
+
+    RUN_ARGS are `txjoin run`'s options (checked here), without --master; --checkpoint-dir
+    and --output-dir are required, as absolute paths every node reaches (a restarted
+    driver resumes from them). spark-submit refuses a Python application in cluster mode
+    on a standalone master, so the line submits txjoin's JVM launcher (jvm/submit), which
+    starts txjoin/submit.py through Spark's PythonRunner."""
+    import shlex
+
+    from txjoin.api import resolve_paths
+    from txjoin.pipeline.pipeline import RunConfig
+    from txjoin.submit import submit_line as line
+
+    with run.make_context("txjoin run", [str(job_file), *run_args]) as ctx:
+        params = ctx.params
+    if ctx.get_parameter_source("master") is not click.core.ParameterSource.DEFAULT:
+        raise ConfigError("submit-line: --master is spark-submit's (give it before JOB_FILE), "
+                          "not one of the run's options")
+    for name in ("checkpoint_dir", "output_dir"):
+        if params[name] is None:
+            raise ConfigError(f"submit-line: give --{name.replace('_', '-')} (an absolute "
+                              f"path every node reaches): the default is under --dir, "
+                              f"relative to the driver's working directory")
+    resolve_paths(RunConfig(checkpoint_dir=params["checkpoint_dir"],
+                            output_dir=params["output_dir"]), "cluster")
+    words = line(master, str(job_file), list(run_args), python, spark_submit)
+    click.echo(shlex.join(words))
 
 
 def check_stack_columns(stack: StackInfo, job: Job) -> None:

@@ -68,6 +68,18 @@ def local_fs_jar() -> Path | None:
     return next(iter(sorted((jars_root() / "localfs").glob("txjoin-localfs-*.jar"))), None)
 
 
+def submit_jar() -> Path:
+    """The jar of txjoin's launcher for a standalone master's cluster mode (jvm/submit:
+    ``txjoin.submit.PythonDriver``), compiled by scripts/jars.sh into ``.jars/submit``;
+    ConfigError saying what to run when it is missing (it needs a JDK's ``javac``)."""
+    jar = next(iter(sorted((jars_root() / "submit").glob("txjoin-submit-*.jar"))), None)
+    if jar is None:
+        raise ConfigError(f"txjoin's launcher jar for spark-submit on a standalone master is "
+                          f"missing in {jars_root() / 'submit'}: {SETUP_HINT} (with a JDK's "
+                          f"javac on PATH)")
+    return jar
+
+
 def local_fs_conf(master: str) -> dict[str, str]:
     """Spark settings for txjoin's Hadoop local file system (jvm/localfs), when built.
 

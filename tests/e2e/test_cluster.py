@@ -1,18 +1,26 @@
-"""``txjoin run`` on a real Spark standalone cluster (master + 2 workers, separate processes).
+"""txjoin on a real Spark standalone cluster (master + 2 workers, separate processes).
 
-The job runs against the local stack with ``--master spark://...`` while a racing
-workload writes; one worker is killed with ``kill -9`` (with its executor and
-Python workers) mid-stream. Spark reschedules the lost shards' tasks on the other
-worker, whose executors restore them from the checkpoint; afterwards both sinks
-equal PostgreSQL's own answer and every order version is in the changelog once.
+``txjoin run --master spark://...`` (client mode) against the local stack while a racing
+workload writes; one worker is killed with ``kill -9`` (with its executor and Python
+workers) mid-stream. Spark reschedules the lost shards' tasks on the other worker, whose
+executors restore them from the checkpoint; afterwards both sinks equal PostgreSQL's own
+answer and every order version is in the changelog once.
+
+The same job submitted by ``txjoin submit-line``'s command (cluster mode, ``--supervise``):
+its driver is killed with ``kill -9`` three times at random moments mid-stream (the first
+once it made its Delta tables, each next once the restarted driver committed to Delta,
+then 0-2 s later); the master restarts it each time, it resumes from its checkpoint, and
+the same checks hold, with Delta's history never going back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -31,9 +39,12 @@ from tests.e2e.test_end_to_end import (
     streaming_run,
     tail,
 )
-from tests.fixtures.spark_cluster import standalone_cluster
+from tests.fixtures.spark_cluster import SPARK_HOME, Cluster, standalone_cluster
 from txjoin.job import load_job
+from txjoin.join.output import output_schema
+from txjoin.sinks.delta import DeltaSink
 from txjoin.stack.demo import wait_until_captured
+from txjoin.submit import submit_line
 from txjoin.verify.verify import verify_job
 
 pytestmark = pytest.mark.e2e
@@ -96,4 +107,127 @@ def test_orders_on_a_standalone_cluster_survive_losing_a_worker(e2e_stack: E2ESt
         print(f"[e2e] drained on the one remaining worker in {seconds:.1f}s")
     assert_verified(verify_job(load_job(ORDERS), (e2e_stack.info.pg_dsn_source, sink_dsn),
                                tmp_path / "output"))
+    assert_orders_changelogs(e2e_stack, tmp_path, sink_dsn)
+
+
+DRIVER_START_TIMEOUT_S = 600
+"""How long a (re)started driver may take to its next Delta commit: a new JVM, Python
+driver, SparkContext, executors and a first batch on cold ones; 300 s ran out on a machine
+loaded 25-33 deep (2 cores), where the first driver's query started 4.5 min after the
+submission."""
+
+DRIVER_CLASS = "org.apache.spark.deploy.worker.DriverWrapper"
+"""What a standalone worker runs as a cluster-mode driver (its JVM; the Python driver is its
+child, which dies with it: ``txjoin.submit``)."""
+
+
+def driver_pid(work: Path) -> int | None:
+    """The driver JVM a worker of the cluster under ``work`` runs, if any (other clusters'
+    drivers on the machine are not this test's)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if DRIVER_CLASS.encode() in words and any(str(work).encode() in w for w in words):
+            return int(entry.name)
+    return None
+
+
+def driver_logs(cluster: Cluster, lines: int = 30) -> str:
+    """The tail of every driver's output (each start has its own folder on its worker)."""
+    out = []
+    for log in cluster.logs[1:]:
+        for stream in sorted(log.with_suffix("").glob("driver-*/std*")):
+            out.append(f"== {stream.relative_to(log.parent)}\n{tail(stream, lines)}")
+    return "\n".join(out) or "no driver output"
+
+
+def test_a_supervised_driver_killed_three_times_resumes_exactly_once(e2e_stack: E2EStack,
+                                                                     tmp_path: Path) -> None:
+    sink_dsn = fresh_sink_database(e2e_stack, "sink_supervised")
+    job = load_job(ORDERS)
+    output = tmp_path / "output"
+    changelog = output / job.output.table / "changelog"
+    delta = DeltaSink(str(output), job.output.table, job.name, list(job.output.key),
+                      output_schema(job))  # read-only: the frontier of each version
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # spark-submit passes it to the driver
+    rng = random.Random(70)
+    history: list[tuple[int, int]] = []  # (Delta version, frontier) as seen, in time order
+
+    def committed() -> int:
+        """The changelog's Delta version now (-1: none yet), with its frontier recorded."""
+        if not DeltaTable.is_deltatable(str(changelog)):
+            return -1
+        version = DeltaTable(str(changelog)).version()
+        held = delta.held()
+        frontier = None if held is None else held.frontier_commit_seq
+        history.append((version, -1 if frontier is None else frontier))
+        return version
+
+    with standalone_cluster(tmp_path / "cluster") as cluster:
+        # the run's options without the job file (submit_line's argument), the master and
+        # Spark's settings (spark-submit's, on the line)
+        run_args = cluster_args(e2e_stack, cluster.master_url, tmp_path, sink_dsn)[1:]
+        for option in ("--master", "--spark-conf"):
+            del run_args[run_args.index(option):run_args.index(option) + 2]
+        line = submit_line(cluster.master_url, str(ORDERS), run_args, sys.executable,
+                           spark_submit=str(SPARK_HOME / "bin" / "spark-submit"))
+        line[1:1] = ["--conf", "spark.executor.memory=1g", "--driver-memory", "1g"]
+        workload = Workload(e2e_stack, rate=20, duration=600, seed=70)
+        workload.start()
+        started = time.monotonic()
+        submitted = subprocess.run(line, capture_output=True, text=True, timeout=120,
+                                   check=False)
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        driver_id = next(w for w in (submitted.stdout + submitted.stderr).split()
+                         if w.startswith("driver-"))
+        try:
+            version = -1
+            for kill in range(3):
+                # the running driver (restarted, after the first kill) commits to Delta, then
+                # dies at a random moment of the stream
+                deadline = time.monotonic() + DRIVER_START_TIMEOUT_S
+                while committed() <= version:
+                    assert time.monotonic() < deadline, \
+                        f"no Delta commit after kill {kill}:\n{driver_logs(cluster)}"
+                    time.sleep(0.3)
+                time.sleep(rng.uniform(0, 2))
+                pid = driver_pid(tmp_path)
+                assert pid is not None, f"no driver running:\n{driver_logs(cluster)}"
+                os.kill(pid, signal.SIGKILL)
+                version = committed()
+                print(f"\n[e2e] driver {pid} killed (SIGKILL) at Delta version {version}, "
+                      f"{time.monotonic() - started:.0f}s after the submission")
+                assert workload.is_alive(), "the workload ended before the kill: lengthen it"
+            deadline = time.monotonic() + DRIVER_START_TIMEOUT_S
+            while committed() <= version:  # the third restart streams on
+                assert time.monotonic() < deadline, \
+                    f"no commit after the last kill:\n{driver_logs(cluster)}"
+                time.sleep(0.3)
+            print(f"[e2e] Delta at version {history[-1][0]} after the third restart, "
+                  f"{time.monotonic() - started:.0f}s after the submission")
+            result = workload.finish(early=True)
+        finally:
+            # the master stops the supervised driver for good
+            subprocess.run([str(SPARK_HOME / "bin" / "spark-submit"), "--master",
+                            cluster.master_url, "--kill", driver_id], capture_output=True,
+                           timeout=60, check=False)
+            deadline = time.monotonic() + 60
+            while driver_pid(tmp_path) is not None and time.monotonic() < deadline:
+                time.sleep(0.3)
+        wait_until_captured(e2e_stack.info)
+        print(f"[e2e] workload: {result.transactions} tx, {result.events} events")
+    # what is left, in this worker's session: the checkpoint the restarted drivers kept
+    log = tmp_path / "drain.log"
+    args = cluster_args(e2e_stack, "local[2]", tmp_path, sink_dsn)
+    print(f"[e2e] drained with --until-idle in {run_until_idle(log, *args):.1f}s")
+    delta.close()
+    versions_seen = [v for v, _ in history]
+    frontiers = [f for _, f in history]
+    assert versions_seen == sorted(versions_seen), "a Delta version went back"
+    assert frontiers == sorted(frontiers), "Delta's frontier went back"
+    assert_verified(verify_job(job, (e2e_stack.info.pg_dsn_source, sink_dsn), output))
     assert_orders_changelogs(e2e_stack, tmp_path, sink_dsn)

@@ -19,9 +19,11 @@ from click.testing import CliRunner
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+import txjoin
 from txjoin.bench import spread
 from txjoin.cli import main
 from txjoin.errors import (
+    ConfigError,
     DecodeError,
     ExpressionValueError,
     OrderingError,
@@ -32,7 +34,7 @@ from txjoin.export import write_records
 from txjoin.job import Job, load_job
 from txjoin.join.oracle import outputs_after_each
 from txjoin.join.output import output_schema
-from txjoin.pipeline.pipeline import Pipeline, RunConfig
+from txjoin.pipeline.pipeline import Pipeline, RunConfig, check_layout
 from txjoin.pipeline.run import source_frame
 from txjoin.scenarios.checks import check_exactly_once, check_final
 from txjoin.scenarios.synthesize import Produced, Synthesizer
@@ -159,19 +161,21 @@ def test_pipeline_over_files_in_small_batches_resumes_and_matches_the_oracle(
 
 def test_files_that_appear_while_the_job_runs_are_read(spark: SparkSession,
                                                        tmp_path: Path) -> None:
+    """Through the Python API (``txjoin.start``) on the caller's session: the stream's
+    progress follows the batches, and ``stop`` leaves Delta holding the last batch."""
     job = load_job(ORDERS)
     snapshot, txs = pizzeria_workload(30, seed=9)
     synth = Synthesizer(job, prefix="lshop")
     archive_dir = tmp_path / "archive"
     archive(archive_dir, list(synth.snapshot(snapshot)), synth, per_file=10)
     config = RunConfig(topic_prefix="lshop", source=f"files:{archive_dir}",
-                       trigger_interval="200 milliseconds",
+                       trigger_interval="200 milliseconds", delta_commit_interval_s=0.5,
                        checkpoint_dir=str(tmp_path / "ckpt"), output_dir=str(tmp_path / "out"))
-    sinks = build_sinks(job, config, spark)
-    pipeline = Pipeline(spark, job, config, sinks)
-    query = pipeline.start(source_frame(spark, job, config, pipeline))
+    delta = DeltaSink(str(tmp_path / "out"), job.output.table, job.name,
+                      list(job.output.key), output_schema(job))  # read-only
     expected = outputs_after_each(job, snapshot, txs)
-    try:
+    with txjoin.start(spark, job, config) as stream:
+        assert stream.query is not None and stream.query.isActive
         for i in range(0, len(txs), 10):  # three waves of files, each after the job caught up
             wave: list[Produced] = []
             for tx in txs[i:i + 10]:
@@ -180,16 +184,45 @@ def test_files_that_appear_while_the_job_runs_are_read(spark: SparkSession,
             deadline = time.monotonic() + 120
             want = expected[min(i + 10, len(txs))]
             while True:
-                rows = [without_metadata(r) for r in sinks[0].read_current()]
+                rows = [without_metadata(r) for r in delta.read_current()]
                 if check_final(rows, want, ["order_id"]).ok:
                     break
-                assert query.isActive, f"query stopped: {query.exception()}"
+                assert stream.query.isActive, f"query stopped: {stream.query.exception()}"
                 assert time.monotonic() < deadline, (
                     f"wave {i // 10}: {check_final(rows, want, ['order_id']).message}")
                 time.sleep(0.3)
-    finally:
-        query.stop()
-        sinks[0].close()
+        progress = stream.progress()
+        assert progress.active and progress.batches == len(stream.reports) > 0
+        assert progress.frontier_commit_seq == stream.reports[-1].commit_seq
+        assert progress.records == sum(r.records for r in stream.reports)
+        fresh = progress.sinks["delta"]
+        assert fresh.commits > 0 and fresh.committed_at is not None
+        assert fresh.freshness_seconds is not None and fresh.freshness_seconds >= 0
+    assert not stream.query.isActive and not stream.progress().active
+    # stop() waited for Delta: it holds every batch the stream ran, nothing is pending
+    assert stream.progress().sinks["delta"].pending_batches == 0
+    assert stream.progress().sinks["delta"].last_batch == stream.reports[-1].batch_id
+    assert delta.held() is not None
+    assert delta.held().frontier_commit_seq == stream.reports[-1].commit_seq  # type: ignore[union-attr]
+    delta.close()
+
+
+def test_the_api_refuses_what_txjoin_run_refuses_before_any_query_starts(
+        spark: SparkSession, tmp_path: Path) -> None:
+    job = load_job(ORDERS)
+    archive_dir, _ = _small_archive(tmp_path)
+    config = RunConfig(topic_prefix="bshop", source=f"files:{archive_dir}", shards=2,
+                       checkpoint_dir=str(tmp_path / "ckpt"), output_dir=str(tmp_path / "out"))
+    check_layout(tmp_path / "ckpt" / job.name, 3)  # a checkpoint of 3 shards
+    active = len(spark.streams.active)
+    with pytest.raises(ConfigError, match=r"written with --shards 3, not 2: run with --shards 3"):
+        txjoin.start(spark, job, config)
+    with pytest.raises(ConfigError, match=r"^--output-dir s3a://b/out: .* s3a: is not "
+                                          r"supported: mount the storage"):
+        txjoin.start(spark, job, replace(config, output_dir="s3a://b/out"))
+    with pytest.raises(ConfigError, match=r"txjoin run --rebuild"):
+        txjoin.start(spark, job, replace(config, rebuild=True))
+    assert len(spark.streams.active) == active
 
 
 def _failing_run(spark: SparkSession, tmp_path: Path, archive_dir: Path,

@@ -166,6 +166,9 @@ def check_command(argv: list[str]) -> None:
                 path.append(word)
                 args = args[i + 1:]
                 break
+            if path == ["txjoin", "submit-line"]:  # JOB_FILE, then `txjoin run`'s options
+                check_command(["run", *args[i:]])
+                return
             positional.append(word)
             i += 1
         if sub is not None:
@@ -203,6 +206,7 @@ def test_every_txjoin_command_line_in_the_docs_exists() -> None:
     ["job", "init", "--dsn"],                                  # an option without its value
     ["job", "nit", "--dsn", "x"],                              # no such subcommand
     ["verify", "a.py", "b.py"],                                # one argument too many
+    ["submit-line", "--master", "spark://h:7077", "a.py", "--shard", "2"],  # not run's option
 ])
 def test_the_command_check_refuses_a_wrong_line(argv: list[str]) -> None:
     with pytest.raises(AssertionError):
@@ -215,6 +219,7 @@ def test_the_command_check_refuses_a_wrong_line(argv: list[str]) -> None:
     ["replay", "a.yaml", "b.yaml", "--core-only"],
     ["down", "--wipe"],
     ["status", "-h"],
+    ["submit-line", "--master", "spark://h:7077", "a.py", "--checkpoint-dir", "/c"],
 ])
 def test_the_command_check_accepts_a_right_line(argv: list[str]) -> None:
     check_command(argv)

@@ -1,15 +1,16 @@
-"""``txjoin run``: check, start the Spark session, wire the source, sinks and pipeline, wait.
+"""``txjoin run``: check, start the Spark session, start the stream, wait; a caller of
+``txjoin.api`` (the Python API) with a session of its own, or spark-submit's
+(``txjoin.submit``).
 
 Before the Spark session starts (a JVM, 5-13 s), everything that can refuse the
-run without Spark is checked (:func:`preflight`): every sink's lineage against
-the job's checkpoint (``txjoin.sinks.lineage``: a sink written from another
-checkpoint, or behind this one, stops the run, exit 2, instead of having
-batches silently skipped; batches a stopped or killed run handed off to Delta count as held, and
-are committed before the query starts: ``txjoin.sinks.handoff``), the broker and
-the job's topics against the checkpoint, and the checkpoint's state layout and
-shard count. ``rebuild``
-starts a new checkpoint, drains the source into the sinks' shadow tables, swaps
-them in atomically, then goes on as a normal run.
+run without Spark is checked (:func:`preflight`, ``txjoin.api.check``): the paths,
+every sink's lineage against the job's checkpoint (``txjoin.sinks.lineage``: a sink
+written from another checkpoint, or behind this one, stops the run, exit 2, instead of
+having batches silently skipped; batches a stopped or killed run handed off to Delta
+count as held, and are committed before the query starts: ``txjoin.sinks.handoff``),
+the broker and the job's topics against the checkpoint, and the checkpoint's state
+layout and shard count. ``rebuild`` starts a new checkpoint, drains the source into the
+sinks' shadow tables, swaps them in atomically, then goes on as a normal run.
 """
 
 from __future__ import annotations
@@ -17,32 +18,23 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
+from txjoin.api import Stream, check, source_frame, wait_for
 from txjoin.job import Job
 from txjoin.pipeline.metrics import Metrics, MetricsServer
-from txjoin.pipeline.pipeline import (
-    BatchReport,
-    Pipeline,
-    PipelineQuery,
-    RunConfig,
-    check_kafka,
-    check_layout,
-    check_record_columns,
-)
+from txjoin.pipeline.pipeline import BatchReport, PipelineQuery, RunConfig
 from txjoin.pipeline.session import get_session
 from txjoin.sinks import Sink
-from txjoin.sinks.build import build_sinks
-from txjoin.sinks.delta import DeltaSink
-from txjoin.sinks.handoff import GroupCommit, Handoff
-from txjoin.sinks.lineage import Checkpoint, check_lineage, short
-from txjoin.sinks.postgres import PostgresSink
+from txjoin.sinks.handoff import GroupCommit
+from txjoin.sinks.lineage import Checkpoint, short
+
+__all__ = ["preflight", "run_job", "source_frame", "summary_line"]
 
 
 def print_report(report: BatchReport) -> None:
@@ -52,21 +44,6 @@ def print_report(report: BatchReport) -> None:
                f"{report.transactions_released} transactions released, {report.changes} "
                f"changes -> {sinks}; frontier commit_seq {report.commit_seq}, "
                f"{report.waiting} waiting")
-
-
-def source_frame(spark: SparkSession, job: Job, config: RunConfig, pipeline: Pipeline
-                 ) -> DataFrame:
-    """The streaming input: ``config.source`` is ``kafka`` or ``files:DIR``."""
-    from txjoin.ingest.spark import files
-
-    directory = files.parse_source(config.source)
-    if directory is None:
-        return pipeline.kafka_source()
-    prefixes = pipeline.prefixes
-    return files.read_stream(spark, directory, pipeline.job.topics(prefixes),
-                             transaction_topic=list(
-                                 pipeline.job.transaction_topics(prefixes).values()),
-                             max_events=config.max_events_per_trigger)
 
 
 def summary_line(reports: list[BatchReport], sinks: list[Sink]) -> str:
@@ -83,10 +60,6 @@ def summary_line(reports: list[BatchReport], sinks: list[Sink]) -> str:
             f"{sum(r.transactions_released for r in reports)} transactions released; "
             f"rows written: {rows}; frontier commit_seq "
             f"{'none yet' if frontier is None else frontier}")
-
-
-BATCH_FINISH_WAIT_S = 600.0
-"""How long a stop asked for by Ctrl-C waits for the batch in progress to commit."""
 
 
 @contextlib.contextmanager
@@ -119,44 +92,10 @@ def _await(query: PipelineQuery, until_idle: bool, stop: threading.Event,
            say: Callable[[str], None]) -> bool:
     """Wait for ``query``; False when stopped (Ctrl-C or ``stop``) before it ended. A stop
     lets the batch in progress finish and commit first."""
-    stopped = _wait(query, stop)  # Ctrl-C sets stop (_ctrl_c_stops, from _run)
+    stopped = wait_for(query, stop)  # Ctrl-C sets stop (_ctrl_c_stops, from _run)
     if stopped:
         say("stopped (the checkpoint keeps the progress; run again to resume)")
     return not stopped and until_idle
-
-
-def _wait(query: PipelineQuery, stop: threading.Event) -> bool:
-    """Wait for ``query`` to end or ``stop`` to be set, then for the batch in progress to
-    commit; stop the query. True when it was stopped before it ended."""
-    stopped = False
-    try:
-        while query.isActive and not stop.is_set():
-            query.awaitTermination(1)
-        stopped = query.isActive
-        deadline = time.monotonic() + BATCH_FINISH_WAIT_S
-        while stopped and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        stopped = True
-    except Exception:
-        # The query failed. After a Ctrl-C that is expected: the terminal sends SIGINT to
-        # the whole process group, Spark's Python workers too, which can fail the batch in
-        # progress. Nothing of it is committed; the next run replays it (a real error then
-        # shows again).
-        if not stop.is_set():
-            raise
-        stopped = True
-    finally:
-        if query.isActive:
-            query.stop()
-    return stopped
-
-
-def _raise_failure(query: PipelineQuery, stop: threading.Event) -> None:
-    """Raise the query's error, unless a stop was asked for (see :func:`_wait`)."""
-    exc = query.exception()
-    if exc is not None and not stop.is_set():
-        raise exc
 
 
 def print_group(commit: GroupCommit) -> None:
@@ -170,62 +109,47 @@ def print_group(commit: GroupCommit) -> None:
 
 def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None] | None = None,
             stop: threading.Event | None = None, quiet: bool = False,
-            on_sink_commit: Callable[[GroupCommit], None] | None = None) -> list[BatchReport]:
+            on_sink_commit: Callable[[GroupCommit], None] | None = None,
+            deploy_mode: str = "client",
+            session: Callable[[], SparkSession] | None = None) -> list[BatchReport]:
     """Run the job until stopped (Ctrl-C or ``stop``), or until idle with ``until_idle``;
     either way Delta has caught up when it returns. ``on_sink_commit``: every sink commit
-    (PostgreSQL's per batch, Delta's per group)."""
+    (PostgreSQL's per batch, Delta's per group). ``session``: makes the session, after
+    the checks, on ``config.master`` in ``deploy_mode`` (spark-submit's: ``txjoin.submit``);
+    None: the run starts its own (``get_session``, client mode)."""
     metrics = Metrics(job.name)
     server = None if config.metrics_port is None else MetricsServer(metrics, config.metrics_port)
     say = (lambda _: None) if quiet else click.echo
     if server is not None:
         say(f"metrics: http://localhost:{server.port}/metrics")
     try:
-        return _run(job, config, metrics, on_batch, stop, quiet, say, on_sink_commit)
+        return _run(job, config, metrics, on_batch, stop, quiet, say, on_sink_commit,
+                    deploy_mode, session)
     finally:
         if server is not None:
             server.close()
 
 
-def preflight(job: Job, config: RunConfig) -> None:
-    """Every refusal that needs no Spark, in the order the run would meet them: the sinks'
-    lineage and the PostgreSQL sink's columns (unless rebuilding), the broker and topics
-    (a Kafka source) and the declared columns against the topics' newest records, the
-    checkpoint's layout and shard count. Raises the run's own one-line errors; writes
-    nothing but the checkpoint's identity (as the run would)."""
-    prefixes = config.prefixes(job)
-    checkpoint = Path(config.checkpoint_dir) / job.with_source_prefixes(prefixes).name
-    if not config.rebuild:
-        sinks = build_sinks(job, config)  # without Spark: for reading their lineage only
-        try:
-            # Batches a stopped or killed run handed off to Delta and did not commit count
-            # as held: the run commits them before its query starts (Pipeline.recover).
-            check_lineage(sinks, Checkpoint.open(checkpoint),
-                          handed_off={DeltaSink.name: Handoff(checkpoint).stored()})
-            for sink in sinks:
-                if isinstance(sink, PostgresSink):
-                    sink.check_tables()  # a table altered underneath
-        finally:
-            for sink in sinks:
-                sink.close()
-    from txjoin.ingest.spark.files import parse_source
-
-    if parse_source(config.source) is None:
-        # A rebuild starts a new checkpoint: only the broker and topics are checked.
-        topics, facts = check_kafka(job.with_source_prefixes(prefixes), config, prefixes,
-                                    None if config.rebuild else checkpoint)
-        check_record_columns(job, prefixes, topics, facts.partitions)
-    if not config.rebuild:  # shards as Pipeline.n_shards takes them (0/None: not given)
-        check_layout(checkpoint, config.shards or None, record=False)
+def preflight(job: Job, config: RunConfig, deploy: str = "client") -> RunConfig:
+    """Every refusal that needs no Spark, before the session starts (``txjoin.api.check``:
+    the paths, the sinks' lineage and columns, the broker and topics, the records' columns,
+    the checkpoint's layout); ``config`` with its paths resolved."""
+    return check(job, config, deploy)
 
 
 def _run(job: Job, config: RunConfig, metrics: Metrics,
          on_batch: Callable[[BatchReport], None] | None, stop: threading.Event | None,
          quiet: bool, say: Callable[[str], None],
-         on_sink_commit: Callable[[GroupCommit], None] | None = None) -> list[BatchReport]:
+         on_sink_commit: Callable[[GroupCommit], None] | None = None,
+         deploy_mode: str = "client",
+         session: Callable[[], SparkSession] | None = None) -> list[BatchReport]:
     stop = stop or threading.Event()  # set by Ctrl-C too (_ctrl_c_stops)
-    preflight(job, config)
-    spark = get_session(config.master, app_name=f"txjoin-{job.name}",
-                        extra_conf=config.spark_conf)
+    config = preflight(job, config, deploy_mode)
+    if session is None:
+        spark = get_session(config.master, app_name=f"txjoin-{job.name}",
+                            extra_conf=config.spark_conf)
+    else:
+        spark = session()
     # Installed after the session started (a new SparkContext installs its own handler) and
     # before anything long: a Ctrl-C while Delta commits what a killed run handed off is a
     # clean stop too.
@@ -237,59 +161,49 @@ def _stream(job: Job, config: RunConfig, spark: SparkSession, metrics: Metrics,
             on_batch: Callable[[BatchReport], None] | None, stop: threading.Event,
             quiet: bool, say: Callable[[str], None],
             on_sink_commit: Callable[[GroupCommit], None] | None) -> list[BatchReport]:
-    """The run once its Spark session is up: sinks, pipeline, (rebuild,) query, wait."""
-    sinks = build_sinks(job, config, spark)
+    """The run once its Spark session is up: the stream (sinks, pipeline), (rebuild,) its
+    query, wait."""
 
     def report(r: BatchReport) -> None:
-        metrics.observe(r)
         if not quiet:
             print_report(r)
         if on_batch is not None:
             on_batch(r)
 
     def committed(commit: GroupCommit) -> None:
-        metrics.observe_sink(commit)
         if not quiet and commit.sink == "delta" and commit.wrote:
             print_group(commit)
         if on_sink_commit is not None:
             on_sink_commit(commit)
 
-    pipeline = Pipeline(spark, job, config, sinks, on_batch=report, on_sink_commit=committed)
-    if pipeline.committer is not None:
-        metrics.delta_lag = pipeline.committer.lag
+    stream = Stream(spark, job, config, on_batch=report, on_sink_commit=committed,
+                    metrics=metrics)
+    sinks = stream.sinks
     try:
-        path = Path(pipeline.checkpoint)
         if config.rebuild:
+            path = Path(stream.pipeline.checkpoint)
             checkpoint, moved = Checkpoint.fresh(path)
             say(f"rebuilding the sinks from the source with the new checkpoint {path} "
                 f"({short(checkpoint.id)})"
                 + ("" if moved is None else f"; the previous one is kept in {moved}"))
             for sink in sinks:
                 sink.begin_rebuild(checkpoint.id)
-        # Without --rebuild, preflight() compared the sinks' lineage with the checkpoint
-        # (and pipeline.start() commits to Delta what an earlier run handed off).
-        source = source_frame(spark, job, config, pipeline)
-        if config.rebuild:
-            query = pipeline.start(source, available_now=True, query_name=f"txjoin_{job.name}")
-            finished = _await(query, True, stop, say)
-            _raise_failure(query, stop)
+            # Without --rebuild, preflight() compared the sinks' lineage with the checkpoint
+            # (and the query's start commits to Delta what an earlier run handed off).
+            finished = _await(stream.begin(available_now=True), True, stop, say)
+            stream.raise_failure(stop)
             if not finished:
-                return pipeline.reports  # the rebuild stays unswapped; run --rebuild again
+                return stream.reports  # the rebuild stays unswapped; run --rebuild again
             for sink in sinks:
                 sink.finish_rebuild()
             say(f"rebuilt: {', '.join(f'{s.name} sink {s.where}' for s in sinks)} now hold "
                 f"the new checkpoint's output")
             if config.until_idle:
-                say(summary_line(pipeline.reports, sinks))
-                return pipeline.reports
-            source = source_frame(spark, job, config, pipeline)
-        query = pipeline.start(source, available_now=config.until_idle,
-                               query_name=f"txjoin_{job.name}")
-        _await(query, config.until_idle, stop, say)
-        _raise_failure(query, stop)
-        say(summary_line(pipeline.reports, sinks))
+                say(summary_line(stream.reports, sinks))
+                return stream.reports
+        _await(stream.begin(available_now=config.until_idle), config.until_idle, stop, say)
+        stream.raise_failure(stop)
+        say(summary_line(stream.reports, sinks))
     finally:
-        pipeline.close()
-        for sink in sinks:
-            sink.close()
-    return pipeline.reports
+        stream.close()
+    return stream.reports

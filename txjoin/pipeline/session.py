@@ -55,12 +55,19 @@ CHECKPOINT_FILE_MANAGER = (
 _JAVA_OPTIONS = "-Xss16m -Duser.timezone=UTC"
 
 
+RUNTIME_CONF = {
+    "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+"""The part of :func:`default_conf` a running session takes: ``txjoin.start`` sets it on a
+session of the caller's (the rest applies only when a session is created)."""
+
+
 def default_conf(shuffle_partitions: int = 2) -> dict[str, str]:
     """The Spark settings txjoin applies to every session, before ``extra_conf``."""
     return {
-        "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        **RUNTIME_CONF,
         "spark.driver.extraJavaOptions": f"{_JAVA_OPTIONS} {class_archive_options()}".strip(),
         "spark.executor.extraJavaOptions": _JAVA_OPTIONS,
         # Small local jobs: the default 200 shuffle partitions means 200 tiny
