@@ -1,7 +1,8 @@
 """A job from a SQL query (``txjoin job from-sql``).
 
-A ``SELECT`` (alone, or in ``INSERT INTO t SELECT ...`` / ``CREATE [MATERIALIZED] VIEW t AS
-SELECT ...``, which name the output table) compiles into a job file that loads with
+A ``SELECT`` (alone, or in ``INSERT INTO t SELECT ...``, which names the output table, or
+``CREATE [MATERIALIZED] VIEW t AS SELECT ...``, whose ``t`` does not: the job's name does,
+unless ``--output-table`` says otherwise) compiles into a job file that loads with
 :func:`txjoin.job.load_job` and runs unchanged:
 
 - the ``FROM`` table is the fact; ``JOIN`` / ``LEFT JOIN ... ON`` equalities to one table
@@ -584,14 +585,19 @@ def _object_fields(node: exp.Expr) -> list[tuple[exp.Expr, exp.Expr]] | None:
 
 def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
                 sources: Sequence[Source] = (), modes: Mapping[str, str | None] | None = None,
-                semantics: str | None = None) -> SqlJob:
+                semantics: str | None = None, output_table: str | None = None) -> SqlJob:
     """Compile the query ``text`` (read from ``path``) into the job named ``name``.
 
     ``semantics``: the job's, over what the joins say (``FOR SYSTEM_TIME AS OF`` the
     fact: ``as_of_fact``, else ``current``); PostgreSQL has no syntax for a join as of
-    the fact's commit."""
+    the fact's commit. ``output_table``: the table the job writes; default the one an
+    ``INSERT INTO t`` names (a write target, as in Flink SQL), else ``name``. A ``CREATE
+    VIEW t`` does not name it: ``t`` is the query's name in the source database, and two
+    jobs compiled from one view (one per semantics) would otherwise write one table."""
     c = _Compiler(text, path)
     select, target, renames = c.select()
+    if isinstance(c.statement, exp.Create):
+        target = None
     c.refuse_anywhere(select)
     from_ = select.args.get("from_") or select.args.get("from")
     if from_ is None or not isinstance(from_.this, exp.Table):
@@ -764,7 +770,8 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
     try:
         job = Job(name=name, tables=q.used_tables, fact=fact.name, fact_alias=q.fact_alias,
                   lookups=q.lookups,
-                  output=Output(table=target or name, key=key, columns=columns),
+                  output=Output(table=output_table or target or name, key=key,
+                                columns=columns),
                   semantics=semantics,  # type: ignore[arg-type]
                   where=where_text, sources=job_sources,
                   decimal_handling_mode=modes.get("decimal_handling_mode"),
@@ -1053,9 +1060,11 @@ def _match(written: str, declared: Sequence[Table], origin: str) -> Table:
 
 
 def from_sql(query_file: str | Path, name: str, *, dsn: str | None = None,
-             job_file: str | Path | None = None, semantics: str | None = None) -> SqlJob:
-    """Compile ``query_file`` into the job ``name``: column types from the catalog at
-    ``dsn`` (as ``txjoin job init`` reads them) or from the tables ``job_file`` declares."""
+             job_file: str | Path | None = None, semantics: str | None = None,
+             output_table: str | None = None) -> SqlJob:
+    """Compile ``query_file`` into the job ``name`` writing ``output_table``
+    (:func:`compile_sql`): column types from the catalog at ``dsn`` (as ``txjoin job init``
+    reads them) or from the tables ``job_file`` declares."""
     path = Path(query_file)
     if not path.is_file():
         raise JobError(f"query file {path} does not exist")
@@ -1073,7 +1082,7 @@ def from_sql(query_file: str | Path, name: str, *, dsn: str | None = None,
                                                    "time_precision_mode",
                                                    "binary_handling_mode")}
         return compile_sql(text, str(path), name, from_job, declared.sources, modes,
-                           semantics)
+                           semantics, output_table)
 
     def from_catalog(names: list[str]) -> dict[str, Table]:
         from txjoin.catalog import read_catalog
@@ -1083,5 +1092,6 @@ def from_sql(query_file: str | Path, name: str, *, dsn: str | None = None,
         return {n: Table(t.name, t.columns, key=t.key) for n, t in zip(names, catalog,
                                                                        strict=True)}
 
-    return compile_sql(text, str(path), name, from_catalog, semantics=semantics)
+    return compile_sql(text, str(path), name, from_catalog, semantics=semantics,
+                       output_table=output_table)
 

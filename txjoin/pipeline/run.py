@@ -41,7 +41,7 @@ from txjoin.sinks import Sink
 from txjoin.sinks.build import build_sinks
 from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.handoff import GroupCommit, Handoff
-from txjoin.sinks.lineage import Checkpoint, check_lineage, short
+from txjoin.sinks.lineage import Checkpoint, check_lineage, check_owners, short
 from txjoin.sinks.postgres import PostgresSink
 
 
@@ -187,16 +187,18 @@ def run_job(job: Job, config: RunConfig, on_batch: Callable[[BatchReport], None]
 
 
 def preflight(job: Job, config: RunConfig) -> None:
-    """Every refusal that needs no Spark, in the order the run would meet them: the sinks'
-    lineage and the PostgreSQL sink's columns (unless rebuilding), the broker and topics
+    """Every refusal that needs no Spark, in the order the run would meet them: a sink table
+    another job wrote, the sinks' lineage and the PostgreSQL sink's columns (unless
+    rebuilding), the broker and topics
     (a Kafka source) and the declared columns against the topics' newest records, the
     checkpoint's layout and shard count. Raises the run's own one-line errors; writes
     nothing but the checkpoint's identity (as the run would)."""
     prefixes = config.prefixes(job)
     checkpoint = Path(config.checkpoint_dir) / job.with_source_prefixes(prefixes).name
-    if not config.rebuild:
-        sinks = build_sinks(job, config)  # without Spark: for reading their lineage only
-        try:
+    sinks = build_sinks(job, config)  # without Spark: for reading their lineage only
+    try:
+        check_owners(sinks, job.name, job.source_file)  # --rebuild would replace them too
+        if not config.rebuild:
             # Batches a stopped or killed run handed off to Delta and did not commit count
             # as held: the run commits them before its query starts (Pipeline.recover).
             check_lineage(sinks, Checkpoint.open(checkpoint),
@@ -204,9 +206,9 @@ def preflight(job: Job, config: RunConfig) -> None:
             for sink in sinks:
                 if isinstance(sink, PostgresSink):
                     sink.check_tables()  # a table altered underneath
-        finally:
-            for sink in sinks:
-                sink.close()
+    finally:
+        for sink in sinks:
+            sink.close()
     from txjoin.ingest.spark.files import parse_source
 
     if parse_source(config.source) is None:
