@@ -178,3 +178,11 @@ def test_a_declared_type_the_newest_record_cannot_read_stops_before_spark(
         f"public.loans.member_id: cannot read '3.60' as int; declare the column's type as "
         f"the source has it in the job file's Table (nothing was read or written)")
     check_record_types(job, loans, "library.public.loans", [(0, 6, good), (0, 5, bad)])
+
+
+def test_spark_writes_no_warehouse_folder_into_the_working_directory() -> None:
+    # Issue 73 item 6: a `spark-warehouse/` folder was left in the clone after a run.
+    from txjoin.pipeline.session import default_conf
+
+    warehouse = Path(default_conf()["spark.sql.warehouse.dir"])
+    assert warehouse.is_absolute() and Path.cwd() not in (warehouse, *warehouse.parents)
