@@ -90,6 +90,7 @@ class CatalogTable:
     nullable: set[str]
     key: list[str]
     foreign_keys: list[ForeignKey] = field(default_factory=list)
+    unique: list[frozenset[str]] = field(default_factory=list)  # PRIMARY KEY, UNIQUE
 
     @property
     def bare(self) -> str:
@@ -179,7 +180,14 @@ def read_table(cur: Any, name: str) -> CatalogTable:
         "WHERE con.conrelid = %s AND con.contype = 'f' ORDER BY con.conname", (oid,))
     fks = [ForeignKey(n, list(cols), ref, list(ref_cols))
            for n, ref, cols, ref_cols in cur.fetchall()]
-    return CatalogTable(qualified, columns, unsupported, nullable, key, fks)
+    # Unique column sets (a whole-table unique index: no predicate, no expression), which
+    # tell `job from-sql` where a Pick or an order_by tie can never apply.
+    cur.execute("SELECT array(SELECT a.attname FROM unnest(i.indkey) k(n) JOIN pg_attribute "
+                "a ON a.attrelid = i.indrelid AND a.attnum = k.n) FROM pg_index i WHERE "
+                "i.indrelid = %s AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS "
+                "NULL", (oid,))
+    unique = [frozenset(r[0]) for r in cur.fetchall()]
+    return CatalogTable(qualified, columns, unsupported, nullable, key, fks, unique)
 
 
 def read_catalog(dsn: str, tables: Sequence[str]) -> list[CatalogTable]:

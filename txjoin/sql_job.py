@@ -585,7 +585,8 @@ def _object_fields(node: exp.Expr) -> list[tuple[exp.Expr, exp.Expr]] | None:
 
 def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
                 sources: Sequence[Source] = (), modes: Mapping[str, str | None] | None = None,
-                semantics: str | None = None, output_table: str | None = None) -> SqlJob:
+                semantics: str | None = None, output_table: str | None = None,
+                unique: Mapping[str, Sequence[frozenset[str]]] | None = None) -> SqlJob:
     """Compile the query ``text`` (read from ``path``) into the job named ``name``.
 
     ``semantics``: the job's, over what the joins say (``FOR SYSTEM_TIME AS OF`` the
@@ -593,7 +594,10 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
     the fact's commit. ``output_table``: the table the job writes; default the one an
     ``INSERT INTO t`` names (a write target, as in Flink SQL), else ``name``. A ``CREATE
     VIEW t`` does not name it: ``t`` is the query's name in the source database, and two
-    jobs compiled from one view (one per semantics) would otherwise write one table."""
+    jobs compiled from one view (one per semantics) would otherwise write one table.
+    ``unique``: each table's unique column sets as the catalog has them (filled by
+    ``tables_for``; None: not known), which decide where a documented rule will apply
+    (:func:`_rule_notes`)."""
     c = _Compiler(text, path)
     select, target, renames = c.select()
     if isinstance(c.statement, exp.Create):
@@ -780,7 +784,42 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
     except JobError as exc:
         raise JobError(f"{path}: the job compiled from the query does not validate: "
                        f"{exc}") from None
-    return SqlJob(job, render(job, text, path, q.comments), q.notes)
+    return SqlJob(job, render(job, text, path, q.comments), _rule_notes(q, unique))
+
+
+def _rule_notes(q: _Query, unique: Mapping[str, Sequence[frozenset[str]]] | None
+                ) -> list[str]:
+    """The notes, with where txjoin's documented rules will decide rows that the user's
+    query leaves to PostgreSQL: a ``Pick`` among several matching rows (kept only where no
+    UNIQUE on the matched columns rules it out), and a tie in a child table's ``order_by``
+    (broken by the child's key; PostgreSQL's order among equal rows is unspecified), said
+    where no UNIQUE on (parent link, order_by) rules it out. These are the rows a
+    comparison with the query itself can differ in (issue 73)."""
+    def ruled_out(table: str, columns: set[str]) -> bool:
+        return unique is not None and any(u <= columns for u in unique.get(table, ()))
+
+    notes = []
+    for note in q.notes:
+        lk = next((lk for lk in q.lookups if lk.pick is not None
+                   and f": {lk.alias} ({lk.table}) is matched on" in note), None)
+        if lk is not None and ruled_out(lk.table, set(lk.on)):
+            continue  # UNIQUE: at most one row matches
+        if lk is not None and unique is not None:
+            note += f" (the catalog has no UNIQUE on {lk.table} ({', '.join(sorted(lk.on))}))"
+        notes.append(note)
+    for lk in q.lookups:
+        if not isinstance(lk, Children) or not lk.order_by:
+            continue
+        if ruled_out(lk.table, {*lk.on, *lk.order_by}):
+            continue
+        table = q.aliases[lk.alias]
+        why = (f"the catalog has no UNIQUE on {lk.table} ({', '.join([*lk.on, *lk.order_by])})"
+               if unique is not None else "the job's tables do not say it is unique")
+        notes.append(f"{lk.alias} ({lk.table}): child rows of one fact with equal "
+                     f"{', '.join(lk.order_by)} are listed by {', '.join(table.key)} as well "
+                     f"(txjoin's tie rule; PostgreSQL's order among them is unspecified): "
+                     f"{why}")
+    return notes
 
 
 def _collect(c: _Compiler, q: _Query, node: exp.Expr, obj: exp.Expr,
@@ -1089,9 +1128,11 @@ def from_sql(query_file: str | Path, name: str, *, dsn: str | None = None,
 
         assert dsn is not None
         catalog = read_catalog(dsn, names)
+        unique.update({t.name: t.unique for t in catalog})
         return {n: Table(t.name, t.columns, key=t.key) for n, t in zip(names, catalog,
                                                                        strict=True)}
 
+    unique: dict[str, Sequence[frozenset[str]]] = {}
     return compile_sql(text, str(path), name, from_catalog, semantics=semantics,
-                       output_table=output_table)
+                       output_table=output_table, unique=unique)
 
