@@ -21,8 +21,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.txjoin-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[dev,stack]"
+    # setuptools' build backend prints a block of stars about editable installs on every
+    # fresh install (BuildBackendWarning, issue 73): shown with TXJOIN_VERBOSE=1 only.
+    build_warnings=ignore
+    if [ "${TXJOIN_VERBOSE:-0}" != "0" ]; then build_warnings="${PYTHONWARNINGS:-}"; fi
+    PYTHONWARNINGS="$build_warnings" .venv/bin/python -m pip install -q --upgrade pip
+    PYTHONWARNINGS="$build_warnings" .venv/bin/python -m pip install -q -e ".[dev,stack]"
     touch "$stamp"
 fi
 bash scripts/jars.sh

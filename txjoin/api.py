@@ -111,7 +111,8 @@ def check(job: Job, config: RunConfig, deploy_mode: str = "client") -> RunConfig
     """Every refusal that needs no Spark, before any query starts; ``config`` with its
     paths resolved (:func:`resolve_paths`), for :func:`start`.
 
-    In the order a run meets them: the paths; the sinks' lineage against the checkpoint
+    In the order a run meets them: the paths; a sink table another job wrote (also with
+    ``rebuild``, which would replace it); the sinks' lineage against the checkpoint
     (a sink written from another checkpoint, or behind this one; batches a stopped or
     killed run handed off to Delta count as held: ``txjoin.sinks.handoff``) and the
     PostgreSQL sink's columns (not with ``rebuild``); the broker and topics (a Kafka
@@ -123,15 +124,16 @@ def check(job: Job, config: RunConfig, deploy_mode: str = "client") -> RunConfig
     from txjoin.sinks.build import build_sinks
     from txjoin.sinks.delta import DeltaSink
     from txjoin.sinks.handoff import Handoff
-    from txjoin.sinks.lineage import Checkpoint, check_lineage
+    from txjoin.sinks.lineage import Checkpoint, check_lineage, check_owners
     from txjoin.sinks.postgres import PostgresSink
 
     config = resolve_paths(config, deploy_mode)
     prefixes = config.prefixes(job)
     checkpoint = Path(config.checkpoint_dir) / job.with_source_prefixes(prefixes).name
-    if not config.rebuild:
-        sinks = build_sinks(job, config)  # without Spark: for reading their lineage only
-        try:
+    sinks = build_sinks(job, config)  # without Spark: for reading their lineage only
+    try:
+        check_owners(sinks, job.name, job.source_file)  # --rebuild would replace them too
+        if not config.rebuild:
             # Batches a stopped or killed run handed off to Delta and did not commit count
             # as held: the run commits them before its query starts (Pipeline.recover).
             check_lineage(sinks, Checkpoint.open(checkpoint),
@@ -139,9 +141,9 @@ def check(job: Job, config: RunConfig, deploy_mode: str = "client") -> RunConfig
             for sink in sinks:
                 if isinstance(sink, PostgresSink):
                     sink.check_tables()  # a table altered underneath
-        finally:
-            for sink in sinks:
-                sink.close()
+    finally:
+        for sink in sinks:
+            sink.close()
     if parse_source(config.source) is None:
         # A rebuild starts a new checkpoint: only the broker and topics are checked.
         topics, facts = check_kafka(job.with_source_prefixes(prefixes), config, prefixes,

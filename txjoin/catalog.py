@@ -90,6 +90,7 @@ class CatalogTable:
     nullable: set[str]
     key: list[str]
     foreign_keys: list[ForeignKey] = field(default_factory=list)
+    unique: list[frozenset[str]] = field(default_factory=list)  # PRIMARY KEY, UNIQUE
 
     @property
     def bare(self) -> str:
@@ -179,7 +180,14 @@ def read_table(cur: Any, name: str) -> CatalogTable:
         "WHERE con.conrelid = %s AND con.contype = 'f' ORDER BY con.conname", (oid,))
     fks = [ForeignKey(n, list(cols), ref, list(ref_cols))
            for n, ref, cols, ref_cols in cur.fetchall()]
-    return CatalogTable(qualified, columns, unsupported, nullable, key, fks)
+    # Unique column sets (a whole-table unique index: no predicate, no expression), which
+    # tell `job from-sql` where a Pick or an order_by tie can never apply.
+    cur.execute("SELECT array(SELECT a.attname FROM unnest(i.indkey) k(n) JOIN pg_attribute "
+                "a ON a.attrelid = i.indrelid AND a.attnum = k.n) FROM pg_index i WHERE "
+                "i.indrelid = %s AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS "
+                "NULL", (oid,))
+    unique = [frozenset(r[0]) for r in cur.fetchall()]
+    return CatalogTable(qualified, columns, unsupported, nullable, key, fks, unique)
 
 
 def read_catalog(dsn: str, tables: Sequence[str]) -> list[CatalogTable]:
@@ -425,14 +433,17 @@ def init_job(dsn: str, tables: Sequence[str], fact: str | None = None,
 
 def check_declared_columns(dsn: str, tables: Sequence[Table], job_file: str) -> None:
     """ConfigError (one line, with a "did you mean") unless every table and column the job
-    declares exists in the source database at ``dsn``: a typo in a job file is found when
-    the run starts, not when the first record of the table arrives."""
+    declares exists in the source database at ``dsn`` with a type its declared one reads
+    (:func:`txjoin.ingest.types.type_fits`): a typo or a wrong type in a job file is found
+    when the run starts, not when the first record of the table arrives (behind Spark's
+    start and its traces)."""
+    from txjoin.ingest.types import type_fits
     from txjoin.sinks.postgres import mask_dsn
 
     with _connect(dsn) as conn, conn.cursor() as cur:
         for table in tables:
             cur.execute("SELECT ARRAY(SELECT attname::text FROM pg_attribute WHERE attrelid = "
-                        "c.oid AND attnum > 0 AND NOT attisdropped ORDER BY attnum) "
+                        "c.oid AND attnum > 0 AND NOT attisdropped ORDER BY attnum), c.oid "
                         "FROM pg_class c WHERE c.oid = to_regclass(%s)", (table.name,))
             row = cur.fetchone()
             where = f"{job_file}: table {table.name}"
@@ -452,3 +463,17 @@ def check_declared_columns(dsn: str, tables: Sequence[Table], job_file: str) -> 
                         f"{where} has no column {col!r} in the source database "
                         f"{mask_dsn(dsn)}{hint}; its columns: {', '.join(columns)}. Fix the "
                         f"job file's Table columns (nothing was read or written)")
+            cur.execute("SELECT attname, atttypid, atttypmod FROM pg_attribute WHERE attrelid "
+                        "= %s AND attnum > 0 AND NOT attisdropped", (row[1],))
+            for col, type_oid, typmod in cur.fetchall():
+                declared = table.columns.get(col)
+                if declared is None:
+                    continue
+                actual, spelled = _resolve_type(cur, type_oid, typmod, f"{table.name}.{col}")
+                if actual is None or type_fits(declared, actual, table.time_precision_mode):
+                    continue
+                raise ConfigError(
+                    f"{where} column {col!r} is declared {declared!r}, but the source database "
+                    f"has it as {spelled} (txjoin type {actual!r}), which {declared!r} does not "
+                    f"read; declare it {actual!r} in the job file's Table (nothing was read or "
+                    f"written)")

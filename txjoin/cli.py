@@ -578,8 +578,12 @@ def job_init(dsn: str, tables: str, fact: str | None, lookups: tuple[str, ...],
 @job_group.command("from-sql")
 @click.argument("query_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--name", required=True,
-              help="The job's name (and its output table's, unless the query names one with "
-                   "INSERT INTO t / CREATE VIEW t AS).")
+              help="The job's name (and its output table's, unless --output-table or the "
+                   "query's INSERT INTO t names one; a CREATE VIEW t AS does not).")
+@click.option("--output-table", default=None, metavar="TABLE",
+              help="The table the job writes (Delta <output-dir>/TABLE, PostgreSQL TABLE and "
+                   "TABLE_changelog). Default: the query's INSERT INTO t, else --name. Two "
+                   "jobs cannot write one table: `txjoin run` refuses the second.")
 @click.option("--dsn", default=None, envvar=_env("SOURCE_DSN"), show_envvar=True,
               help="The source database (libpq DSN) whose catalog gives the tables' columns, "
                    "types and primary keys, as `txjoin job init` reads them.")
@@ -592,8 +596,8 @@ def job_init(dsn: str, tables: str, fact: str | None, lookups: tuple[str, ...],
                    "current.")
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the job file here (refuses to overwrite); default: print it.")
-def job_from_sql(query_file: Path, name: str, dsn: str | None, job_file: Path | None,
-                 semantics: str | None, out: Path | None) -> None:
+def job_from_sql(query_file: Path, name: str, output_table: str | None, dsn: str | None,
+                 job_file: Path | None, semantics: str | None, out: Path | None) -> None:
     """Compile a SELECT (PostgreSQL or Flink SQL) into a job file: FROM the fact, JOINs
     lookups, WHERE a filter, expressions computed columns."""
     from txjoin.sql_job import from_sql
@@ -605,7 +609,8 @@ def job_from_sql(query_file: Path, name: str, dsn: str | None, job_file: Path | 
     if dsn is None and job_file is None:
         raise ConfigError("job from-sql needs the tables' declarations: --dsn DSN (the "
                           "source catalog) or --job FILE (an existing job's tables)")
-    compiled = from_sql(query_file, name, dsn=dsn, job_file=job_file, semantics=semantics)
+    compiled = from_sql(query_file, name, dsn=dsn, job_file=job_file, semantics=semantics,
+                        output_table=output_table)
     for note in compiled.notes:
         click.echo(f"note: {note}", err=True)
     if out is None:

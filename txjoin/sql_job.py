@@ -1,7 +1,8 @@
 """A job from a SQL query (``txjoin job from-sql``).
 
-A ``SELECT`` (alone, or in ``INSERT INTO t SELECT ...`` / ``CREATE [MATERIALIZED] VIEW t AS
-SELECT ...``, which name the output table) compiles into a job file that loads with
+A ``SELECT`` (alone, or in ``INSERT INTO t SELECT ...``, which names the output table, or
+``CREATE [MATERIALIZED] VIEW t AS SELECT ...``, whose ``t`` does not: the job's name does,
+unless ``--output-table`` says otherwise) compiles into a job file that loads with
 :func:`txjoin.job.load_job` and runs unchanged:
 
 - the ``FROM`` table is the fact; ``JOIN`` / ``LEFT JOIN ... ON`` equalities to one table
@@ -587,14 +588,23 @@ def _object_fields(node: exp.Expr) -> list[tuple[exp.Expr, exp.Expr]] | None:
 
 def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
                 sources: Sequence[Source] = (), modes: Mapping[str, str | None] | None = None,
-                semantics: str | None = None) -> SqlJob:
+                semantics: str | None = None, output_table: str | None = None,
+                unique: Mapping[str, Sequence[frozenset[str]]] | None = None) -> SqlJob:
     """Compile the query ``text`` (read from ``path``) into the job named ``name``.
 
     ``semantics``: the job's, over what the joins say (``FOR SYSTEM_TIME AS OF`` the
     fact: ``as_of_fact``, else ``current``); PostgreSQL has no syntax for a join as of
-    the fact's commit."""
+    the fact's commit. ``output_table``: the table the job writes; default the one an
+    ``INSERT INTO t`` names (a write target, as in Flink SQL), else ``name``. A ``CREATE
+    VIEW t`` does not name it: ``t`` is the query's name in the source database, and two
+    jobs compiled from one view (one per semantics) would otherwise write one table.
+    ``unique``: each table's unique column sets as the catalog has them (filled by
+    ``tables_for``; None: not known), which decide where a documented rule will apply
+    (:func:`_rule_notes`)."""
     c = _Compiler(text, path)
     select, target, renames = c.select()
+    if isinstance(c.statement, exp.Create):
+        target = None
     c.refuse_anywhere(select)
     from_ = select.args.get("from_") or select.args.get("from")
     if from_ is None or not isinstance(from_.this, exp.Table):
@@ -800,7 +810,8 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
     try:
         job = Job(name=name, tables=q.used_tables, fact=fact.name, fact_alias=q.fact_alias,
                   lookups=q.lookups,
-                  output=Output(table=target or name, key=key, columns=columns),
+                  output=Output(table=output_table or target or name, key=key,
+                                columns=columns),
                   semantics=semantics,  # type: ignore[arg-type]
                   where=where_text, having=having_text, sources=job_sources,
                   decimal_handling_mode=modes.get("decimal_handling_mode"),
@@ -809,7 +820,42 @@ def compile_sql(text: str, path: str, name: str, tables_for: TableSource,
     except JobError as exc:
         raise JobError(f"{path}: the job compiled from the query does not validate: "
                        f"{exc}") from None
-    return SqlJob(job, render(job, text, path, q.comments), q.notes)
+    return SqlJob(job, render(job, text, path, q.comments), _rule_notes(q, unique))
+
+
+def _rule_notes(q: _Query, unique: Mapping[str, Sequence[frozenset[str]]] | None
+                ) -> list[str]:
+    """The notes, with where txjoin's documented rules will decide rows that the user's
+    query leaves to PostgreSQL: a ``Pick`` among several matching rows (kept only where no
+    UNIQUE on the matched columns rules it out), and a tie in a child table's ``order_by``
+    (broken by the child's key; PostgreSQL's order among equal rows is unspecified), said
+    where no UNIQUE on (parent link, order_by) rules it out. These are the rows a
+    comparison with the query itself can differ in (issue 73)."""
+    def ruled_out(table: str, columns: set[str]) -> bool:
+        return unique is not None and any(u <= columns for u in unique.get(table, ()))
+
+    notes = []
+    for note in q.notes:
+        lk = next((lk for lk in q.lookups if lk.pick is not None
+                   and f": {lk.alias} ({lk.table}) is matched on" in note), None)
+        if lk is not None and ruled_out(lk.table, set(lk.on)):
+            continue  # UNIQUE: at most one row matches
+        if lk is not None and unique is not None:
+            note += f" (the catalog has no UNIQUE on {lk.table} ({', '.join(sorted(lk.on))}))"
+        notes.append(note)
+    for lk in q.lookups:
+        if not isinstance(lk, Children) or not lk.order_by:
+            continue
+        if ruled_out(lk.table, {*lk.on, *lk.order_by}):
+            continue
+        table = q.aliases[lk.alias]
+        why = (f"the catalog has no UNIQUE on {lk.table} ({', '.join([*lk.on, *lk.order_by])})"
+               if unique is not None else "the job's tables do not say it is unique")
+        notes.append(f"{lk.alias} ({lk.table}): child rows of one fact with equal "
+                     f"{', '.join(lk.order_by)} are listed by {', '.join(table.key)} as well "
+                     f"(txjoin's tie rule; PostgreSQL's order among them is unspecified): "
+                     f"{why}")
+    return notes
 
 
 def _collect(c: _Compiler, q: _Query, node: exp.Expr, obj: exp.Expr,
@@ -1131,9 +1177,11 @@ def _match(written: str, declared: Sequence[Table], origin: str) -> Table:
 
 
 def from_sql(query_file: str | Path, name: str, *, dsn: str | None = None,
-             job_file: str | Path | None = None, semantics: str | None = None) -> SqlJob:
-    """Compile ``query_file`` into the job ``name``: column types from the catalog at
-    ``dsn`` (as ``txjoin job init`` reads them) or from the tables ``job_file`` declares."""
+             job_file: str | Path | None = None, semantics: str | None = None,
+             output_table: str | None = None) -> SqlJob:
+    """Compile ``query_file`` into the job ``name`` writing ``output_table``
+    (:func:`compile_sql`): column types from the catalog at ``dsn`` (as ``txjoin job init``
+    reads them) or from the tables ``job_file`` declares."""
     path = Path(query_file)
     if not path.is_file():
         raise JobError(f"query file {path} does not exist")
@@ -1151,15 +1199,18 @@ def from_sql(query_file: str | Path, name: str, *, dsn: str | None = None,
                                                    "time_precision_mode",
                                                    "binary_handling_mode")}
         return compile_sql(text, str(path), name, from_job, declared.sources, modes,
-                           semantics)
+                           semantics, output_table)
 
     def from_catalog(names: list[str]) -> dict[str, Table]:
         from txjoin.catalog import read_catalog
 
         assert dsn is not None
         catalog = read_catalog(dsn, names)
+        unique.update({t.name: t.unique for t in catalog})
         return {n: Table(t.name, t.columns, key=t.key) for n, t in zip(names, catalog,
                                                                        strict=True)}
 
-    return compile_sql(text, str(path), name, from_catalog, semantics=semantics)
+    unique: dict[str, Sequence[frozenset[str]]] = {}
+    return compile_sql(text, str(path), name, from_catalog, semantics=semantics,
+                       output_table=output_table, unique=unique)
 

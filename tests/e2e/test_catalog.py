@@ -185,3 +185,34 @@ def test_a_table_without_primary_key_is_refused_saying_what_to_do(dsn: str) -> N
     assert result.exit_code == 2
     assert "shop2.audit has no primary key" in result.output
     assert "ADD PRIMARY KEY" in result.output
+
+
+def test_declared_types_are_checked_against_the_catalog_before_anything_starts(
+        dsn: str, tmp_path: Path) -> None:
+    # Issue 73 item 2: a numeric column declared int failed ~18 s into the run, behind
+    # Spark's traces. The job init writes from this catalog (every type of the own schema,
+    # the pizzeria's too) passes the check; one wrong type is one line naming it.
+    from dataclasses import replace
+
+    from txjoin.catalog import check_declared_columns
+    from txjoin.errors import ConfigError
+
+    for tables in (PIZZERIA, ["shop2.orders", "shop2.customers", "shop2.products",
+                              "shop2.warehouses"]):
+        (tmp_path / tables[0]).mkdir()
+        job = _init(dsn, tables, tmp_path / tables[0])
+        check_declared_columns(dsn, job.tables, job.source_file)
+    orders = next(t for t in job.tables if t.name == "shop2.orders")
+    for column, declared, actual in (("amount", "int", "numeric(12,2)"),
+                                     ("placed_at", "date", "timestamptz(3)"),
+                                     ("id", "int", "bigint")):
+        wrong = replace(orders, columns={**orders.columns, column: declared})
+        with pytest.raises(ConfigError) as caught:
+            check_declared_columns(dsn, [wrong], "trips.py")
+        line = str(caught.value)
+        assert "\n" not in line
+        assert line.startswith(f"trips.py: table shop2.orders column {column!r} is declared "
+                               f"{declared!r}, but the source database has it as "), line
+        assert f"(txjoin type {actual!r})" in line and f"declare it {actual!r}" in line
+    wider = replace(orders, columns={**orders.columns, "line": "bigint", "amount": "numeric"})
+    check_declared_columns(dsn, [wider], "trips.py")  # every value still reads

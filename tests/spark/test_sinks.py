@@ -412,6 +412,59 @@ def test_postgres_tables_have_typed_columns_and_a_progress_row(dsn: str) -> None
     assert progress == (3, 41, 1041)
 
 
+def test_postgres_a_table_another_job_wrote_names_that_job(dsn: str) -> None:
+    # Issue 73 item 1: the progress row records the table a job writes, so a second job
+    # with the same output table (another name, its own progress row) is told whose it is.
+    first = PostgresSink(dsn, "shared_trips", "trips", ["order_id"], SCHEMA)
+    assert first.other_owner() is None
+    first.write(0, batch(change("c", 1, 1)))
+    assert first.other_owner() is None  # its own
+    first.close()
+    second = PostgresSink(dsn, "shared_trips", "trips_asof", ["order_id"], SCHEMA)
+    try:
+        assert second.other_owner() == (
+            "trips", "DROP TABLE public.shared_trips, public.shared_trips_changelog; "
+                     "DELETE FROM public.txjoin_progress WHERE job = 'trips'")
+    finally:
+        second.close()
+    elsewhere = PostgresSink(dsn, "own_trips", "trips_asof", ["order_id"], SCHEMA)
+    try:
+        assert elsewhere.other_owner() is None
+    finally:
+        elsewhere.close()
+
+
+def test_postgres_a_job_whose_types_changed_is_told_so_not_blamed_on_the_sink(
+        dsn: str) -> None:
+    # Issue 73 item 2: the job's `quantity` went from int to bigint; the sink is as the job's
+    # earlier runs made it, so the message says the job changed (and how to rebuild).
+    first = PostgresSink(dsn, "retyped_orders", "retyped", ["order_id"], SCHEMA)
+    first.write(0, batch(change("c", 1, 1)))
+    first.close()
+    retyped = pa.schema([f.with_type(pa.int64()) if f.name == "quantity" else f
+                         for f in SCHEMA])
+    second = PostgresSink(dsn, "retyped_orders", "retyped", ["order_id"], retyped)
+    try:
+        with pytest.raises(SinkSchemaError) as caught:
+            second.check_tables()
+    finally:
+        second.close()
+    assert str(caught.value) == (
+        "postgres sink table public.retyped_orders: column 'quantity' has type integer, as "
+        "this job wrote it, and the job now writes bigint: the job's declared types changed, "
+        "not the sink; nothing was written; run with --rebuild to rewrite the sink's tables "
+        "with the new types, or declare the type as before in the job file")
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:  # altered underneath instead
+        cur.execute("ALTER TABLE retyped_orders ALTER COLUMN quantity TYPE bigint")
+    third = PostgresSink(dsn, "retyped_orders", "retyped", ["order_id"], SCHEMA)
+    try:
+        with pytest.raises(SinkSchemaError, match="has type bigint, the job writes integer; "
+                                                  "nothing was written; restore the column"):
+            third.check_tables()
+    finally:
+        third.close()
+
+
 def test_postgres_password_never_appears_when_the_server_is_unreachable() -> None:
     secret = "s3cr3t-pa55"
     dsn = f"postgresql://txjoin:{secret}@127.0.0.1:{free_port()}/postgres"

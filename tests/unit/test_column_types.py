@@ -17,6 +17,7 @@ import datetime as dt
 import functools
 import json
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from txjoin.errors import JobError, TxjoinError
-from txjoin.ingest.types import convert_value
+from txjoin.ingest.types import convert_value, type_fits
 from txjoin.job import Job, Output, Table
 from txjoin.join.engine import Engine
 from txjoin.join.output import arrow_type, changes_to_table, row_from_json, row_to_json
@@ -332,3 +333,66 @@ def test_with_schemas_the_time_unit_comes_from_the_schema_not_the_declared_preci
     assert isinstance(event, ChangeEvent) and event.after is not None
     table = Table("public.t", {"id": "int", "v": declared})
     assert table.convert_row(event.after)["v"] == value
+
+
+# -- a declared type against the source's (issue 73 item 2: checked before the run starts) --
+
+ALL_TYPES = ["smallint", "int", "bigint", "numeric(3,2)", "numeric(12,2)", "numeric(12,0)",
+             "numeric", "double", "real", "text", "varchar(20)", "char(3)", "bool", "date",
+             "timestamp", "timestamp(3)", "timestamptz", "time", "time(3)", "timetz",
+             "interval", "uuid", "json", "jsonb", "bytea", "money", "int[]", "text[]"]
+
+
+@given(st.sampled_from(ALL_TYPES), st.sampled_from([None, "adaptive", "connect"]))
+def test_a_type_always_fits_itself(sql_type: str, mode: str | None) -> None:
+    assert type_fits(sql_type, sql_type, mode)
+
+
+@pytest.mark.parametrize(("declared", "actual"), [
+    ("int", "numeric(3,2)"),  # the issue's fare: '3.60' cannot read as int
+    ("int", "bigint"), ("smallint", "int"),  # can overflow
+    ("numeric(12,1)", "numeric(12,2)"), ("numeric(4,2)", "numeric(6,2)"),
+    ("timestamp", "timestamp(3)"),  # milliseconds would read as microseconds
+    ("time(3)", "time"), ("timestamp", "timestamptz"), ("date", "timestamp"),
+    ("bool", "int"), ("int", "text"), ("int[]", "int"), ("int", "int[]"),
+])
+def test_a_declared_type_that_misreads_the_source_does_not_fit(declared: str,
+                                                                actual: str) -> None:
+    assert not type_fits(declared, actual)
+
+
+def test_precision_is_only_a_unit_under_the_adaptive_mode() -> None:
+    assert type_fits("timestamp", "timestamp(3)", "connect")
+    assert not type_fits("time", "time(3)", "adaptive")
+    assert type_fits("time", "time(3)", "adaptive_time_microseconds")
+
+
+NUMBERS = ["smallint", "int", "bigint", "numeric(3,2)", "numeric(12,2)", "numeric(20,0)",
+           "numeric", "double"]
+_RANGES = {"smallint": 2**15 - 1, "int": 2**31 - 1, "bigint": 2**63 - 1}
+
+
+@st.composite
+def _source_number(draw: st.DrawFn) -> tuple[str, Any]:
+    """A source type and one of its values, as Debezium writes it (decimals as text)."""
+    actual = draw(st.sampled_from(NUMBERS))
+    if actual in _RANGES:
+        return actual, draw(st.integers(-_RANGES[actual], _RANGES[actual]))
+    if actual == "double":
+        return actual, draw(st.floats(allow_nan=False, allow_infinity=False, width=32))
+    digits, scale = (20, 4) if actual == "numeric" else map(
+        int, actual[len("numeric("):-1].split(","))
+    unscaled = draw(st.integers(-(10**digits - 1), 10**digits - 1))
+    return actual, str(Decimal(unscaled).scaleb(-scale))
+
+
+@given(_source_number(), st.sampled_from(NUMBERS))
+def test_every_source_value_reads_as_a_declared_type_that_fits(
+        source: tuple[str, Any], declared: str) -> None:
+    actual, value = source
+    if not type_fits(declared, actual):
+        return
+    read = convert_value(value, declared, where="t.c")
+    if declared in _RANGES:
+        assert -_RANGES[declared] - 1 <= read <= _RANGES[declared]
+    assert Decimal(str(read)) == Decimal(str(value)) or declared in ("double", "real")

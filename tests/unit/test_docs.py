@@ -78,12 +78,40 @@ def test_a_broken_link_or_a_page_outside_the_nav_fails_the_build(tmp_path: Path)
     shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
     shutil.copytree(ROOT / "docs", tmp_path / "docs")
     shutil.copytree(ROOT / "jobs", tmp_path / "jobs")  # the pages include job files
+    (tmp_path / "scripts").mkdir()  # the job reference's hook
+    shutil.copy(ROOT / "scripts" / "mkdocs_job_reference.py", tmp_path / "scripts")
     page = tmp_path / "docs" / "verify.md"
     page.write_text(page.read_text() + "\nSee [the missing page](no-such-page.md).\n")
     (tmp_path / "docs" / "orphan.md").write_text("# A page no nav entry names\n")
     done = mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert done.returncode != 0
     assert "no-such-page.md" in done.stderr and "orphan.md" in done.stderr, done.stderr
+
+
+def test_the_job_reference_shows_every_field_of_every_class_a_job_file_builds() -> None:
+    # Issue 73 item 6: one page with Job(...)'s whole signature (where, semantics,
+    # sources, the handling modes were spread over writing-jobs.md).
+    import dataclasses
+    import importlib.util
+
+    import txjoin.job as job_module
+
+    spec = importlib.util.spec_from_file_location(
+        "job_reference", ROOT / "scripts" / "mkdocs_job_reference.py")
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = hook.job_reference()
+    for name in hook.CLASSES:
+        cls = getattr(job_module, name)
+        assert f"## {name}\n" in page
+        for f in dataclasses.fields(cls):
+            if f.init and not f.name.startswith("_"):
+                assert f"{f.name}:" in page.split(f"## {name}\n")[1].split("## ")[0], \
+                    (name, f.name)
+    prose = re.sub(r"```text\n.*?\n```", "", page, flags=re.S)
+    assert "``" not in prose and ":class:" not in prose  # reST turned into Markdown
+    assert hook.MARKER in (ROOT / "docs" / "reference" / "job.md").read_text()
 
 
 def test_every_job_in_the_docs_loads(tmp_path: Path) -> None:

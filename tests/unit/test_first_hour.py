@@ -145,3 +145,44 @@ def test_ctrl_c_asks_the_run_to_stop_and_a_second_one_stops_at_once() -> None:
             os.kill(os.getpid(), signal.SIGINT)
             threading.Event().wait(5)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def _record(after: dict[str, object]) -> bytes:
+    """One Debezium change record of public.loans, as the connector writes it."""
+    return json.dumps({
+        "before": None, "after": after, "op": "c", "ts_ms": 1,
+        "source": {"schema": "public", "table": "loans", "txId": 7, "lsn": 9, "ts_ms": 1,
+                   "snapshot": "false"},
+        "transaction": {"id": "7:9", "total_order": 1, "data_collection_order": 1}}).encode()
+
+
+def test_a_declared_type_the_newest_record_cannot_read_stops_before_spark(
+        tmp_path: Path) -> None:
+    # Issue 73 item 2: a numeric column declared int, with no source database at hand (its
+    # topics are): one line naming the record, table, column, value and declared type.
+    from txjoin.pipeline.pipeline import check_record_types
+
+    path = tmp_path / "library.py"
+    path.write_text(LIBRARY % "title")
+    job = load_job(path)
+    loans = next(t for t in job.tables if t.name == "public.loans")
+    good = _record({"id": 1, "member_id": 2, "book_id": 3})
+    check_record_types(job, loans, "library.public.loans", [(0, 5, good)])
+    bad = _record({"id": 1, "member_id": "3.60", "book_id": 3})
+    # Only the newest decodable change record is read: a tombstone before it is skipped.
+    with pytest.raises(ConfigError) as caught:
+        check_record_types(job, loans, "library.public.loans",
+                           [(0, 6, None), (0, 5, bad), (0, 4, good)])
+    assert str(caught.value) == (
+        f"{path}: the newest record of topic 'library.public.loans' (partition 0, offset 5): "
+        f"public.loans.member_id: cannot read '3.60' as int; declare the column's type as "
+        f"the source has it in the job file's Table (nothing was read or written)")
+    check_record_types(job, loans, "library.public.loans", [(0, 6, good), (0, 5, bad)])
+
+
+def test_spark_writes_no_warehouse_folder_into_the_working_directory() -> None:
+    # Issue 73 item 6: a `spark-warehouse/` folder was left in the clone after a run.
+    from txjoin.pipeline.session import default_conf
+
+    warehouse = Path(default_conf()["spark.sql.warehouse.dir"])
+    assert warehouse.is_absolute() and Path.cwd() not in (warehouse, *warehouse.parents)

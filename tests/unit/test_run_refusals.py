@@ -71,6 +71,42 @@ def test_a_sink_of_another_checkpoint_is_refused_before_spark(tmp_path: Path) ->
     print(f"refused in {seconds:.2f} s")
 
 
+@pytest.mark.parametrize("rebuild", [False, True])
+def test_a_sink_table_another_job_wrote_is_refused_naming_that_job(
+        tmp_path: Path, rebuild: bool) -> None:
+    # Issue 73 item 1: a second job from the same view (trips_asof beside trips) wrote the
+    # first one's table, and the refusal spoke of checkpoints and --rebuild only. Its own
+    # checkpoint is new here; --rebuild would replace the other job's output: refused too.
+    job = load_job(ORDERS)
+    sink = DeltaSink(str(tmp_path / "output"), job.output.table, job.name,
+                     list(job.output.key), output_schema(job))
+    empty = pa.Table.from_pylist([], schema=stored_schema(output_schema(job)))
+    write_deltalake(sink.current_path, empty, commit_properties=CommitProperties(
+        custom_metadata={"txjoin.job": "orders_current", "txjoin.batch_id": 2,
+                         "txjoin.checkpoint": "fedcba9876543210"}))
+    code, err, _ = run(tmp_path, *(["--rebuild"] if rebuild else []))
+    assert code == 2
+    line = one_line(err)
+    assert (f"delta sink {sink.root} is job 'orders_current''s output (its lineage names "
+            f"that job), not job 'orders''s" in line), line
+    assert f"Output(table=...) in {ORDERS}" in line and "--output-table" in line
+    assert f"if job 'orders_current' is retired, remove {sink.root}" in line
+    assert not (tmp_path / "checkpoints" / job.name / "commits").exists()
+
+
+def test_a_sink_table_this_job_wrote_is_its_own(tmp_path: Path) -> None:
+    job = load_job(ORDERS)
+    sink = DeltaSink(str(tmp_path / "output"), job.output.table, job.name,
+                     list(job.output.key), output_schema(job))
+    assert sink.other_owner() is None  # nothing written yet
+    empty = pa.Table.from_pylist([], schema=stored_schema(output_schema(job)))
+    write_deltalake(sink.current_path, empty, commit_properties=CommitProperties(
+        custom_metadata={"txjoin.job": job.name, "txjoin.batch_id": 0,
+                         "txjoin.checkpoint": "fedcba9876543210"}))
+    assert sink.other_owner() is None
+    assert sink.held() is not None and sink.held().job == job.name  # type: ignore[union-attr]
+
+
 def test_a_checkpoint_of_another_shard_count_is_refused_before_spark(tmp_path: Path) -> None:
     checkpoint = tmp_path / "checkpoints" / "orders"
     checkpoint.mkdir(parents=True)

@@ -233,8 +233,20 @@ def test_without_an_insert_the_output_table_is_the_name(tmp_path: Path) -> None:
     job = compiled(tmp_path, query, "shouting", USERS_COLORS)
     assert job.output.table == "shouting" and job.output.columns == {
         "shout": "UPPER(u.full_name)"}
+    # A view's name is the query's name in the source database, not the job's table: two
+    # jobs from one view (one per semantics) would otherwise write one table (issue 73).
     query.write_text("CREATE VIEW loud AS SELECT id, full_name FROM public.users")
-    assert compiled(tmp_path, query, "x", USERS_COLORS).output.table == "loud"
+    assert compiled(tmp_path, query, "x", USERS_COLORS).output.table == "x"
+
+
+def test_output_table_names_the_table_over_the_query(tmp_path: Path) -> None:
+    out = tmp_path / "o.py"
+    done = CliRunner().invoke(main, [
+        "job", "from-sql", str(SQL / "orders_flink.sql"), "--job", str(ORDERS), "--name",
+        "orders_asof", "--output-table", "orders_asof_out", "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    job = load_job(out)
+    assert (job.name, job.output.table) == ("orders_asof", "orders_asof_out")
 
 
 def test_the_command_needs_a_place_for_the_declarations(tmp_path: Path) -> None:

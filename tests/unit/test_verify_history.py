@@ -161,3 +161,34 @@ def test_a_recorded_value_that_is_not_the_declared_type_names_the_fix() -> None:
     with pytest.raises(ConfigError, match=r"xid 7.*declare the column's type in the job's "
                                           r"Table as that database has it"):
         expected_as_of(JOB, record, "the source")
+
+
+def test_a_child_rows_change_re_evaluates_the_facts_it_leaves_and_joins() -> None:
+    # Issue 73 item 5: the facts a changed child row references are found by its link
+    # values in one pass over the facts (no longer a scan of every fact per child row).
+    from txjoin.job import Aggregate, Children
+
+    trips = Table("public.trips", {"id": "int", "fare": "int"})
+    stops = Table("public.stops", {"id": "int", "trip_id": "int", "place": "text"})
+    job = Job(name="trips", tables=[trips, stops], fact="public.trips", fact_alias="t",
+              lookups=[Children("s", "public.stops", parent="t", on={"trip_id": "id"})],
+              output=Output(table="out", key={"trip_id": "t.id"},
+                            columns={"stops": Aggregate("s", "count"), "fare": "t.fare"}))
+
+    def stop(id_: int, trip: int) -> dict[str, tuple[str, str]]:
+        return {"id": ("integer", str(id_)), "trip_id": ("integer", str(trip)),
+                "place": ("text", f"p{id_}")}
+
+    record = Record(snapshot={"public.trips": [], "public.stops": []}, transactions=[
+        (1, [_insert("public.trips", id=("integer", "1"), fare=("integer", "5")),
+             _insert("public.trips", id=("integer", "2"), fare=("integer", "7")),
+             _insert("public.trips", id=("integer", "3"), fare=("integer", "9")),
+             _insert("public.stops", **stop(10, 1)), _insert("public.stops", **stop(11, 1))]),
+        # Stop 11 moves to trip 2: both trips change as of this commit; trip 3 does not.
+        (2, [DecodedChange("public.stops", "UPDATE", stop(11, 1), stop(11, 2))]),
+        (3, [DecodedChange("public.stops", "DELETE", stop(10, 1), None)]),
+    ])
+    answer = expected_as_of(job, record, "test")
+    assert sorted(answer.present, key=lambda r: r["trip_id"]) == [
+        {"trip_id": 1, "stops": 0, "fare": 5}, {"trip_id": 2, "stops": 1, "fare": 7},
+        {"trip_id": 3, "stops": 0, "fare": 9}]

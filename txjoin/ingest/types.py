@@ -82,6 +82,56 @@ def check_type(sql_type: str, where: str) -> None:
 
 
 
+_INT_WIDTH = {"smallint": 2, "int": 4, "bigint": 8}
+_INT_DIGITS = {"smallint": 5, "int": 10, "bigint": 19}
+_MILLIS_MODES = {"timestamp": (None, "adaptive", "adaptive_time_microseconds"),
+                 "time": (None, "adaptive")}
+
+
+def type_fits(declared: str, actual: str, time_precision_mode: str | None = None) -> bool:
+    """Whether a column the source has as ``actual`` (txjoin's spelling of its catalog type,
+    :func:`txjoin.catalog.column_type`) reads correctly as ``declared``: the same kind, or one
+    whose every value the declared type holds (a wider integer; a decimal or ``numeric`` for
+    an integer; ``double``/``real`` for an integer; ``text`` for a uuid or json document).
+    Refused: what cannot read (``int`` for ``numeric(3,2)``: '3.60'), what reads wrongly (a
+    ``timestamp(3)`` declared ``timestamp``: Debezium's milliseconds read as microseconds,
+    under the adaptive ``time_precision_mode``), or what can overflow (``int`` for
+    ``bigint``, a decimal of smaller scale or fewer integer digits)."""
+    if declared.endswith("[]") or actual.endswith("[]"):
+        return (declared.endswith("[]") and actual.endswith("[]")
+                and type_fits(declared[:-2], actual[:-2], time_precision_mode))
+    try:
+        want, want_p = column_kind(declared)
+        have, have_p = column_kind(actual)
+    except ValueError:
+        return declared == actual
+    if want in _INT_WIDTH:
+        return have in _INT_WIDTH and _INT_WIDTH[want] >= _INT_WIDTH[have]
+    if want == "decimal":
+        assert want_p is not None
+        want_digits = int(DECIMAL_TYPE.match(declared).group(1))  # type: ignore[union-attr]
+        if have in _INT_WIDTH:
+            return want_digits - want_p >= _INT_DIGITS[have]
+        if have != "decimal":
+            return False
+        assert have_p is not None
+        have_digits = int(DECIMAL_TYPE.match(actual).group(1))  # type: ignore[union-attr]
+        return want_p >= have_p and want_digits - want_p >= have_digits - have_p
+    if want == "numeric":
+        return have in ("numeric", "decimal", *_INT_WIDTH)
+    if want in ("double", "real"):
+        return have in (want, "real", *_INT_WIDTH) and not (want == "real" and have == "bigint")
+    if want == "text":
+        return have in ("text", "uuid", "json")
+    if want != have:
+        return False
+    if want in _MILLIS_MODES and time_precision_mode in _MILLIS_MODES[want]:
+        # Debezium sends (0..3) as milliseconds and (4..6) as microseconds.
+        assert want_p is not None and have_p is not None
+        return (want_p <= 3) == (have_p <= 3)
+    return True
+
+
 SCHEMA_MODE = "schema"
 """The decimal mode of a row that carries its schema: a JSON number is a double."""
 

@@ -71,6 +71,10 @@ class ObservingSink:
         """Holds no lineage: it lives for one run."""
         return None
 
+    def other_owner(self) -> None:
+        """No other job's: it lives for one run."""
+        return None
+
     def begin_rebuild(self, checkpoint_id: str) -> None:
         """Nothing to rebuild: it lives for one run."""
 

@@ -51,7 +51,7 @@ from txjoin import crashpoints
 from txjoin.errors import RECOVER, ConfigError
 from txjoin.ingest.debezium import DEFAULT_TOPIC_PREFIX
 from txjoin.ingest.spark.kafka import KafkaFacts, KafkaTopics
-from txjoin.job import Job
+from txjoin.job import Job, Table
 from txjoin.join.output import output_schema
 from txjoin.join.spark.routing import route
 from txjoin.join.spark.shards import OUTPUT_SCHEMA, ShardProcessor, shard_labels
@@ -267,9 +267,11 @@ def check_kafka(job: Job, config: RunConfig, prefixes: dict[str, str],
 def check_record_columns(job: Job, prefixes: dict[str, str], topics: KafkaTopics,
                          counts: dict[str, int]) -> None:
     """A declared column that the newest records of its table's topic do not carry, while
-    they carry a near name, is a typo in the job file: one line before anything starts, also
-    where the source database is not at hand (its topics are). A column missing with no near
-    name is left to the run, whose message covers a column dropped at the source."""
+    they carry a near name, is a typo in the job file; a declared type the newest record's
+    values do not read as (``int`` for '3.60') is a wrong type: one line before anything
+    starts, also where the source database is not at hand (its topics are). A column
+    missing with no near name is left to the run, whose message covers a column dropped at
+    the source."""
     from txjoin.errors import did_you_mean
     from txjoin.ingest.debezium import Position, row_columns
 
@@ -293,6 +295,35 @@ def check_record_columns(job: Job, prefixes: dict[str, str], topics: KafkaTopics
                     f"newest records of topic {topic!r}{hint}; its columns: "
                     f"{', '.join(columns)}. Fix the job file's Table columns (nothing was "
                     f"read or written)")
+        check_record_types(job, table, topic, newest_first)
+
+
+def check_record_types(job: Job, table: Table, topic: str,
+                       records: list[tuple[int, int, bytes | None]]) -> None:
+    """The newest change record of ``records`` (partition, offset, value; newest first) read
+    with ``table``'s declared types, as the run will read it: a value its declared type
+    cannot read stops the run here, in one line naming the record, the table, column,
+    value and declared type, instead of in the first batch behind Spark's traces."""
+    from txjoin.ingest.debezium import ChangeEvent, DecodeError, Position, decode
+    from txjoin.ingest.types import ColumnValueError
+
+    for partition, offset, value in records:
+        try:
+            event = decode(value, Position(topic, partition, offset))
+        except DecodeError:
+            continue  # the run reports it at its position
+        row = None if not isinstance(event, ChangeEvent) else (
+            event.after if event.after is not None else event.before)
+        if row is None:
+            continue
+        try:
+            table.convert_row(row, where=f"{job.source_file}: the newest record of topic "
+                                         f"{topic!r} (partition {partition}, offset {offset}):")
+        except ColumnValueError as exc:
+            raise ConfigError(f"{exc.reason}; declare the column's type as the source has it "
+                              f"in the job file's Table (nothing was read or written)"
+                              ) from None
+        return
 
 
 class Pipeline:

@@ -53,6 +53,9 @@ CHECKPOINT_FILE_MANAGER = (
 # UTC in the JVM too: Delta 4.4 runs an all-files log reconstruction after every commit
 # when the session, the JVM default or user.timezone zone is not UTC (DESIGN.md 2.2).
 _JAVA_OPTIONS = "-Xss16m -Duser.timezone=UTC"
+SPARK_WAREHOUSE = str(Path(tempfile.gettempdir()) / "txjoin-spark-warehouse")
+"""Spark SQL's warehouse folder: txjoin's tables are paths and it keeps no catalog tables,
+but Spark's default, ``./spark-warehouse``, was left in the user's working directory."""
 
 
 RUNTIME_CONF = {
@@ -77,6 +80,7 @@ def default_conf(shuffle_partitions: int = 2) -> dict[str, str]:
         # on disk than the default 100 (recovery needs only the last few).
         "spark.sql.streaming.minBatchesToRetain": "20",
         "spark.ui.enabled": "false",
+        "spark.sql.warehouse.dir": SPARK_WAREHOUSE,
         "spark.ui.showConsoleProgress": "false",
         # Spark's kafka source and delta-spark, fetched by scripts/jars.sh (txjoin.jvm);
         # pyspark's own jars come first on the classpath, so they win where trees clash.

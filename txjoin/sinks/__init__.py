@@ -65,6 +65,11 @@ class Sink(Protocol):
         """The lineage of what the sink holds, ``None`` if it was never written."""
         ...
 
+    def other_owner(self) -> tuple[str, str] | None:
+        """``(job, what frees its tables)`` when the lineage of the sink's tables names a job
+        other than this sink's (it wrote them); ``None``: this job's, new, or unrecorded."""
+        ...
+
     def write(self, batch_id: int, changes: pa.Table, lineage: Lineage | None = None) -> bool:
         """Apply one micro-batch atomically; ``False`` if it was already applied (replay).
 

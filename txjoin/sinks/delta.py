@@ -260,7 +260,8 @@ class DeltaSink:
         return Held(checkpoint_id=info.get("txjoin.checkpoint"),
                     last_batch_id=int(info["txjoin.batch_id"]),
                     frontier_commit_seq=_number(info, "txjoin.frontier_commit_seq"),
-                    last_change_xid=_number(info, "txjoin.last_change_xid"))
+                    last_change_xid=_number(info, "txjoin.last_change_xid"),
+                    job=info.get("txjoin.job"))
 
     def _progress(self, path: str, kind: str) -> Held | None:
         """What the table at ``path`` holds: read from its history once, then kept as this
@@ -272,6 +273,13 @@ class DeltaSink:
     def held(self) -> Held | None:
         """Lineage of the current table's last txjoin commit (the sink's progress)."""
         return self._held(self.current_path, "current")
+
+    def other_owner(self) -> tuple[str, str] | None:
+        """The job named by the current table's last txjoin commit, when it is not this one."""
+        held = self.held()
+        if held is None or held.job in (None, self.job):
+            return None
+        return str(held.job), f"remove {self.root}"
 
     def last_applied_batch(self) -> int | None:
         """The batch id recorded with the last commit of the current table."""

@@ -9,7 +9,9 @@ frontier (last released commit sequence) and the xid of the last change it
 applied. ``check_lineage`` compares that with the checkpoint before a run
 starts: a sink written from another checkpoint, or a sink behind its
 checkpoint, stops the run with one line naming the sink, what it holds and the
-two ways out (restore the checkpoint, or ``txjoin run --rebuild``).
+two ways out (restore the checkpoint, or ``txjoin run --rebuild``). The lineage also
+names the job that wrote it: ``check_owners`` stops a run whose sink tables another job
+wrote, naming that job.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Held:
     last_batch_id: int  # -1: rebuilt from a source that had nothing yet
     frontier_commit_seq: int | None
     last_change_xid: int | None
+    job: str | None = None  # the job whose run wrote it; None: not recorded
 
     def describe(self) -> str:
         origin = (f"checkpoint {short(self.checkpoint_id)}" if self.checkpoint_id
@@ -162,6 +165,22 @@ def with_handed_off(held: Held | None, checkpoint: Checkpoint, pending: list[int
         return None
     return Held(checkpoint.id, following - 1, None if held is None else held.frontier_commit_seq,
                 None if held is None else held.last_change_xid)
+
+
+def check_owners(sinks: Iterable[Sink], job: str, job_file: str) -> None:
+    """Raise ``LineageError`` for the first sink whose tables another job's lineage holds:
+    two jobs writing one table would interleave their rows and progress (a second job
+    compiled from the same view, with the same output table). Checked with ``--rebuild``
+    too, which would replace the other job's output with this one's."""
+    for sink in sinks:
+        other = sink.other_owner()
+        if other is not None:
+            owner, release = other
+            raise LineageError(
+                f"{sink.name} sink {sink.where} is job {owner!r}'s output (its lineage names "
+                f"that job), not job {job!r}'s: this run would write another job's table; give "
+                f"{job!r} a table of its own with Output(table=...) in {job_file} (`txjoin job "
+                f"from-sql --output-table T`), or, if job {owner!r} is retired, {release}")
 
 
 def check_lineage(sinks: Iterable[Sink], checkpoint: Checkpoint,

@@ -8,8 +8,9 @@ delete and one upsert (the last change of each key decides). The progress row
 is keyed by the ``job`` string: give each sink its own job name (e.g.
 ``<job>.<table>`` when a job writes several tables to one database). It holds
 ``last_batch_id``, ``frontier_commit_seq`` (last released commit sequence),
-``last_change_commit_seq``/``last_change_xid`` (the last output change applied)
-and ``checkpoint_id`` (the lineage, see ``txjoin.sinks.lineage``).
+``last_change_commit_seq``/``last_change_xid`` (the last output change applied),
+``checkpoint_id`` (the lineage, see ``txjoin.sinks.lineage``) and ``output_table``
+(the table it writes: a second job writing it is refused before it starts).
 
 Every batch first checks the tables' columns against the declared types, so a
 table altered underneath fails with the table and column named and nothing of
@@ -390,7 +391,7 @@ class PostgresSink:
                 cur.execute(sql.SQL("ALTER TABLE {} RENAME COLUMN {} TO {}").format(
                     progress, sql.Identifier(old), sql.Identifier(new)))
         for column in ("frontier_commit_seq bigint", "last_change_xid bigint",
-                       "checkpoint_id text"):
+                       "checkpoint_id text", "output_table text", "output_types text"):
             cur.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS " + column).format(
                 progress))
 
@@ -427,12 +428,36 @@ class PostgresSink:
                 found = actual.get(f.name)
                 if found == expected:
                     continue
+                if found is not None and self._wrote_as(cur, schema, f.name) == found:
+                    # The sink is as this job's runs made it: the job's types changed.
+                    raise SinkSchemaError(
+                        f"postgres sink table {schema}.{table}: column {f.name!r} has type "
+                        f"{found}, as this job wrote it, and the job now writes {expected}: "
+                        f"the job's declared types changed, not the sink; {nothing}; run "
+                        f"with --rebuild to rewrite the sink's tables with the new types, or "
+                        f"declare the type as before in the job file")
                 what = ("is missing" if found is None
                         else f"has type {found}, the job writes {expected}")
                 raise SinkSchemaError(
                     f"postgres sink table {schema}.{table}: column {f.name!r} {what}; "
                     f"{nothing}; restore the column (ALTER TABLE) and run "
                     f"again, or run with --rebuild to recreate the sink's tables")
+
+    def _written_types(self) -> str:
+        """The columns' types as the catalog spells them, recorded with the progress: what a
+        later check tells a changed job from a sink altered underneath with."""
+        return json.dumps({c: _CATALOG_NAMES.get(t, t) for c, t in self._pg_types.items()},
+                          sort_keys=True)
+
+    def _wrote_as(self, cur: Any, schema: str, column: str) -> str | None:
+        """The type this job's last write recorded for ``column`` (None: not recorded)."""
+        self._ensure_progress(cur, schema)
+        cur.execute(sql.SQL("SELECT output_types FROM {} WHERE job = %s").format(
+            self._id(schema, PROGRESS_TABLE)), (self.job,))
+        row = cur.fetchone()
+        if row is None or row[0] is None:
+            return None
+        return json.loads(row[0]).get(column)
 
     # -- Sink protocol ----------------------------------------------------------
 
@@ -454,6 +479,27 @@ class PostgresSink:
             return None
         return Held(checkpoint_id=row[3], last_batch_id=int(row[0]),
                     frontier_commit_seq=row[1], last_change_xid=row[2])
+
+    def other_owner(self) -> tuple[str, str] | None:
+        """Another job whose row in ``txjoin_progress`` records this sink's table as its
+        output (rows written before the table was recorded name none)."""
+        try:
+            with self._conn, self._conn.cursor() as cur:
+                if not self._exists(cur, self._home, PROGRESS_TABLE):
+                    return None
+                self._ensure_progress(cur, self._home)
+                cur.execute(sql.SQL(
+                    "SELECT job FROM {} WHERE output_table = %s AND job <> %s "
+                    "ORDER BY updated_at DESC LIMIT 1").format(
+                        self._id(self._home, PROGRESS_TABLE)), (self.table, self.job))
+                row = cur.fetchone()
+        except psycopg2.OperationalError as exc:
+            raise self._service_error("cannot read progress", exc) from None
+        if row is None:
+            return None
+        tables = f"{self._home}.{self.table}, {self._home}.{self.changelog_table}"
+        return str(row[0]), (f"DROP TABLE {tables}; DELETE FROM {self._home}.{PROGRESS_TABLE} "
+                             f"WHERE job = '{row[0]}'")
 
     def last_applied_batch(self) -> int | None:
         """The job's last batch id in ``txjoin_progress``."""
@@ -527,8 +573,10 @@ class PostgresSink:
                 last_xid = None if n == 0 else changes.column(XID)[n - 1].as_py()
                 cur.execute(sql.SQL(
                     "INSERT INTO {} AS p (job, last_batch_id, frontier_commit_seq, "
-                    "last_change_commit_seq, last_change_xid, checkpoint_id, updated_at) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, now()) ON CONFLICT (job) DO UPDATE SET "
+                    "last_change_commit_seq, last_change_xid, checkpoint_id, output_table, "
+                    "output_types, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, now()) "
+                    "ON CONFLICT (job) DO UPDATE SET output_table = EXCLUDED.output_table, "
+                    "output_types = EXCLUDED.output_types, "
                     "last_batch_id = EXCLUDED.last_batch_id, "
                     "frontier_commit_seq = COALESCE(EXCLUDED.frontier_commit_seq, "
                     "p.frontier_commit_seq), "
@@ -538,7 +586,8 @@ class PostgresSink:
                     "checkpoint_id = COALESCE(EXCLUDED.checkpoint_id, p.checkpoint_id), "
                     "updated_at = now()").format(progress),
                     (self.job, batch_id, None if lineage is None else lineage.frontier_commit_seq,
-                     last_seq, last_xid, None if lineage is None else lineage.checkpoint_id))
+                     last_seq, last_xid, None if lineage is None else lineage.checkpoint_id,
+                     self.table, self._written_types()))
             return True
         except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
             self._ready.clear()  # the DDL may have been rolled back with the batch
@@ -659,14 +708,18 @@ class PostgresSink:
                 self._ensure_progress(cur, home)
                 cur.execute(sql.SQL(
                     "INSERT INTO {} (job, last_batch_id, frontier_commit_seq, "
-                    "last_change_commit_seq, last_change_xid, checkpoint_id, updated_at) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, now()) ON CONFLICT (job) DO UPDATE SET "
+                    "last_change_commit_seq, last_change_xid, checkpoint_id, output_table, "
+                    "output_types, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, now()) "
+                    "ON CONFLICT (job) DO UPDATE SET "
                     "last_batch_id = EXCLUDED.last_batch_id, "
                     "frontier_commit_seq = EXCLUDED.frontier_commit_seq, "
                     "last_change_commit_seq = EXCLUDED.last_change_commit_seq, "
                     "last_change_xid = EXCLUDED.last_change_xid, "
-                    "checkpoint_id = EXCLUDED.checkpoint_id, updated_at = now()").format(
-                        self._id(home, PROGRESS_TABLE)), (self.job, *row))
+                    "checkpoint_id = EXCLUDED.checkpoint_id, "
+                    "output_table = EXCLUDED.output_table, "
+                    "output_types = EXCLUDED.output_types, updated_at = now()").format(
+                        self._id(home, PROGRESS_TABLE)),
+                    (self.job, *row, self.table, self._written_types()))
                 cur.execute(sql.SQL("DELETE FROM {} WHERE job = %s").format(
                     self._id(shadow, PROGRESS_TABLE)), (self.job,))
         except psycopg2.OperationalError as exc:

@@ -72,12 +72,8 @@ def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: f
                           progress=lambda line: _console.print(f"[dim]{line}[/dim]"),
                           sources=sources, partitions=partitions, job_file=job_file)
     info = result.info
-    if result.already_running:
+    if result.already_running:  # (a start's own line came through progress: once)
         _console.print(f"stack in {directory} is already running")
-    elif result.resumed:
-        _console.print(f"stack resumed on its data in {result.seconds:.1f}s")
-    else:
-        _console.print(f"stack up in {result.seconds:.1f}s")
     _console.print(f"  source    {mask_dsn(info.pg_dsn_source)}\n"
                    f"  sink      {mask_dsn(info.pg_dsn_sink)}\n"
                    f"  bootstrap {info.bootstrap_servers}\n  topics    {', '.join(info.topics)}",

@@ -506,7 +506,7 @@ def _started(directory: Path, state: dict[str, Any], started: float, progress: P
     seconds = time.monotonic() - started
     state["start_seconds"] = round(seconds, 2)
     _write_state(directory, state)
-    progress(f"stack {'resumed' if resumed else 'up'} in {seconds:.1f}s")
+    progress(f"stack {'resumed on its data' if resumed else 'up'} in {seconds:.1f}s")
     return UpResult(_info(state), False, seconds, resumed)
 
 

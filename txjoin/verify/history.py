@@ -436,13 +436,21 @@ def expected_as_of(job: Any, record: Record, source: str) -> AsOfAnswer:
                 if change.table == job.fact:
                     facts[key_of(change.table, new)] = new
         # A change to a child row is a change to the facts it references (before or after).
+        # One pass over the facts per child table, matched by the changed children's link
+        # values: a scan of every fact per changed child made this step (children x facts
+        # per transaction) the replay's cost (issue 73: 4 min 50 s against 8.6 s).
         for lk in children:
-            for table, child in child_versions:
-                if table != lk.table or any(child.get(c) is None for c in lk.on):
-                    continue
-                facts.update((key, fact) for key, fact in tables[job.fact].items()
-                             if key not in facts and all(fact.get(theirs) == child.get(mine)
-                                                         for mine, theirs in lk.on.items()))
+            mine, theirs = list(lk.on), list(lk.on.values())
+            links = [tuple(child.get(c) for c in mine) for table, child in child_versions
+                     if table == lk.table and all(child.get(c) is not None for c in mine)]
+            if not links:
+                continue
+            try:
+                wanted: set[tuple[Any, ...]] | list[tuple[Any, ...]] = set(links)
+            except TypeError:  # an unhashable link value: compare each with ==
+                wanted = links
+            facts.update((key, fact) for key, fact in tables[job.fact].items()
+                         if key not in facts and tuple(fact.get(c) for c in theirs) in wanted)
         if not facts:
             continue
         oracle.tables = {t: list(rows.values()) for t, rows in tables.items()}
