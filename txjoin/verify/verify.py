@@ -1059,15 +1059,15 @@ def check_sink(sink: Sink, where: str, keys: Sequence[str], expected: Sequence[R
                      _duplicates(changelog, keys), note, violations, states)
 
 
-class _OutOfOrder(Exception):
+class OutOfOrder(Exception):
     """A stream's keys are not ascending by Python's comparison of their canonical values
     (PostgreSQL's or Arrow's order differs for this key type, or a key repeats): that
     comparison falls back to pairing rows in memory (:func:`diff_rows`)."""
 
 
-class _KeyedRows:
+class KeyedRows:
     """One side's rows in key order, read one at a time, each checked to come after the
-    one before (else :class:`_OutOfOrder`)."""
+    one before (else :class:`OutOfOrder`)."""
 
     def __init__(self, batches: Iterator[list[Row]], read: Callable[[Row], Row],
                  keys: Sequence[str]) -> None:
@@ -1087,7 +1087,7 @@ class _KeyedRows:
         row = self._read(raw)
         key = row_key(row, self._keys)
         if self.head is not None and not _before(self.head[0], key):
-            raise _OutOfOrder
+            raise OutOfOrder
         self.count += 1
         self.head = (key, row)
 
@@ -1104,18 +1104,18 @@ def _before(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     try:
         return bool(a < b)
     except (TypeError, ArithmeticError):  # None against a value, a str against a number
-        raise _OutOfOrder from None
+        raise OutOfOrder from None
 
 
-class _SinkMerge:
+class SinkMerge:
     """A sink's current rows merged with the expected rows by key: the diff, built one
     expected row at a time, as :func:`diff_rows` pairs them (rows of one key paired, the
     sink's rows no key asked for extra)."""
 
-    def __init__(self, sink: Sink, read: Callable[[Row], Row], keys: Sequence[str]) -> None:
-        self.sink = sink
+    def __init__(self, batches: Iterator[list[Row]], read: Callable[[Row], Row],
+                 keys: Sequence[str]) -> None:
         self.diff = RowDiff()
-        self.rows = _KeyedRows(sink.read_current_batches(), read, keys)
+        self.rows = KeyedRows(batches, read, keys)
 
     def offer(self, key: tuple[Any, ...], expected: Row) -> None:
         """Pair the next expected row (keys ascending) with the sink's row of its key."""
@@ -1152,12 +1152,12 @@ def streamed_checks(job: Job, source_dsn: str, sinks: Sequence[tuple[Sink, str, 
     ``progress`` gets a line every :data:`PROGRESS_SECONDS` (rows compared, per sink)."""
     keys = list(job.output.key)
     read = comparable_reader(job)
-    merges: dict[int, _SinkMerge | None] = {}
+    merges: dict[int, SinkMerge | None] = {}
     answer = StreamedAnswer("")
     for i, (sink, _, _) in enumerate(sinks):
         try:
-            merges[i] = _SinkMerge(sink, read, keys)
-        except _OutOfOrder:
+            merges[i] = SinkMerge(sink.read_current_batches(), read, keys)
+        except OutOfOrder:
             merges[i] = None
 
     def drop(i: int) -> None:
@@ -1170,7 +1170,7 @@ def streamed_checks(job: Job, source_dsn: str, sinks: Sequence[tuple[Sink, str, 
     with _connect(source_dsn, "source") as conn:
         stream = answer_in_key_order(job, conn, answer)
         try:
-            expected = _KeyedRows(stream, read, keys)
+            expected = KeyedRows(stream, read, keys)
             while expected.head is not None:
                 key, row = expected.head
                 for i, merge in merges.items():
@@ -1178,7 +1178,7 @@ def streamed_checks(job: Job, source_dsn: str, sinks: Sequence[tuple[Sink, str, 
                         continue
                     try:
                         merge.offer(key, row)
-                    except _OutOfOrder:
+                    except OutOfOrder:
                         drop(i)
                 expected.advance()
                 if progress is not None and time.monotonic() - last_progress >= PROGRESS_SECONDS:
@@ -1186,7 +1186,7 @@ def streamed_checks(job: Job, source_dsn: str, sinks: Sequence[tuple[Sink, str, 
                     progress(f"verify: {expected.count:,} expected rows compared; " + ", ".join(
                         f"{sinks[i][0].name} {m.rows.count:,} rows" for i, m in merges.items()
                         if m is not None))
-        except _OutOfOrder:  # the answer's own keys: every sink compared in memory
+        except OutOfOrder:  # the answer's own keys: every sink compared in memory
             stream.close()
             for i in merges:
                 drop(i)
@@ -1194,7 +1194,7 @@ def streamed_checks(job: Job, source_dsn: str, sinks: Sequence[tuple[Sink, str, 
         if merge is not None:
             try:
                 merge.finish()
-            except _OutOfOrder:
+            except OutOfOrder:
                 drop(i)
     checks = []
     fallback: list[Row] | None = None
