@@ -731,9 +731,13 @@ def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
                            f"{path}; run the workload, then `txjoin verify {job_file}`; "
                            f"`--drop-record` when done (the slot keeps WAL until read)")
             sys.exit(0)
+        # A line every few seconds on a terminal; none in a log or a pipe.
+        progress = ((lambda line: click.echo(line, err=True)) if sys.stderr.isatty()
+                    else None)
         result = verify_job(job, (source_dsn, None if no_postgres else postgres_dsn),
                             output_dir or directory / "output", source_dsns,
-                            check_states=not no_state_check, record_dir=directory)
+                            check_states=not no_state_check, record_dir=directory,
+                            progress=progress)
     except TxjoinError as exc:
         click.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(2)

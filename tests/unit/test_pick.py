@@ -96,9 +96,12 @@ def test_nulls_lose_and_ties_go_to_the_key_in_engine_and_oracle(order: str) -> N
 
 
 def test_verify_sql_breaks_ties_by_the_key_with_nulls_last() -> None:
-    assert ('ORDER BY x."rank" DESC NULLS LAST, x."id" DESC LIMIT 1'
+    assert ('DISTINCT ON (x."user_id") x."id", x."user_id", x."favorite_color", x."rank" '
+            'FROM "public"."users_favorite_color" AS x '
+            'ORDER BY x."user_id", x."rank" DESC NULLS LAST, x."id" DESC)'
             in job_query(ranked_job("max")))
-    assert 'ORDER BY x."rank" ASC NULLS LAST, x."id" ASC LIMIT 1' in job_query(ranked_job("min"))
+    assert ('ORDER BY x."user_id", x."rank" ASC NULLS LAST, x."id" ASC)'
+            in job_query(ranked_job("min")))
 
 
 def test_verify_sql_orders_text_as_txjoin_compares_it() -> None:
@@ -110,5 +113,6 @@ def test_verify_sql_orders_text_as_txjoin_compares_it() -> None:
                     lookups=[Lookup("ufc", colours.name, parent="u", on={"user_id": "id"},
                                     how="left", pick=Pick("favorite_color", "min"))],
                     output=job.output, semantics="current")
-    assert ('ORDER BY x."favorite_color"::text COLLATE "C" ASC NULLS LAST, x."id" ASC'
+    assert ('ORDER BY x."user_id", x."favorite_color"::text COLLATE "C" ASC NULLS LAST, '
+            'x."id" ASC'
             in job_query(by_colour))

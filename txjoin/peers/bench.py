@@ -162,7 +162,9 @@ def run_txjoin(job: Job, workload: ArchivedWorkload, hashes: list[int], work: Pa
                            postgres_dsn=dsn(pg.port, "sink"), master=master)
         sinks = build_sinks(job, config, spark)
         observer = ObservingSink()
-        pipeline = Pipeline(spark, job, config, [*sinks, observer])
+        # The observer takes the pipeline's writes only: nothing reads it as a sink table
+        # (verify's batched reads are not its part).
+        pipeline = Pipeline(spark, job, config, [*sinks, observer])  # type: ignore[list-item]
         started = time.monotonic()
         query = pipeline.start(source_frame(spark, job, config, pipeline), available_now=True)
         query.awaitTermination()

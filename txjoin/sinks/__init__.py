@@ -16,8 +16,9 @@ replace its contents in one atomic step.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,6 +32,8 @@ OP, COMMIT_SEQ, XID, COMMIT_TS = "_op", "_commit_seq", "_xid", "_commit_ts"
 META_COLUMNS = (OP, COMMIT_SEQ, XID, COMMIT_TS)
 """Metadata columns of a changes table; the current table keeps all but ``_op``."""
 OP_DELETE = "d"
+READ_BATCH_ROWS = 10_000
+"""Rows a sink hands verify at a time (:meth:`Sink.read_current_batches`)."""
 
 
 @dataclass
@@ -98,6 +101,17 @@ class Sink(Protocol):
 
     def read_changelog(self) -> list[dict]:
         """Every emitted change, with ``_op``/``_commit_seq``/``_xid``/``_commit_ts``."""
+        ...
+
+    def read_current_batches(self, rows: int = READ_BATCH_ROWS) -> Iterator[list[dict]]:
+        """Current rows as :meth:`read_current` gives them, in key order (text by code
+        point, NULLs last), at most ``rows`` at a time: verify compares a large table
+        without holding it in Python."""
+        ...
+
+    def changelog_repeats(self) -> tuple[int, list[tuple[Any, ...]]]:
+        """The changelog's row count, and every (key..., ``_commit_seq``) it holds more than
+        once (sorted), counted where the changelog is rather than read into Python."""
         ...
 
     def close(self) -> None:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +54,7 @@ from txjoin.sinks import (
     COMMIT_SEQ,
     OP,
     OP_DELETE,
+    READ_BATCH_ROWS,
     XID,
     Upkeep,
     apply_changes,
@@ -570,6 +571,29 @@ class DeltaSink:
             return []
         rows = read_table(self.changelog_path).to_pylist()
         return sort_rows(rows, [COMMIT_SEQ, *self.key_columns])
+
+    def read_current_batches(self, rows: int = READ_BATCH_ROWS) -> Iterator[list[dict]]:
+        """Current rows in key order, ``rows`` at a time: the table is read as Arrow (a
+        few bytes a value) and sorted there; only a batch at a time becomes Python rows."""
+        if not DeltaTable.is_deltatable(self.current_path):
+            return
+        table = read_table(self.current_path)
+        # Arrow orders strings by their UTF-8 bytes: code point order, as PostgreSQL's "C".
+        table = table.sort_by([(k, "ascending") for k in self.key_columns])
+        for batch in table.to_batches(max_chunksize=rows):
+            yield batch.to_pylist()
+
+    def changelog_repeats(self) -> tuple[int, list[tuple[Any, ...]]]:
+        """The changelog's rows, and its (key..., ``_commit_seq``) held more than once,
+        grouped in Arrow over those columns only."""
+        if not DeltaTable.is_deltatable(self.changelog_path):
+            return 0, []
+        columns = [*self.key_columns, COMMIT_SEQ]
+        table = read_table(self.changelog_path, columns=columns)
+        counts = table.group_by(columns, use_threads=False).aggregate([([], "count_all")])
+        repeated = counts.filter(pc.greater(counts["count_all"], 1)).select(columns)
+        return table.num_rows, sorted(tuple(r[c] for c in columns)
+                                      for r in repeated.to_pylist())
 
     def close(self) -> None:
         """Nothing to release: the Spark session belongs to the caller."""

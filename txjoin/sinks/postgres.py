@@ -34,7 +34,7 @@ import math
 import re
 import sys
 import time as time_module
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from functools import partial
@@ -55,6 +55,7 @@ from txjoin.sinks import (
     COMMIT_SEQ,
     OP,
     OP_DELETE,
+    READ_BATCH_ROWS,
     XID,
     Upkeep,
     check_changes_schema,
@@ -183,6 +184,19 @@ def _json_encoder(t: pa.DataType) -> Callable[[Any], str]:
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return lambda v: "null" if v is None else json.dumps(v)
     return lambda v: "null" if v is None else _scalar_json(v)
+
+
+def _reader(t: pa.DataType) -> Callable[[Any], Any]:
+    """:func:`_from_pg` (or :func:`_from_json`) for one column's type, chosen once: a
+    million-row read (verify's) otherwise spends most of its time choosing per value.
+    psycopg2's own int and str values are already what Arrow would give."""
+    if _is_nested(t):
+        return partial(_from_json, t=t)
+    exact = (int if pa.types.is_integer(t) else str if pa.types.is_string(t)
+             or pa.types.is_large_string(t) else None)
+    if exact is None:
+        return partial(_from_pg, t=t)
+    return lambda v: v if v is None or type(v) is exact else _from_pg(v, t)
 
 
 def _from_json(value: Any, t: pa.DataType) -> Any:
@@ -740,11 +754,7 @@ class PostgresSink:
                 rows = cur.fetchall()
         except psycopg2.OperationalError as exc:
             raise self._service_error(f"cannot read {table!r}", exc) from None
-        types = [f.type for f in schema]
-        result = [{name: (_from_json(v, t) if _is_nested(t) else _from_pg(v, t))
-                   for name, v, t in zip(schema.names, row, types, strict=True)}
-                  for row in rows]
-        return sort_rows(result, order)
+        return sort_rows(self._rows_of(schema, rows), order)
 
     def read_current(self) -> list[dict]:
         """Current rows ordered by key."""
@@ -753,6 +763,55 @@ class PostgresSink:
     def read_changelog(self) -> list[dict]:
         """Every change ordered by ``_commit_seq`` (then key)."""
         return self._read(self.changelog_table, self.schema, [COMMIT_SEQ, *self.key_columns])
+
+    def _rows_of(self, schema: pa.Schema, rows: list[tuple[Any, ...]]) -> list[dict]:
+        """Rows as read from PostgreSQL -> the Python values :meth:`read_current` gives."""
+        readers = [_reader(f.type) for f in schema]
+        names = schema.names
+        return [{name: read(v) for name, read, v in zip(names, readers, row, strict=True)}
+                for row in rows]
+
+    def read_current_batches(self, rows: int = READ_BATCH_ROWS) -> Iterator[list[dict]]:
+        """Current rows in key order (text by code point, NULLs last), ``rows`` at a time
+        from a server-side cursor: the table never sits whole in Python."""
+        order = sql.SQL(", ").join(
+            sql.SQL("{} COLLATE \"C\"" if field_pg_type(self.current.field(k)) == "text"
+                    else "{}").format(sql.Identifier(k)) for k in self.key_columns)
+        try:
+            with self._conn:
+                with self._conn.cursor() as cur:
+                    if not self._exists(cur, self._home, self.table):
+                        return
+                with self._conn.cursor(name="txjoin_verify_current") as cur:
+                    cur.itersize = rows
+                    cur.execute(sql.SQL("SELECT {} FROM {} ORDER BY {}").format(
+                        sql.SQL(", ").join(sql.Identifier(c) for c in self.current.names),
+                        self._id(self._home, self.table), order))
+                    while batch := cur.fetchmany(rows):
+                        yield self._rows_of(self.current, batch)
+        except psycopg2.OperationalError as exc:
+            raise self._service_error(f"cannot read {self.table!r}", exc) from None
+
+    def changelog_repeats(self) -> tuple[int, list[tuple[Any, ...]]]:
+        """The changelog's rows, and its (key..., ``_commit_seq``) held more than once,
+        counted by PostgreSQL."""
+        columns = [*self.key_columns, COMMIT_SEQ]
+        listed = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+        try:
+            with self._conn, self._conn.cursor() as cur:
+                if not self._exists(cur, self._home, self.changelog_table):
+                    return 0, []
+                table = self._id(self._home, self.changelog_table)
+                cur.execute(sql.SQL("SELECT count(*) FROM {}").format(table))
+                (total,) = cur.fetchone()
+                cur.execute(sql.SQL("SELECT {} FROM {} GROUP BY {} HAVING count(*) > 1").format(
+                    listed, table, listed))
+                repeated = cur.fetchall()
+        except psycopg2.OperationalError as exc:
+            raise self._service_error(f"cannot read {self.changelog_table!r}", exc) from None
+        schema = pa.schema([self.schema.field(c) for c in columns])
+        return int(total), sorted(tuple(r[c] for c in columns)
+                                  for r in self._rows_of(schema, repeated))
 
     def maintain(self, retention_hours: float | None = None) -> list[Upkeep]:
         """Nothing to do: PostgreSQL's autovacuum reclaims what the upserts leave behind."""

@@ -39,8 +39,9 @@ import json
 import os
 import re
 import struct
+import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import partial
@@ -56,9 +57,9 @@ from txjoin.expr import AGGREGATED
 from txjoin.ingest.debezium import Modes
 from txjoin.ingest.types import ColumnValueError, column_kind, convert_value
 from txjoin.job import Aggregate, Children, Collect, Job, Lookup
-from txjoin.sinks import COMMIT_SEQ, XID, Sink, without_metadata
+from txjoin.sinks import COMMIT_SEQ, READ_BATCH_ROWS, XID, Sink, without_metadata
 from txjoin.sinks.build import SinkPlaces, build_sinks
-from txjoin.verify.diff import RowDiff, diff_rows, show
+from txjoin.verify.diff import RowDiff, diff_rows, row_key, rows_match, show
 from txjoin.verify.history import SLOT, AsOfAnswer, expected_as_of, read_record
 from txjoin.verify.source_tables import CHANGE_LOG, COMMIT_LOG, pg_type
 
@@ -106,27 +107,38 @@ def _kind_of(sql_type: str) -> str | None:
         return None
 
 
-def _lateral(job: Job, lookup: Lookup, parent_expr: Mapping[str, str],
-             relations: Relations | None) -> str:
-    """``[LEFT] JOIN LATERAL (one matching row) AS alias ON true`` for a non-array lookup.
+def _lookup_join(job: Job, lookup: Lookup, parent_expr: Mapping[str, str],
+                 relations: Relations | None) -> str:
+    """``[LEFT] JOIN (the looked-up table, one row per match key) AS alias ON ...`` for a
+    non-array lookup.
 
-    ``Pick``: the match with the greatest (least) value; a NULL only when every match has
-    one; ties to the greatest (least) key of the looked-up table (README, "Jobs").
+    ``Pick``: per value of the ``on`` columns, the match with the greatest (least) value;
+    a NULL only when every match has one; ties to the greatest (least) key of the
+    looked-up table (README, "Jobs"): ``DISTINCT ON``, one sort of the table, joined by
+    hash or merge. Not a ``LATERAL ... LIMIT 1`` per parent row, which without an index
+    on the ``on`` columns is one scan of the looked-up table per row (issue 71). Without
+    a pick every match joins, as the engine's lookup of a key does.
     """
     table = job.table(lookup.table)
-    where = " AND ".join(f"x.{_ident(mine)} = {parent_expr[mine]}" for mine in lookup.on)
-    if lookup.alias in job.expressions.lookups:  # the lookup's filter, on the row itself
-        where += f" AND {job.expressions.lookups[lookup.alias].render(_x_column)} IS TRUE"
-    order = ""
-    if lookup.pick is not None:
-        direction = "DESC" if lookup.pick.order == "max" else "ASC"
-        terms = [f"{_order(job, lookup.table, lookup.pick.column, direction)} NULLS LAST"]
-        terms += [_order(job, lookup.table, k, direction) for k in table.key]
-        order = f" ORDER BY {', '.join(terms)} LIMIT 1"
     columns = ", ".join(f"x.{_ident(c)}" for c in table.columns)
+    where = ""
+    if lookup.alias in job.expressions.lookups:  # the lookup's filter, on the row itself
+        where = f" WHERE {job.expressions.lookups[lookup.alias].render(_x_column)} IS TRUE"
+    source = f"{_relation(lookup.table, relations)} AS x{where}"
+    if lookup.pick is None:
+        rows = f"SELECT {columns} FROM {source}"
+    else:
+        direction = "DESC" if lookup.pick.order == "max" else "ASC"
+        match = [f"x.{_ident(mine)}" for mine in lookup.on]
+        terms = [*match, f"{_order(job, lookup.table, lookup.pick.column, direction)} "
+                         f"NULLS LAST"]
+        terms += [_order(job, lookup.table, k, direction) for k in table.key]
+        rows = (f"SELECT DISTINCT ON ({', '.join(match)}) {columns} FROM {source} "
+                f"ORDER BY {', '.join(terms)}")
+    on = " AND ".join(f"{_ident(lookup.alias)}.{_ident(mine)} = {parent_expr[mine]}"
+                      for mine in lookup.on)
     join = "LEFT JOIN" if lookup.how == "left" else "JOIN"
-    return (f"{join} LATERAL (SELECT {columns} FROM {_relation(lookup.table, relations)} AS x "
-            f"WHERE {where}{order}) AS {_ident(lookup.alias)} ON true")
+    return f"{join} ({rows}) AS {_ident(lookup.alias)} ON {on}"
 
 
 def _x_column(_alias: str, column: str) -> str:
@@ -144,94 +156,149 @@ def _joins_under(job: Job, alias: str, relations: Relations | None) -> list[str]
         if child.listed:
             continue
         parent_expr = {mine: _ref(f"{alias}.{theirs}") for mine, theirs in child.on.items()}
-        joins.append(_lateral(job, child, parent_expr, relations))
+        joins.append(_lookup_join(job, child, parent_expr, relations))
         joins += _joins_under(job, child.alias, relations)
     return joins
 
 
-def _elements(job: Job, alias: str, relations: Relations | None) -> tuple[str, str]:
-    """The elements of a listed alias as ``FROM ... [WHERE ...]`` correlated with its
-    parent, and the ORDER BY that puts them in the engine's order.
+GROUP_KEY = "__k"
+"""Prefix of a listed alias's grouped table's match columns (``__k0``, ``__k1``, ...)."""
+GROUP_FOUND = "__found"
+"""A listed alias's grouped table's column that is true where a parent has an element."""
 
-    An array lookup: ``unnest(...) WITH ORDINALITY``, in array order (a distinct one: each
-    value once, at its first occurrence, NULLs skipped). Child rows: the
-    child table's rows whose ``on`` columns equal the parent's (and pass its filter), in
-    ``order_by`` then key order, ascending, NULLs last, text by code point.
+
+def _grouped(alias: str) -> str:
+    """The SQL alias of ``alias``'s grouped table (:func:`_listed_join`)."""
+    return _ident(f"{alias}__g")
+
+
+def _elements(job: Job, alias: str, relations: Relations | None
+              ) -> tuple[str, str, list[str], list[str]]:
+    """The elements of a listed alias for every parent at once: ``FROM ... [WHERE ...]``,
+    the ORDER BY that puts one parent's elements in the engine's order, the expressions
+    that identify the parent (grouped by), and what each is equal to in the parent.
+
+    Child rows: the child table's rows (passing its filter), identified by their ``on``
+    columns, in ``order_by`` then key order, ascending, NULLs last, text by code point. An
+    array lookup: each distinct array of the parent's table, ``unnest(...) WITH
+    ORDINALITY`` once, in array order (a distinct one: each value once, at its first
+    occurrence, NULLs skipped), identified by the array itself.
     """
     lookup = job.lookup(alias)
     nested = " ".join(_joins_under(job, alias, relations))
     if isinstance(lookup, Children):
         table = job.table(lookup.table)
-        where = " AND ".join(f"{_ref(f'{alias}.{mine}')} = {_ref(f'{lookup.parent}.{theirs}')}"
-                             for mine, theirs in lookup.on.items())
+        where = ""
         if alias in job.expressions.lookups:
-            where += f" AND {job.expressions.lookups[alias].render(_alias_column)} IS TRUE"
+            where = f" WHERE {job.expressions.lookups[alias].render(_alias_column)} IS TRUE"
         order = ", ".join(
             (f"{_ref(f'{alias}.{col}')}::text COLLATE \"C\"" if _kind_of(table.columns[col])
              == "text" else _ref(f"{alias}.{col}")) + " ASC NULLS LAST"
             for col in (*lookup.order_by, *table.key))
-        return (f"FROM {_relation(lookup.table, relations)} AS {_ident(alias)} {nested} "
-                f"WHERE {where}", order)
+        return (f"FROM {_relation(lookup.table, relations)} AS {_ident(alias)} {nested}{where}",
+                order, [_ref(f"{alias}.{mine}") for mine in lookup.on],
+                [_ref(f"{lookup.parent}.{theirs}") for theirs in lookup.on.values()])
     ((mine, theirs),) = lookup.on.items()
-    item = _ident(f"{lookup.alias}__item")
-    element = _lateral(job, lookup, {mine: f"{item}.v"}, relations)
-    array = f"unnest({_ref(f'{lookup.parent}.{theirs}')}) WITH ORDINALITY"
+    # Every distinct array of the parent's table (a superset of the parents' arrays: the
+    # parent's filter and pick do not matter, the join below picks each parent's own).
+    parent_table = job.alias_table(lookup.parent).name
+    arrays = _ident(f"{alias}__arrays")
+    distinct = (f"(SELECT DISTINCT p.{_ident(theirs)} AS v FROM "
+                f"{_relation(parent_table, relations)} AS p) AS {arrays}")
+    item = _ident(f"{alias}__item")
+    element = _lookup_join(job, lookup, {mine: f"{item}.v"}, relations)
+    array = f"unnest({arrays}.v) WITH ORDINALITY"
     if lookup.distinct:  # = ANY(array): each value once, ordered by its first occurrence
-        return (f"FROM (SELECT u.v, min(u.ord) AS ord FROM {array} AS u(v, ord) "
-                f"WHERE u.v IS NOT NULL GROUP BY u.v) AS {item} {element} {nested}",
-                f"{item}.ord")
-    return f"FROM {array} AS {item}(v, ord) {element} {nested}", f"{item}.ord"
+        source = (f"FROM (SELECT {arrays}.v AS a, u.v, min(u.ord) AS ord FROM {distinct} "
+                  f"CROSS JOIN LATERAL {array} AS u(v, ord) WHERE u.v IS NOT NULL "
+                  f"GROUP BY {arrays}.v, u.v) AS {item} {element} {nested}")
+    else:
+        source = (f"FROM (SELECT {arrays}.v AS a, u.v, u.ord FROM {distinct} CROSS JOIN "
+                  f"LATERAL {array} AS u(v, ord)) AS {item} {element} {nested}")
+    return source, f"{item}.ord", [f"{item}.a"], [_ref(f"{lookup.parent}.{theirs}")]
 
 
-def _collect(job: Job, collect: Collect, relations: Relations | None) -> str:
-    """A correlated subquery: the listed alias's elements as a JSON list, in their order."""
-    lookup = job.lookup(collect.alias)
-    source, order = _elements(job, collect.alias, relations)
+def _collect(job: Job, collect: Collect) -> str:
+    """The listed alias's elements as a JSON list, in their order (in its grouped table)."""
+    _, order, _, _ = _elements(job, collect.alias, None)
     fields = ", ".join(f"'{name}', {_ref(ref)}" for name, ref in collect.fields.items())
-    query = f"(SELECT jsonb_agg(jsonb_build_object({fields}) ORDER BY {order}) {source})"
-    # No element: a left lookup collects an empty list (the engine's answer), where
-    # jsonb_agg of no rows is NULL; an inner one leaves no output row (filtered by the caller).
-    return f"coalesce({query}, '[]'::jsonb)" if lookup.how == "left" else query
+    return f"jsonb_agg(jsonb_build_object({fields}) ORDER BY {order})"
 
 
-def _aggregate(job: Job, name: str, agg: Aggregate, relations: Relations | None) -> str:
-    """A correlated subquery: PostgreSQL's own aggregate over the listed alias's elements
-    (over no element: count 0, the others NULL), in the elements' order where the order
-    can change the answer (string_agg; sum and avg of doubles)."""
-    source, order = _elements(job, agg.alias, relations)
+def _aggregate_call(job: Job, name: str, agg: Aggregate) -> str:
+    """PostgreSQL's own aggregate over the listed alias's elements (in its grouped table),
+    in the elements' order where the order can change the answer (string_agg; sum and
+    avg of doubles)."""
+    _, order, _, _ = _elements(job, agg.alias, None)
     arg = job.expressions.aggregates.get(name)
     if arg is None:
-        call = "count(*)"
-    else:
-        value = arg.render(_alias_column)
-        if agg.func in ("min", "max") and _kind_of(arg.type) == "text":
-            value = f"({value})::text COLLATE \"C\""  # by code point, as txjoin compares
-        if agg.func == "string_agg":
-            separator = "'" + (agg.separator or "").replace("'", "''") + "'"
-            call = f"string_agg({value}, {separator} ORDER BY {order})"
-        elif agg.func in ("sum", "avg"):
-            call = f"{agg.func}({value} ORDER BY {order})"
-        else:
-            call = f"{agg.func}({value})"
-    return f"(SELECT {call} {source})"
+        return "count(*)"
+    value = arg.render(_alias_column)
+    if agg.func in ("min", "max") and _kind_of(arg.type) == "text":
+        value = f"({value})::text COLLATE \"C\""  # by code point, as txjoin compares
+    if agg.func == "string_agg":
+        separator = "'" + (agg.separator or "").replace("'", "''") + "'"
+        return f"string_agg({value}, {separator} ORDER BY {order})"
+    if agg.func in ("sum", "avg"):
+        return f"{agg.func}({value} ORDER BY {order})"
+    return f"{agg.func}({value})"
+
+
+def _aggregate(job: Job, name: str, agg: Aggregate) -> str:
+    """The aggregate's value for the outer query's row, from its alias's grouped table:
+    over no element count 0, the others NULL (no group joined)."""
+    value = f"{_grouped(agg.alias)}.{_ident(name)}"
+    return f"coalesce({value}, 0)" if agg.func == "count" else value
+
+
+def listed_columns(job: Job) -> dict[str, dict[str, Collect | Aggregate]]:
+    """Listed alias -> the output columns that read it (Collect or Aggregate), by name: what
+    its grouped table computes. Every listed alias has an entry (an inner one no column
+    reads still decides which facts have a row)."""
+    out: dict[str, dict[str, Collect | Aggregate]] = {
+        lk.alias: {} for lk in job.lookups if lk.listed}
+    for name, projection in job.output.columns.items():
+        if isinstance(projection, Collect | Aggregate):
+            out[projection.alias][name] = projection
+    # the aggregates computed columns and HAVING read (keys never an output column's name)
+    for key, agg in job.expressions.nested.items():
+        out[agg.alias][key] = agg
+    return out
+
+
+def _listed_join(job: Job, alias: str, columns: Mapping[str, Collect | Aggregate],
+                 relations: Relations | None) -> str:
+    """``LEFT JOIN (alias's elements grouped by parent, each column aggregated) AS
+    <alias>__g ON (its parent's match)``: one pass over the elements for all parents, in
+    place of a correlated subquery per fact row (issue 71)."""
+    source, _, group, parent = _elements(job, alias, relations)
+    select = [f"{g} AS {_ident(f'{GROUP_KEY}{i}')}" for i, g in enumerate(group)]
+    select.append(f"true AS {_ident(GROUP_FOUND)}")
+    for name, projection in columns.items():
+        call = (_collect(job, projection) if isinstance(projection, Collect)
+                else _aggregate_call(job, name, projection))
+        select.append(f"{call} AS {_ident(name)}")
+    on = " AND ".join(f"{_grouped(alias)}.{_ident(f'{GROUP_KEY}{i}')} = {p}"
+                      for i, p in enumerate(parent))
+    return (f"LEFT JOIN (SELECT {', '.join(select)} {source} GROUP BY "
+            f"{', '.join(group)}) AS {_grouped(alias)} ON {on}")
 
 
 def job_query(job: Job, relations: Relations | None = None) -> str:
     """The job as one PostgreSQL query over the source tables (its ``current`` answer).
 
-    Non-array lookups become ``LATERAL`` subqueries taking the one matching row (the
-    ``pick``'s greatest/least when several match); an array lookup becomes
-    ``unnest(...) WITH ORDINALITY`` aggregated in array order, duplicates kept (DESIGN §1:
-    not the seed's ``= ANY(...)``, which loses both). An inner array lookup that matches no
-    element leaves no output row, as the engine does. ``relations`` reads tables from
-    elsewhere (verify's copies of several databases' tables).
+    Set-based whatever indexes the tables have (issue 71): a non-array lookup joins its
+    table reduced to one row per match (``DISTINCT ON`` for a ``pick``), a listed alias
+    (child rows, an array lookup) joins its elements grouped and aggregated per parent, an
+    array as ``unnest(...) WITH ORDINALITY`` in array order, duplicates kept (DESIGN §1:
+    not the seed's ``= ANY(...)``, which loses both). A left listed alias without element
+    collects an empty list (the engine's answer, where jsonb_agg of no rows is NULL);
+    an inner one leaves no output row, as the engine does. ``relations`` reads tables
+    from elsewhere (verify's copies of several databases' tables).
     """
-    collected = {c.alias for c in job.output.columns.values() if isinstance(c, Collect)}
-    aggregated = {c.alias for c in [*job.output.columns.values(),
-                                    *job.expressions.nested.values()]
-                  if isinstance(c, Aggregate)}
+    listed = listed_columns(job)
     for lookup in job.lookups:
-        if lookup.array and lookup.alias not in collected | aggregated:
+        if lookup.array and not listed[lookup.alias]:
             raise ConfigError(f"job {job.name!r}: verify can only compile array lookups that "
                               f"an output column collects or aggregates; {lookup.alias!r} is "
                               f"neither")
@@ -242,41 +309,41 @@ def job_query(job: Job, relations: Relations | None = None) -> str:
                                   f"lookups ({lookup.alias!r})")
             parent = job.lookup(parent).parent
     select = [f"{_ref(ref)} AS {_ident(name)}" for name, ref in job.output.key.items()]
-    required = []
+    conditions = []
 
     def column(alias: str, name: str) -> str:
-        # An aggregate a computed column or HAVING reads: its own subquery, as a column's.
+        # An aggregate a computed column or HAVING reads: its value from its alias's grouped
+        # table (listed_columns computes it there), as an Aggregate column's.
         if alias == AGGREGATED:
-            return _aggregate(job, name, job.expressions.nested[name], relations)
+            return _aggregate(job, name, job.expressions.nested[name])
         return _alias_column(alias, name)
 
     for name, projection in job.output.columns.items():
         if isinstance(projection, Collect):
-            select.append(f"{_collect(job, projection, relations)} AS {_ident(name)}")
-            if job.lookup(projection.alias).how == "inner":
-                required.append(f"q.{_ident(name)} IS NOT NULL")
+            collected = f"{_grouped(projection.alias)}.{_ident(name)}"
+            if job.lookup(projection.alias).how == "left":
+                collected = f"coalesce({collected}, '[]'::jsonb)"
+            select.append(f"{collected} AS {_ident(name)}")
         elif isinstance(projection, Aggregate):
-            select.append(f"{_aggregate(job, name, projection, relations)} AS {_ident(name)}")
+            select.append(f"{_aggregate(job, name, projection)} AS {_ident(name)}")
         elif name in job.expressions.columns:  # a computed column, as PostgreSQL computes it
             select.append(f"{job.expressions.columns[name].render(column)} AS "
                           f"{_ident(name)}")
         else:
             select.append(f"{_ref(projection)} AS {_ident(name)}")
+    joins = _joins_under(job, job.fact_alias, relations)
+    joins += [_listed_join(job, alias, columns, relations) for alias, columns in listed.items()]
     query = (f"SELECT {', '.join(select)} FROM {_relation(job.fact, relations)} AS "
-             f"{_ident(job.fact_alias)} {' '.join(_joins_under(job, job.fact_alias, relations))}")
-    conditions = []
+             f"{_ident(job.fact_alias)} {' '.join(joins)}")
     if job.expressions.where is not None:
         conditions.append(f"{job.expressions.where.render(_alias_column)} IS TRUE")
     if job.expressions.having is not None:  # one group per fact: HAVING is a filter on it
         conditions.append(f"{job.expressions.having.render(column)} IS TRUE")
-    # An inner listed alias no column collects: a fact without an element has no row.
-    conditions += [f"EXISTS (SELECT 1 {_elements(job, lk.alias, relations)[0]})"
-                   for lk in job.lookups if lk.listed and lk.how == "inner"
-                   and lk.alias not in collected]
+    # An inner listed alias: a fact without an element has no row.
+    conditions += [f"{_grouped(lk.alias)}.{_ident(GROUP_FOUND)} IS TRUE"
+                   for lk in job.lookups if lk.listed and lk.how == "inner"]
     if conditions:
         query += f" WHERE {' AND '.join(conditions)}"
-    if required:
-        query = f"SELECT * FROM ({query}) AS q WHERE {' AND '.join(required)}"
     return query
 
 
@@ -337,38 +404,101 @@ def _job_file(job: Job) -> str:
     return "JOB" if job.source_file == "<inline>" else job.source_file
 
 
+def _answer_query(job: Job, conn: psycopg2.extensions.connection) -> tuple[str, str]:
+    """The query whose rows are PostgreSQL's answer on ``conn`` (an ``as_of_fact`` job's
+    with its ``present`` column), and the oracle's description. Raises ConfigError when an
+    ``as_of_fact`` job's ``<fact>_expected`` is not there or lacks a column."""
+    if job.semantics != "as_of_fact":
+        return job_query(job), "the job's query on the source"
+    columns = job.output.column_names
+    table = expected_table(job)
+    found = _fetch(conn, "SELECT to_regclass(%s) IS NOT NULL AS found", (table,))
+    if not found[0]["found"]:
+        raise ConfigError(
+            f"job {job.name!r} has as_of_fact semantics, which verify checks against the "
+            f"table {table} (written by `txjoin generate`) or its own record of the source "
+            f"database's history; there is neither: run `txjoin verify {_job_file(job)} "
+            f"--record` before the workload (docs/verify.md), or verify the job with "
+            f"semantics=\"current\" (checked on the job's query)")
+    have = {r["column_name"] for r in _fetch(
+        conn, "SELECT column_name FROM information_schema.columns "
+              "WHERE table_schema || '.' || table_name = %s", (table,))}
+    lacking = [c for c in (*columns, PRESENT_COLUMN) if c not in have]
+    if lacking:
+        raise ConfigError(f"{table} lacks the column(s) {lacking} of job {job.name!r}'s "
+                          f"output; it has {sorted(have)}")
+    return (f"SELECT {', '.join(_ident(c) for c in (*columns, PRESENT_COLUMN))} "
+            f"FROM {_qualified(table)}", table)
+
+
+def _query_failed(job: Job, exc: psycopg2.Error) -> ConfigError:
+    return ConfigError(f"job {job.name!r}: its query failed on the source database: "
+                       f"{str(exc).strip()}")
+
+
 def expected_rows(job: Job, source_dsn: str) -> tuple[list[Row], set[tuple[Any, ...]], str]:
     """PostgreSQL's answer: (rows expected, keys that must be absent, oracle description)."""
     keys = list(job.output.key)
     columns = job.output.column_names
     with _connect(source_dsn, "source") as conn:
-        if job.semantics != "as_of_fact":
-            try:
-                return _fetch(conn, job_query(job)), set(), "the job's query on the source"
-            except psycopg2.Error as exc:
-                raise ConfigError(f"job {job.name!r}: its query failed on the source database: "
-                                  f"{str(exc).strip()}") from None
-        table = expected_table(job)
-        found = _fetch(conn, "SELECT to_regclass(%s) IS NOT NULL AS found", (table,))
-        if not found[0]["found"]:
-            raise ConfigError(
-                f"job {job.name!r} has as_of_fact semantics, which verify checks against the "
-                f"table {table} (written by `txjoin generate`) or its own record of the source "
-                f"database's history; there is neither: run `txjoin verify {_job_file(job)} "
-                f"--record` before the workload (docs/verify.md), or verify the job with "
-                f"semantics=\"current\" (checked on the job's query)")
-        have = {r["column_name"] for r in _fetch(
-            conn, "SELECT column_name FROM information_schema.columns "
-                  "WHERE table_schema || '.' || table_name = %s", (table,))}
-        lacking = [c for c in (*columns, PRESENT_COLUMN) if c not in have]
-        if lacking:
-            raise ConfigError(f"{table} lacks the column(s) {lacking} of job {job.name!r}'s "
-                              f"output; it has {sorted(have)}")
-        rows = _fetch(conn, f"SELECT {', '.join(_ident(c) for c in (*columns, PRESENT_COLUMN))} "
-                            f"FROM {_qualified(table)}")
+        query, oracle = _answer_query(job, conn)
+        try:
+            rows = _fetch(conn, query)
+        except psycopg2.Error as exc:
+            raise _query_failed(job, exc) from None
+    if job.semantics != "as_of_fact":
+        return rows, set(), oracle
     present = [{c: r[c] for c in columns} for r in rows if r[PRESENT_COLUMN]]
     absent = {tuple(r[k] for k in keys) for r in rows if not r[PRESENT_COLUMN]}
-    return present, absent, table
+    return present, absent, oracle
+
+
+@dataclass
+class StreamedAnswer:
+    """PostgreSQL's answer read in key order (:func:`answer_in_key_order`): what it
+    counted once read through."""
+
+    oracle: str
+    present: int = 0
+    absent: int = 0
+
+
+def answer_in_key_order(job: Job, conn: psycopg2.extensions.connection,
+                        answer: StreamedAnswer | None = None,
+                        rows: int = READ_BATCH_ROWS) -> Generator[list[Row], None, None]:
+    """PostgreSQL's answer in output key order (text by code point, NULLs last, as the
+    sinks read theirs: :meth:`~txjoin.sinks.Sink.read_current_batches`), ``rows`` at a
+    time from a server-side cursor; an ``as_of_fact`` job's absent keys are counted in
+    ``answer``, not yielded. One transaction: one snapshot of the source."""
+    types = job.output_types()
+    keys = list(job.output.key)
+    def by(key: str) -> str:
+        kind = types.get(key)
+        if isinstance(kind, str) and _kind_of(kind) == "text":
+            return f"q.{_ident(key)}::text COLLATE \"C\""
+        return f"q.{_ident(key)}"
+
+    order = ", ".join(by(k) for k in keys)
+    query, oracle = _answer_query(job, conn)
+    if answer is None:
+        answer = StreamedAnswer(oracle)
+    answer.oracle = oracle
+    columns = job.output.column_names
+    try:
+        with conn, conn.cursor(name="txjoin_verify_answer") as cur:
+            cur.itersize = rows
+            cur.execute(f"SELECT * FROM ({query}) AS q ORDER BY {order}")
+            while batch := cur.fetchmany(rows):
+                names = [d[0] for d in cur.description or ()]
+                found = [dict(zip(names, row, strict=True)) for row in batch]
+                if job.semantics == "as_of_fact":
+                    kept = [{c: r[c] for c in columns} for r in found if r[PRESENT_COLUMN]]
+                    answer.absent += len(found) - len(kept)
+                    found = kept
+                answer.present += len(found)
+                yield found
+    except psycopg2.Error as exc:
+        raise _query_failed(job, exc) from None
 
 
 def recorded_answer(job: Job, source_dsn: str, record_dir: str | os.PathLike[str]
@@ -444,6 +574,8 @@ def expected_rows_sources(job: Job, source_dsns: Mapping[str, str], scratch_dsn:
                 into.execute(f"CREATE TEMPORARY TABLE {copies[table.name]} ({columns})")
             for source in job.sources:
                 _copy_source(job, source.name, source_dsns[source.name], into, copies)
+            for copy in copies.values():  # autovacuum never analyzes a temporary table:
+                into.execute(f"ANALYZE {copy}")  # without statistics, no sound join plan
             into.execute(job_query(job, copies))
             names = [d[0] for d in into.description or ()]
             rows = [dict(zip(names, row, strict=True)) for row in into.fetchall()]
@@ -946,11 +1078,167 @@ def check_sink(sink: Sink, where: str, keys: Sequence[str], expected: Sequence[R
                      _duplicates(changelog, keys), note, violations, states)
 
 
+class OutOfOrder(Exception):
+    """A stream's keys are not ascending by Python's comparison of their canonical values
+    (PostgreSQL's or Arrow's order differs for this key type, or a key repeats): that
+    comparison falls back to pairing rows in memory (:func:`diff_rows`)."""
+
+
+class KeyedRows:
+    """One side's rows in key order, read one at a time, each checked to come after the
+    one before (else :class:`OutOfOrder`)."""
+
+    def __init__(self, batches: Iterator[list[Row]], read: Callable[[Row], Row],
+                 keys: Sequence[str]) -> None:
+        self._batches = batches
+        self._rows = (row for batch in batches for row in batch)
+        self._read, self._keys = read, keys
+        self.count = 0
+        self.head: tuple[tuple[Any, ...], Row] | None = None
+        self.advance()
+
+    def advance(self) -> None:
+        """Move ``head`` to the next row (None after the last)."""
+        raw = next(self._rows, None)
+        if raw is None:
+            self.head = None
+            return
+        row = self._read(raw)
+        key = row_key(row, self._keys)
+        if self.head is not None and not _before(self.head[0], key):
+            raise OutOfOrder
+        self.count += 1
+        self.head = (key, row)
+
+    def close(self) -> None:
+        """Stop reading (a sink's server-side cursor is closed before its rows are read
+        again another way)."""
+        self._rows.close()
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()
+
+
+def _before(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    try:
+        return bool(a < b)
+    except (TypeError, ArithmeticError):  # None against a value, a str against a number
+        raise OutOfOrder from None
+
+
+class SinkMerge:
+    """A sink's current rows merged with the expected rows by key: the diff, built one
+    expected row at a time, as :func:`diff_rows` pairs them (rows of one key paired, the
+    sink's rows no key asked for extra)."""
+
+    def __init__(self, batches: Iterator[list[Row]], read: Callable[[Row], Row],
+                 keys: Sequence[str]) -> None:
+        self.diff = RowDiff()
+        self.rows = KeyedRows(batches, read, keys)
+
+    def offer(self, key: tuple[Any, ...], expected: Row) -> None:
+        """Pair the next expected row (keys ascending) with the sink's row of its key."""
+        while self.rows.head is not None and _before(self.rows.head[0], key):
+            self.diff.extra.append(self.rows.head[1])
+            self.rows.advance()
+        head = self.rows.head
+        if head is not None and head[0] == key:
+            if not rows_match(expected, head[1]):
+                self.diff.different.append((expected, head[1]))
+            self.rows.advance()
+        else:
+            self.diff.missing.append(expected)
+
+    def finish(self) -> None:
+        """The sink's rows after the last expected key are extra."""
+        while self.rows.head is not None:
+            self.diff.extra.append(self.rows.head[1])
+            self.rows.advance()
+
+
+PROGRESS_SECONDS = 5.0
+"""How often a long comparison says how far it got (``progress``)."""
+
+
+def streamed_checks(job: Job, source_dsn: str, sinks: Sequence[tuple[Sink, str, str | None]],
+                    progress: Callable[[str], None] | None = None
+                    ) -> tuple[StreamedAnswer, list[SinkCheck]]:
+    """Every sink compared with PostgreSQL's answer in one pass in key order: the answer
+    (a server-side cursor) and each sink's current rows (its own key order) merged, a
+    batch at a time, so neither is ever whole in Python (issue 71). ``sinks``: (sink,
+    where, note). A side whose keys do not come in ascending order (a key type the two
+    orders disagree on, a repeated key) is compared in memory instead, as before.
+    ``progress`` gets a line every :data:`PROGRESS_SECONDS` (rows compared, per sink)."""
+    keys = list(job.output.key)
+    read = comparable_reader(job)
+    merges: dict[int, SinkMerge | None] = {}
+    answer = StreamedAnswer("")
+    for i, (sink, _, _) in enumerate(sinks):
+        try:
+            merges[i] = SinkMerge(sink.read_current_batches(), read, keys)
+        except OutOfOrder:
+            merges[i] = None
+
+    def drop(i: int) -> None:
+        merge = merges[i]
+        if merge is not None:
+            merge.rows.close()
+        merges[i] = None
+
+    last_progress = time.monotonic()
+    with _connect(source_dsn, "source") as conn:
+        stream = answer_in_key_order(job, conn, answer)
+        try:
+            expected = KeyedRows(stream, read, keys)
+            while expected.head is not None:
+                key, row = expected.head
+                for i, merge in merges.items():
+                    if merge is None:
+                        continue
+                    try:
+                        merge.offer(key, row)
+                    except OutOfOrder:
+                        drop(i)
+                expected.advance()
+                if progress is not None and time.monotonic() - last_progress >= PROGRESS_SECONDS:
+                    last_progress = time.monotonic()
+                    progress(f"verify: {expected.count:,} expected rows compared; " + ", ".join(
+                        f"{sinks[i][0].name} {m.rows.count:,} rows" for i, m in merges.items()
+                        if m is not None))
+        except OutOfOrder:  # the answer's own keys: every sink compared in memory
+            stream.close()
+            for i in merges:
+                drop(i)
+    for i, merge in merges.items():
+        if merge is not None:
+            try:
+                merge.finish()
+            except OutOfOrder:
+                drop(i)
+    checks = []
+    fallback: list[Row] | None = None
+    for i, (sink, where, note) in enumerate(sinks):
+        merge = merges[i]
+        total, repeats = sink.changelog_repeats()
+        if merge is None:
+            if fallback is None:
+                rows_found, absent, answer.oracle = expected_rows(job, source_dsn)
+                fallback = comparable_rows(job, rows_found)
+                answer.present, answer.absent = len(rows_found), len(absent)
+            current = comparable_rows(job, sink.read_current())
+            diff, rows = diff_rows(fallback, current, keys), len(current)
+        else:
+            diff, rows = merge.diff, merge.rows.count
+        checks.append(SinkCheck(sink.name, where, rows, diff, total, repeats, note))
+    return answer, checks
+
+
 def verify_job(job: Job, dsns: tuple[str, str | None],
                output_dir: str | os.PathLike[str],
                source_dsns: Mapping[str, str] | None = None,
                check_states: bool = True,
-               record_dir: str | os.PathLike[str] | None = None) -> VerifyResult:
+               record_dir: str | os.PathLike[str] | None = None,
+               progress: Callable[[str], None] | None = None) -> VerifyResult:
     """Compare ``job``'s PostgreSQL sink and Delta current table with PostgreSQL's answer.
 
     ``dsns`` is ``(source_dsn, sink_dsn)`` (``sink_dsn`` None: check the Delta tables
@@ -963,9 +1251,12 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
     ConfigError when the oracle or a database cannot be reached; mismatches are in the
     result, never raised. ``VerifyResult.referees`` says who answered each check.
     ``record_dir``: where verify's record of the source's history is kept (an
-    ``as_of_fact`` job without ``<fact>_expected`` is checked against it).
+    ``as_of_fact`` job without ``<fact>_expected`` is checked against it). A job of one
+    database answered by PostgreSQL is compared in key order, a batch at a time
+    (:func:`streamed_checks`); ``progress`` gets a line every few seconds of that.
     """
     source_dsn, sink_dsn = dsns
+    streamed = False
     unchecked: str | None = None  # what could not be checked, for VerifyResult.note
     skipped: set[tuple[Any, ...]] = set()  # output keys left out of the comparison
     orders: dict[str, Mapping[int, int] | None] | None = None
@@ -1003,8 +1294,9 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
     else:
         recorded = (None if job.semantics != "as_of_fact" or record_dir is None
                     else recorded_answer(job, source_dsn, record_dir))
+        streamed = recorded is None  # PostgreSQL's answer, read with the sinks' rows below
         if recorded is None:
-            expected, absent, oracle = expected_rows(job, source_dsn)
+            expected, absent, oracle = [], set(), ""
         else:
             expected, absent = recorded.present, recorded.absent
             skipped = set(recorded.unchecked)
@@ -1018,32 +1310,36 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
                              f"commit is unknown: " + ", ".join(
                                  show(list(k)) for k in recorded.unchecked[:5])
                              + (" ..." if len(recorded.unchecked) > 5 else ""))
-    referees = [("rows", oracle if oracle.startswith("txjoin's") else f"PostgreSQL: {oracle}"),
-                ("exactly once", "each changelog: no key twice at one _commit_seq")]
-    if orders is not None:
-        referees.append(("commit order", f"each source's {COMMIT_LOG} (its commit trigger)"))
-        referees.append(("every state", "txjoin's own oracle (txjoin/join/oracle.py) on each "
-                         f"source's {CHANGE_LOG}" if histories is not None
-                         else "not checked (see note)"))
     keys = list(job.output.key)
     config = SinkPlaces(output_dir=str(output_dir), postgres_dsn=sink_dsn)
     try:
         sinks = build_sinks(job, config)
     except TxjoinError as exc:
         raise ConfigError(f"cannot open the sinks of job {job.name!r}: {exc}") from None
-    checks = []
+    checks: list[SinkCheck] = []
     # Both sinks' changelogs pass through the same states: evaluated once for both.
     answers = None if histories is None else StateAnswers(job, histories)
+    places = []
+    for sink in sinks:
+        if sink.name == "delta":
+            where = str(Path(output_dir) / job.output.table)
+            note = None if (Path(where) / "current" / "_delta_log").is_dir() else (
+                f"no Delta table at {where}/current: has the job run with this "
+                f"--output-dir?")
+        else:
+            where = f"table {job.output.table}"
+            note = None
+        places.append((sink, where, note))
+    expected_count, absent_count = len(expected), len(absent)
     try:
-        for sink in sinks:
-            if sink.name == "delta":
-                where = str(Path(output_dir) / job.output.table)
-                note = None if (Path(where) / "current" / "_delta_log").is_dir() else (
-                    f"no Delta table at {where}/current: has the job run with this "
-                    f"--output-dir?")
-            else:
-                where = f"table {job.output.table}"
-                note = None
+        if streamed:
+            try:
+                answer, checks = streamed_checks(job, source_dsn, places, progress)
+            except psycopg2.Error as exc:
+                raise ConfigError(f"cannot read the sinks: {' '.join(str(exc).split())}"
+                                  ) from None
+            oracle, expected_count, absent_count = answer.oracle, answer.present, answer.absent
+        for sink, where, note in places if not streamed else ():
             try:
                 checks.append(check_sink(sink, where, keys, expected, note, orders, job,
                                          histories, skipped, answers))
@@ -1052,5 +1348,12 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
     finally:
         for sink in sinks:
             sink.close()
-    return VerifyResult(job.name, job.semantics, oracle, len(expected), len(absent), checks,
+    referees = [("rows", oracle if oracle.startswith("txjoin's") else f"PostgreSQL: {oracle}"),
+                ("exactly once", "each changelog: no key twice at one _commit_seq")]
+    if orders is not None:
+        referees.append(("commit order", f"each source's {COMMIT_LOG} (its commit trigger)"))
+        referees.append(("every state", "txjoin's own oracle (txjoin/join/oracle.py) on each "
+                         f"source's {CHANGE_LOG}" if histories is not None
+                         else "not checked (see note)"))
+    return VerifyResult(job.name, job.semantics, oracle, expected_count, absent_count, checks,
                         unchecked, referees)
