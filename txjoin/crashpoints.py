@@ -6,6 +6,11 @@ group dies with SIGKILL when the point is reached, in micro-batch ``<batch>`` if
 (else the first time). Unset (the only setting outside tests), every call is one
 comparison with None. This module is the only reader of the variable.
 
+Before it kills, the hook says where it fired, so a test tells a crash point that fired
+from a process that died otherwise (both end with ``-SIGKILL``): one line on stderr and,
+with ``TXJOIN_CRASH_RECORD=<file>``, one JSON line appended to that file and fsynced
+(:func:`fired` reads them back).
+
 Points (in a micro-batch's order):
 
 - ``shard_apply``: in a shard, after the engine applied a released transaction to its
@@ -13,10 +18,26 @@ Points (in a micro-batch's order):
   host or Python worker kills the group);
 - ``first_sink``: the first sink to finish has committed the batch, the other has not
   (the sinks write at the same time: whichever finishes first);
-- ``delta_between_tables``: inside the Delta sink's write, after the changelog append
-  and before the MERGE into the current table (only a batch with changes appends);
+- ``handoff_store``: in the middle of handing the batch off to Delta: the parcel is
+  written and fsynced under its temporary name, not yet renamed into place;
 - ``sinks_committed``: every sink committed the batch, Spark has not written its commit
   log (``commits/<batch>`` in the checkpoint).
+
+On the Delta committer's thread, in a group commit of batches already handed off (the
+point fires at any batch of the group):
+
+- ``delta_between_tables``: inside the Delta sink's write, after the changelog append
+  and before the commit to the current table (only a group with changes appends);
+- ``delta_group_committed``: both tables committed the group, its hand-off files are not
+  removed yet;
+- ``delta_recovered``: the same moment in the group commit a run's start makes of what an
+  earlier run left (``GroupCommitter.recover``, before the query starts).
+
+In verify's record (``txjoin.verify.history``; no batch: the first time):
+
+- ``verify_append``: in the middle of appending the slot's new transactions to the record:
+  the first half of their lines are in the file (fsynced), the rest not;
+- ``verify_appended``: the record holds them all (fsynced), the slot is not advanced yet.
 
 The driver's process group is killed (the driver, its JVM, and so on), so a process
 started with this variable must lead its own group (the tests start it with
@@ -27,18 +48,27 @@ the group of the JVM above it (in local mode, the driver's; on a cluster, the ex
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+from pathlib import Path
 
 from txjoin.errors import ConfigError
 
 CRASH_ENV = "TXJOIN_CRASH_AT"
+RECORD_ENV = "TXJOIN_CRASH_RECORD"
 
 SHARD_APPLY = "shard_apply"
 FIRST_SINK = "first_sink"
 DELTA_BETWEEN_TABLES = "delta_between_tables"
+HANDOFF_STORE = "handoff_store"
 SINKS_COMMITTED = "sinks_committed"
-POINTS = (SHARD_APPLY, FIRST_SINK, DELTA_BETWEEN_TABLES, SINKS_COMMITTED)
+DELTA_GROUP_COMMITTED = "delta_group_committed"
+DELTA_RECOVERED = "delta_recovered"
+VERIFY_APPEND = "verify_append"
+VERIFY_APPENDED = "verify_appended"
+POINTS = (SHARD_APPLY, FIRST_SINK, DELTA_BETWEEN_TABLES, HANDOFF_STORE, SINKS_COMMITTED,
+          DELTA_GROUP_COMMITTED, DELTA_RECOVERED, VERIFY_APPEND, VERIFY_APPENDED)
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 """The local property Spark's micro-batch execution sets on a batch's jobs (its tasks see it)."""
@@ -63,11 +93,37 @@ def reached(point: str, batch_id: int | None) -> None:
         return
     if _ARMED[1] is not None and _ARMED[1] != batch_id:
         return
+    _say(point, batch_id)
     if point == SHARD_APPLY:
         jvm = _spark_jvm()
         if jvm is not None:
             os.killpg(os.getpgid(jvm), signal.SIGKILL)
     os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _say(point: str, batch_id: int | None) -> None:
+    """Where the hook fires, written before the kill (unbuffered writes: nothing is left in
+    a buffer the kill would drop)."""
+    entry = json.dumps({"point": point, "batch": batch_id, "pid": os.getpid()})
+    os.write(2, f"txjoin crash point {point} at batch {batch_id}: SIGKILL\n".encode())
+    record = os.environ.get(RECORD_ENV)
+    if record:
+        fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, (entry + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def fired(record: str | os.PathLike[str]) -> list[tuple[str, int | None]]:
+    """(point, batch) of every kill the hook recorded in ``record`` (``TXJOIN_CRASH_RECORD``),
+    in order; several processes of one group may each reach a point before the kill (two
+    shards in one batch)."""
+    path = Path(record)
+    if not path.exists():
+        return []
+    return [(e["point"], e["batch"]) for e in map(json.loads, path.read_text().splitlines())]
 
 
 def _spark_jvm() -> int | None:

@@ -135,8 +135,20 @@ def user_error(exc: BaseException) -> TxjoinError | None:
                   | NotADirectoryError | ConnectionError):
         return ConfigError(first)
     if kind.startswith(("pyspark.", "py4j.")):
-        return SparkError(f"Spark: {first}")
+        return SparkError(f"Spark: {_java_cause(str(exc))}")
     return None
+
+
+def _java_cause(text: str) -> str:
+    """The first line of what the JVM said: py4j's message is ``An error occurred while
+    calling o213.save.`` then ``\n: <Java exception class>: <its message>`` (a Delta write's
+    constraint violation, say), and its first line alone names no cause."""
+    _, sep, java = text.partition("\n: ")
+    if not sep:
+        return _first_line(text)
+    line = _first_line(java)
+    cls, sep, message = line.partition(": ")
+    return message if sep and "." in cls and " " not in cls else line
 
 
 def _first_line(text: str) -> str:

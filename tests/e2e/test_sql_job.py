@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
+import psycopg2
 from click.testing import CliRunner
 
 from tests.fixtures.postgres import new_database
 from txjoin.cli import main
 from txjoin.job import load_job
-
-psycopg2 = pytest.importorskip("psycopg2")
 
 ROOT = Path(__file__).resolve().parents[2]
 

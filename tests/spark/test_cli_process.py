@@ -126,17 +126,6 @@ SCENARIO = ROOT / "scenarios" / "torn_transaction.yaml"
 ABORT = "terminate called without an active exception\n"
 
 
-def _sinks_read_delta_natively() -> bool:
-    import inspect
-
-    import txjoin.sinks.delta as delta_sink
-
-    return "delta_tables" in inspect.getsource(delta_sink)
-
-
-@pytest.mark.xfail(not _sinks_read_delta_natively(), strict=False, reason=(
-    "the Delta sink still reads with deltalake's to_pyarrow_table(), whose Python filesystem "
-    "aborts some exits; it must read through txjoin.delta_tables.read_table"))
 def test_consecutive_replays_exit_0_print_only_their_result_and_leave_no_temporary_directory(
         tmp_path: Path) -> None:
     # 20 in a row would take ~10 min here; tests/unit/test_exit.py runs the reading part

@@ -2,12 +2,15 @@
 
 The committer's protocol (hand-off, interval, backpressure, kills) is covered without Spark
 in tests/unit/test_handoff.py; here the real Delta tables: what one group commit writes, its
-lineage, its checksum files, and a crash between the two tables' commits.
+lineage, its checksum files, a crash between the two tables' commits, and the hand-off's
+byte limit with the committer thread running (the kill -9 of each of the committer's
+crash points: tests/spark/test_kill.py).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -17,7 +20,7 @@ from pyspark.sql import SparkSession
 
 from tests.spark.test_sinks import SCHEMA, batch, change
 from txjoin.sinks.delta import DeltaSink
-from txjoin.sinks.handoff import Parcel
+from txjoin.sinks.handoff import GroupCommitter, Handoff, Parcel
 from txjoin.sinks.lineage import Lineage
 
 pytestmark = pytest.mark.spark
@@ -79,3 +82,34 @@ def test_a_group_is_one_commit_per_table_and_a_crash_between_them_applies_nothin
     # And the whole range again is a replay: nothing written.
     assert restarted.write_group([parcel(4, change("u", 3, 6)),
                                   parcel(5, change("c", 4, 7))]) == {}
+
+
+def test_a_hand_off_of_fewer_bytes_than_two_parcels_blocks_the_third_and_drops_nothing(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """``max_bytes`` (``--delta-handoff-max-bytes``) on the real sink: two parcels fill it,
+    the third waits until the committer's group commit of the two made room, then all
+    three are in both tables once."""
+    sink = DeltaSink(str(tmp_path / "out"), "orders", "job", ["order_id"], SCHEMA, spark=spark)
+    handoff = Handoff(tmp_path / "ckpt")
+    parcels = [parcel(i, change("c", i, i + 1), change("u", i, i + 2, total="3.00"))
+               for i in range(3)]
+    one = handoff.store(parcels[0])  # the size of one parcel (the committer rewrites it)
+    committer = GroupCommitter(sink, handoff, interval_s=0, max_bytes=one + one // 2)
+    assert committer.put(parcels[0]) < 0.5 and committer.put(parcels[1]) < 0.5  # no wait
+    waited: list[float] = []
+    third = threading.Thread(target=lambda: waited.append(committer.put(parcels[2])))
+    third.start()
+    third.join(1.5)
+    # full: the third waits (the committer is not running yet), nothing of it on disk
+    assert third.is_alive() and handoff.stored() == [0, 1]
+    committer.start()
+    third.join(120)
+    assert not third.is_alive() and waited[0] >= 1.5
+    committer.close()
+    assert handoff.stored() == []
+    assert [c.first_batch for c in committer.commits][:1] == [0]
+    assert committer.commits[0].last_batch == 1  # the two that filled it, in one group
+    assert [(r["order_id"], r["_commit_seq"]) for r in sink.read_changelog()] == \
+        [(0, 1), (0, 2), (1, 2), (1, 3), (2, 3), (2, 4)]
+    assert [(r["order_id"], r["total"]) for r in sink.read_current()] == \
+        [(i, pytest.approx(3)) for i in range(3)]

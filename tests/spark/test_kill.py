@@ -1,7 +1,9 @@
 """kill -9 of the Spark pipeline at each crash point and at a random moment, then a restart.
 
 Both sinks (Delta via delta-spark, PostgreSQL) are compared with the oracle in the end;
-the changelog must hold every version exactly once. A file of its own (not
+the changelog must hold every version exactly once, and every version of both Delta
+tables (read by time travel: what a reader could have read at any moment) is a state of
+the oracle's. A file of its own (not
 test_pipeline.py's): it is the suite's longest test, and scripts/test.sh's workers take
 a file at a time, so it can start early on one worker while the other runs the scenarios.
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from tests.spark import kill_target
@@ -29,15 +32,22 @@ from txjoin.bench import spread
 from txjoin.crashpoints import (
     CRASH_ENV,
     DELTA_BETWEEN_TABLES,
+    DELTA_GROUP_COMMITTED,
+    DELTA_RECOVERED,
     FIRST_SINK,
+    HANDOFF_STORE,
+    RECORD_ENV,
     SHARD_APPLY,
     SINKS_COMMITTED,
+    fired,
 )
+from txjoin.delta_tables import read_table
+from txjoin.errors import user_error
 from txjoin.ingest.spark.replay import ReplaySource, write_schedule
 from txjoin.job import load_job
 from txjoin.join.oracle import outputs_after_each
-from txjoin.pipeline.pipeline import RunConfig
-from txjoin.scenarios.checks import check_exactly_once, check_final
+from txjoin.pipeline.pipeline import BatchReport, RunConfig
+from txjoin.scenarios.checks import check_exactly_once, check_final, check_prefix_consistent
 from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
 from txjoin.sinks import without_metadata
@@ -45,6 +55,7 @@ from txjoin.sinks.build import build_sinks
 from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.handoff import Handoff
 from txjoin.sinks.postgres import PostgresSink
+from txjoin.verify.diff import diff_rows
 
 pytestmark = pytest.mark.spark
 
@@ -115,10 +126,15 @@ def _wait_for_line(proc: subprocess.Popen, log: Path, needle: str, timeout: floa
     raise AssertionError(f"no {needle!r} within {timeout}s")
 
 
+def _record(log: Path) -> Path:
+    """Where the crash-point hook of the run logging to ``log`` records where it fired."""
+    return log.with_suffix(".fired")
+
+
 def _start(cmd: list[str], log: Path, crash_at: str | None = None) -> subprocess.Popen:
     """A kill target in a process group of its own (what a crash point or the test kills),
-    its output in ``log``."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    its output in ``log``, the crash points it reached in :func:`_record`."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", RECORD_ENV: str(_record(log))}
     env.pop(CRASH_ENV, None)
     if crash_at:
         env[CRASH_ENV] = crash_at
@@ -220,45 +236,128 @@ def _check_replay(death: Death, lines: list[str]) -> None:
     assert written == {"postgres": death.pg < batch, "delta": True}, (death, written)
 
 
+def _versions(path: str) -> list[tuple[int, list[dict], dict[str, Any]]]:
+    """Every version of the Delta table at ``path`` as a reader reading it by time travel
+    gets it: (version, its rows without txjoin's columns, its commit's txjoin lineage)."""
+    lineage = {c["version"]: json.loads(c["userMetadata"])
+               for c in DeltaTable(path).history() if c.get("userMetadata")}
+    return [(v, read_table(DeltaTable(path, version=v)).to_pylist(), lineage.get(v, {}))
+            for v in range(DeltaTable(path).version() + 1)]
+
+
+def _check_every_version(sink: DeltaSink, outputs: list[dict]) -> int:
+    """Every version of both Delta tables is what a reader may see (DESIGN.md 1): the
+    current table's equals the oracle's output after some T_k, k never decreasing, and
+    after T_F where its commit says its frontier is F; the changelog's rows up to each
+    version replay to the oracle's changes up to its frontier, and it only grows. The
+    number of group commits of more than one batch among the current table's versions."""
+    key = ["order_id"]
+    current = _versions(sink.current_path)
+    observed = [[without_metadata(r) for r in rows] for _, rows, _ in current]
+    labels = [f"current v{v} (batches {info.get('txjoin.first_batch_id')}-"
+              f"{info.get('txjoin.batch_id')})" for v, _, info in current]
+    prefix = check_prefix_consistent(observed, outputs, key, labels)
+    assert prefix.ok, prefix.message
+    for (version, _, info), rows in zip(current, observed, strict=True):
+        frontier = info.get("txjoin.frontier_commit_seq")
+        if frontier is not None:
+            diff = diff_rows(list(outputs[frontier].values()), rows, key)
+            assert diff.ok, f"current v{version} is not T{frontier}, its frontier:\n" + \
+                diff.format()
+    held, frontiers = 0, list[int]()
+    for version, rows, info in _versions(sink.changelog_path):
+        if not info:  # the table's creation: no rows, nothing released
+            assert rows == [], f"changelog v{version}, not txjoin's commit, holds rows"
+            continue
+        assert len(rows) >= held, f"changelog v{version} lost rows ({held} -> {len(rows)})"
+        held = len(rows)
+        upto = info.get("txjoin.frontier_commit_seq",
+                        max((r["_commit_seq"] for r in rows), default=0))
+        assert not frontiers or upto >= frontiers[-1], (version, frontiers[-1], upto)
+        frontiers.append(upto)
+        once = check_exactly_once(rows, key, list(outputs[upto].values()), outputs, upto=upto)
+        assert once.ok, f"changelog v{version}: {once.message}"
+    return sum(1 for _, _, info in current
+               if info.get("txjoin.first_batch_id", info.get("txjoin.batch_id"))
+               != info.get("txjoin.batch_id"))
+
+
+# Where each run dies: (crash point, the micro-batch it is armed at; AFTER: the batch a run
+# started after the last death dies in once it finished one; ANY: the first time it is
+# reached).
+AFTER, ANY = -1, -2
+STOP = "kill_test_stop"
+"""The CHECK constraint that makes a Delta write fail in a live query."""
+
+
 # The crash points (txjoin.crashpoints) in one checkpoint, one process each (JVM start and
-# the first batch are 10-20 s of each): each run dies at its point, the next one replays
-# that batch first, each sink writing it only if it did not hold it; then a kill at a random
-# moment (the seed printed), then a run to the end (in the test's own Spark session),
-# checked against the source. More shards
+# the first batch are 10-20 s of each): each run dies at its point (the hook's record says
+# it fired there, not the test's kill after 300 s), the next one replays that batch first,
+# each sink writing it only if it did not hold it; then a kill at a random moment (the seed
+# printed), then a run to the end (in the test's own Spark session), checked against the
+# source, and every version of both Delta tables a reader could have read. More shards
 # than cores, the last transactions over partitioned topics read with any lag between them.
 def test_kill_9_at_each_crash_point_and_restart_loses_nothing_and_applies_nothing_twice(
         spark: SparkSession, pg_dsn: str, tmp_path: Path) -> None:
-    shards, partitions, n_tx, whole = 4, 3, 46, 26
+    shards, partitions, n_tx, whole = 4, 3, 60, 40
     schedule, snapshot, txs = _kill_schedule(tmp_path, n_tx, whole, partitions)
     job = load_job(ORDERS)
     outputs = outputs_after_each(job, snapshot, txs)
     work = tmp_path / "work"
+    handoff = Handoff(work / "ckpt" / job.name)
     cmd = [sys.executable, "-m", "tests.spark.kill_target", str(schedule), str(work), pg_dsn,
            str(ORDERS), f"--shards={shards}"]
     delta_batch = _first_batch_with_changes(outputs, 5)
-    # None: a batch after the last one planned (the Delta committer dies inside a group
-    # commit while the stream is up to --delta-max-pending-batches batches further on)
-    points: list[tuple[str, int | None]] = [
-        (SINKS_COMMITTED, 2), (FIRST_SINK, 4), (DELTA_BETWEEN_TABLES, delta_batch),
-        (SHARD_APPLY, None)]
+    # The Delta committer's points come after a batch or more: it dies inside a group
+    # commit while the stream is up to --delta-max-pending-batches batches further on.
+    points: list[tuple[str, int]] = [
+        (SINKS_COMMITTED, 2), (FIRST_SINK, 4), (HANDOFF_STORE, AFTER),
+        (DELTA_BETWEEN_TABLES, delta_batch),
+        # the next run's start commits what the committer's death left, and dies there
+        (DELTA_RECOVERED, ANY),
+        (DELTA_GROUP_COMMITTED, AFTER), (SHARD_APPLY, AFTER)]
     deaths: list[Death] = []
     for run, (point, planned) in enumerate(points):
-        batch = _after(deaths[-1]) if planned is None else planned
-        assert WHOLE_TX_PER_BATCH * (batch + 2) <= whole, "the points need whole batches"
+        batch = None if planned == ANY else _after(deaths[-1]) if planned == AFTER else planned
+        assert batch is None or WHOLE_TX_PER_BATCH * (batch + 2) <= whole, \
+            "the points need whole batches"
         log = tmp_path / f"run{run}.log"
-        proc = _start(cmd, log, f"{point}:{batch}")
+        proc = _start(cmd, log, point if batch is None else f"{point}:{batch}")
         _stop(proc, 300)
         out = log.read_text()
         lines = out.splitlines(keepends=True)
         assert proc.returncode == -signal.SIGKILL, f"{point}: exit {proc.returncode}\n{out[-3000:]}"
+        # the hook fired there (one process, or a few shards in the same batch), so the
+        # kill was the crash point's, not the test's after 300 s
+        where = fired(_record(log))
+        assert where and {p for p, _ in where} == {point}, (point, batch, where, out[-3000:])
+        if batch is not None:
+            assert {b for _, b in where} == {batch}, (point, batch, where)
+        death = _death(job, work, pg_dsn)
+        if point == DELTA_RECOVERED:
+            # died before its query started: no batch, Spark's logs as they were; the
+            # recovered group committed what the hand-off held, which is still there
+            before = deaths[-1]
+            assert before.handed_off and where[0][1] in before.handed_off, (before, where)
+            assert not _batches_done(lines), lines[-30:]
+            assert (death.offsets, death.commits) == (before.offsets, before.commits), death
+            assert death.handed_off == before.handed_off, (before, death)
+            assert death.held["delta"] == before.handed_off[-1], (before, death)
+            assert death.delta_changelog >= before.delta_changelog, (before, death)
+            deaths.append(death)
+            continue
+        assert batch is not None
         if deaths:
             _check_replay(deaths[-1], lines)
-        death = _death(job, work, pg_dsn)
         if point == DELTA_BETWEEN_TABLES:
             # the Delta committer died inside a group commit holding the batch: its
             # changelog committed, its current table not; the stream anywhere after it
             assert death.delta_changelog >= batch > death.held["delta"], death
-            assert death.commits >= batch - 1, (point, death)
+            assert batch in death.handed_off and death.commits >= batch - 1, (point, death)
+        elif point == DELTA_GROUP_COMMITTED:
+            # both tables hold the group, whose hand-off files were not removed
+            assert death.held["delta"] >= batch, death
+            assert batch in death.handed_off and death.commits >= batch - 1, (point, death)
         else:
             # where it died: Spark planned the batch and did not commit it; the sinks
             assert (death.offsets, death.commits) == (batch, batch - 1), (point, death)
@@ -266,9 +365,15 @@ def test_kill_9_at_each_crash_point_and_restart_loses_nothing_and_applies_nothin
                 assert (death.delta, death.pg) == (batch, batch), death
             elif point == FIRST_SINK:  # PostgreSQL committed it, not handed off yet
                 assert (death.delta, death.pg) == (batch - 1, batch), death
+            elif point == HANDOFF_STORE:
+                # PostgreSQL committed it; its parcel written under the temporary name only
+                assert (death.delta, death.pg) == (batch - 1, batch), death
+                assert batch not in death.handed_off, death
+                assert handoff.partial_path(batch).exists(), list(handoff.directory.iterdir())
             else:
                 assert (death.delta, death.pg) == (batch - 1, batch - 1), death
         deaths.append(death)
+    assert batch is not None
 
     seed = time.time_ns()
     print(f"random kill seed {seed}")
@@ -279,24 +384,63 @@ def test_kill_9_at_each_crash_point_and_restart_loses_nothing_and_applies_nothin
         time.sleep(random.Random(seed).uniform(0.0, 3.0))
     finally:
         _stop(proc, None)
+    assert fired(_record(log)) == []  # the test's kill, no crash point's
     lines = log.read_text().splitlines(keepends=True)
     _check_replay(deaths[-1], lines)
     deaths.append(_death(job, work, pg_dsn))
     print(f"random kill landed at {deaths[-1]}")
 
-    # The run to the end in the test session's Spark (the same Pipeline, config and lines
-    # as the kill target's; until issue 34 a seventh process): nothing kills it, so it needs
-    # no process of its own, and it saves a JVM start and a cold first batch.
+    # The runs to the end in the test session's Spark (the same Pipeline, config and lines
+    # as the kill target's; until issue 34 a seventh process): nothing kills them, so they
+    # need no process of their own, and they save a JVM start and a cold first batch.
     assert os.environ.get(CRASH_ENV) is None
     spark.dataSource.register(ReplaySource)
+    config = RunConfig(checkpoint_dir=str(work / "ckpt"), output_dir=str(work / "out"),
+                       postgres_dsn=pg_dsn)
+    delta, postgres = build_sinks(job, config)
+    held = postgres.held()
+    delta.close()
+    postgres.close()
+    assert isinstance(delta, DeltaSink) and held is not None
+    # A Delta write that fails in a live query: a CHECK constraint on the current table
+    # that every change PostgreSQL holds meets (so what the kill left commits at the start)
+    # and the next ones break.
+    spark.sql(f"ALTER TABLE delta.`{delta.current_path}` ADD CONSTRAINT {STOP} "
+              f"CHECK (_commit_seq <= {held.frontier_commit_seq})")
+    failing = io.StringIO()
+    with contextlib.redirect_stdout(failing), pytest.raises(Exception) as failed:
+        kill_target.run(spark, str(schedule), str(work), pg_dsn, str(ORDERS), shards, True,
+                        kill_target.report)
+    # The query stopped with Delta's error, one line as the CLI prints it (txjoin.errors);
+    # PostgreSQL went on alone, and what was handed off stays for the next run.
+    error = user_error(failed.value)
+    assert error is not None and STOP in str(error).lower() and "\n" not in str(error), \
+        repr(failed.value)[:2000]
+    _check_replay(deaths[-1], failing.getvalue().splitlines(keepends=True))
+    stopped = _death(job, work, pg_dsn)
+    assert stopped.handed_off and stopped.held["delta"] < stopped.handed_off[0], stopped
+    assert stopped.held["delta"] < stopped.pg, stopped
+    deaths.append(stopped)
+    spark.sql(f"ALTER TABLE delta.`{delta.current_path}` DROP CONSTRAINT {STOP}")
+
+    # The next run commits them first, then runs to the end with its committer slowed down
+    # (a group commit at most every 1.5 s, 2 batches pending at most): the stream waits for
+    # room in the hand-off and says so in its batches' reports (delta_backpressure, the
+    # txjoin_stage_seconds metric).
+    reports: list[BatchReport] = []
+
+    def on_batch(report: BatchReport) -> None:
+        reports.append(report)
+        kill_target.report(report)
+
     finish = io.StringIO()
     with contextlib.redirect_stdout(finish):
         kill_target.run(spark, str(schedule), str(work), pg_dsn, str(ORDERS), shards, True,
-                        kill_target.report)
+                        on_batch, delta_commit_interval_s=1.5)
     _check_replay(deaths[-1], finish.getvalue().splitlines(keepends=True))
+    waited = [r.breakdown.get("delta_backpressure", 0.0) for r in reports]
+    assert max(waited) > 0.1, waited
 
-    config = RunConfig(checkpoint_dir=str(work / "ckpt"), output_dir=str(work / "out"),
-                       postgres_dsn=pg_dsn)
     sinks = build_sinks(job, config)
     for sink in sinks:
         current = [without_metadata(r) for r in sink.read_current()]
@@ -305,5 +449,9 @@ def test_kill_9_at_each_crash_point_and_restart_loses_nothing_and_applies_nothin
         once = check_exactly_once(sink.read_changelog(), ["order_id"], sink.read_current(),
                                   outputs)
         assert once.ok, f"{sink.name}: {once.message}"
+        if isinstance(sink, DeltaSink):
+            # the kill target's committer commits back to back, at most 2 batches pending:
+            # groups of several batches, through every kill above
+            assert _check_every_version(sink, outputs) > 0, "no group of several batches"
         sink.close()
     assert len(outputs[-1]) > 10

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -48,6 +49,9 @@ USERS_ROWS: dict[str, Any] = {
 }
 
 KEY_SPACE = 5
+LARGE_TX = (100, 300)
+"""Changes in a large transaction (:func:`workloads` with ``large=True``): hundreds, against
+the small ones' 0-4, so its records span many micro-batches between the small ones'."""
 
 
 @dataclass
@@ -67,11 +71,34 @@ def key_change(table: str, row: dict[str, Any], new_id: int) -> list[RowChange]:
             RowChange("insert", table, {**row, "id": new_id})]
 
 
+def _large_transaction(draw: Any, rows: dict[str, Any], tables: list[str],
+                       db: dict[str, dict[int, dict[str, Any]]]) -> list[RowChange]:
+    """Hundreds of inserts, updates and deletes over the key space (``db`` kept as they
+    leave it): rows from a small pool drawn once, chosen by a seeded generator, so a large
+    transaction costs Hypothesis a few dozen draws rather than thousands."""
+    pool = {t: [rows[t](draw, 0) for _ in range(4)] for t in tables}
+    rnd = random.Random(draw(st.integers(0, 2**32 - 1), label="large seed"))
+    changes: list[RowChange] = []
+    for _ in range(draw(st.integers(*LARGE_TX), label="large size")):
+        t = rnd.choice(tables)
+        i = rnd.randint(1, KEY_SPACE)
+        if i in db[t] and rnd.random() < 0.3:
+            changes.append(RowChange("delete", t, {"id": i}))
+            del db[t][i]
+        else:
+            row = {**rnd.choice(pool[t]), "id": i}
+            changes.append(RowChange("update" if i in db[t] else "insert", t, row))
+            db[t][i] = row
+    return changes
+
+
 @st.composite
 def workloads(draw: Any, rows: dict[str, Any], max_tx: int = 12,
-              job: Job | None = None) -> Workload:
+              job: Job | None = None, large: bool = False) -> Workload:
     """Random transactions; with a ``job`` that declares sources, each transaction commits
-    in a random source and touches only that source's tables."""
+    in a random source and touches only that source's tables. ``large``: in one workload
+    of three, one transaction (anywhere among the small ones) has hundreds of changes
+    (``LARGE_TX``)."""
     tables = list(rows)
     multi = job is not None and bool(job.sources)
     db: dict[str, dict[int, dict[str, Any]]] = {t: {} for t in tables}
@@ -84,7 +111,9 @@ def workloads(draw: Any, rows: dict[str, Any], max_tx: int = 12,
     restarts: dict[int, tuple[int, int]] = {}
     resends: dict[int, int] = {}
     key_changes: list[tuple[int, str, int, int]] = []
-    for n in range(draw(st.integers(1, max_tx))):
+    n_tx = draw(st.integers(1, max_tx))
+    at_large = draw(st.integers(-2 * n_tx, n_tx - 1)) if large else -1  # < 0: none
+    for n in range(n_tx):
         changes: list[RowChange] = []
         source = None
         choices = tables
@@ -92,7 +121,9 @@ def workloads(draw: Any, rows: dict[str, Any], max_tx: int = 12,
             assert job is not None
             source = draw(st.sampled_from(job.source_names))
             choices = job.tables_of(source)
-        for _ in range(draw(st.integers(0, 4))):
+        if n == at_large:
+            changes = _large_transaction(draw, rows, choices, db)
+        for _ in range(0 if n == at_large else draw(st.integers(0, 4))):
             t = draw(st.sampled_from(choices))
             i = draw(st.integers(1, KEY_SPACE))
             free = [j for j in range(1, KEY_SPACE + 1) if j not in db[t]]
@@ -160,7 +191,9 @@ def deliveries(draw: Any, produced: Production) -> list[Batch]:
     visible = 0
     total = len(produced.records)
     batches: list[Batch] = []
-    steps = draw(st.integers(1, 8))
+    # a production as large as a large transaction's over up to 30 batches, so that
+    # transaction's records spread over many of them between the small ones'
+    steps = draw(st.integers(1, 8 if total < LARGE_TX[0] else 30))
     for step in range(steps + 1):
         final = step == steps or all(pos[t] == len(v) for t, v in by_topic.items())
         visible = total if final else draw(st.integers(visible, total))

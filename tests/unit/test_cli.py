@@ -160,3 +160,19 @@ def test_bench_refuses_an_also_job_over_other_tables_before_starting_anything() 
     code, _, err = invoke("bench", "--also-job", str(jobs / "orders_totals.py"), "--peer",
                           "flink")
     assert code == 2 and "--also-job runs with the kafka and replay sources" in err
+
+
+def test_a_failed_jvm_call_is_told_by_what_the_jvm_said() -> None:
+    """py4j's first line names only the call (a Delta write failing in the committer: the
+    real one in tests/spark/test_kill.py); the line is the Java exception's message."""
+    from txjoin.errors import _java_cause
+
+    text = ("An error occurred while calling o213.save.\n: org.apache.spark.sql.delta.schema."
+            "DeltaInvariantViolationException: [DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK "
+            "constraint stop (_commit_seq <= 40) violated by row with values:\n - _commit_seq "
+            ": 41\n\tat org.apache.spark.sql.delta.X(X.scala:1)")
+    assert _java_cause(text) == ("[DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint stop "
+                                 "(_commit_seq <= 40) violated by row with values:")
+    assert _java_cause("[TABLE_OR_VIEW_NOT_FOUND] x\nmore") == "[TABLE_OR_VIEW_NOT_FOUND] x"
+    assert _java_cause("An error occurred while calling o1.x.\n: java.io.IOException") == \
+        "java.io.IOException"

@@ -8,18 +8,25 @@ driven by a model of Spark's micro-batch loop, with kills at every point of the 
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from txjoin import crashpoints
 from txjoin.sinks.handoff import GroupCommitter, Handoff, Parcel, still_needed
 from txjoin.sinks.lineage import Lineage
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.unit
 
@@ -332,3 +339,27 @@ def test_an_empty_batch_comes_back_with_a_chunk_spark_accepts(tmp_path) -> None:
     assert loaded.num_rows == 0 and loaded.schema.remove_metadata() == SCHEMA
     # An IPC file of no rows reads back with no chunk; Spark's createDataFrame refuses that.
     assert all(column.num_chunks == 1 for column in loaded.columns)
+
+
+def test_a_kill_in_the_middle_of_a_store_leaves_only_a_temporary_file(tmp_path) -> None:
+    """The ``handoff_store`` crash point on the real hand-off (kill -9 by the hook, in a
+    process of its own): the parcel was written and fsynced under its temporary name, not
+    renamed, so it is not pending; the batch's next store replaces it."""
+    code = ("import sys; from tests.unit.test_handoff import parcel; "
+            "from txjoin.sinks.handoff import Handoff\n"
+            "handoff = Handoff(sys.argv[1])\n"
+            "handoff.store(parcel(0, [(1, 1, 1)])); handoff.store(parcel(1, [(2, 2, 2)]))\n"
+            "print('survived', flush=True)\n")
+    record = tmp_path / "fired"
+    env = {**os.environ, crashpoints.CRASH_ENV: f"{crashpoints.HANDOFF_STORE}:1",
+           crashpoints.RECORD_ENV: str(record)}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, start_new_session=True, timeout=60,
+                          check=False)
+    assert done.returncode == -9 and done.stdout == "", (done.returncode, done.stderr)
+    assert crashpoints.fired(record) == [(crashpoints.HANDOFF_STORE, 1)]
+    handoff = Handoff(tmp_path)
+    assert handoff.stored() == [0] and handoff.partial_path(1).exists()
+    handoff.store(parcel(1, [(2, 2, 2)]))
+    assert handoff.stored() == [0, 1] and not handoff.partial_path(1).exists()
+    assert handoff.load(1).changes == parcel(1, [(2, 2, 2)]).changes

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import Phase, find, given, settings
+from hypothesis import Phase, event, find, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.strategies import (
+    LARGE_TX,
     PIZZERIA_ROWS,
     USERS_ROWS,
     Workload,
@@ -50,6 +51,14 @@ JOB_VARIANTS = {
 def run_and_check(job: Job, workload: Workload, data: Any) -> None:
     production = produce(job, workload)
     batches = data.draw(deliveries(production), label="delivery")
+    # The run's statistics (pytest --hypothesis-show-statistics) show the hard cases came.
+    large = [tx.name for tx in workload.transactions if len(tx.changes) >= LARGE_TX[0]]
+    if large:
+        spans = sum(1 for b in batches if any(r.tx == large[0] for r in b.records))
+        event(f"a transaction of >= {LARGE_TX[0]} changes, its records in "
+              f"{'1 batch' if spans == 1 else '2-4 batches' if spans < 5 else '5+ batches'}")
+    else:
+        event("small transactions only")
     expected = outputs_after_each(job, workload.snapshot, workload.transactions)
     engine = Engine(job)
     applied: dict[Any, Any] = {}
@@ -85,7 +94,7 @@ def run_and_check(job: Job, workload: Workload, data: Any) -> None:
 @given(data=st.data())
 def test_output_is_always_a_committed_prefix_and_converges(variant: str, data: Any) -> None:
     job, rows = JOB_VARIANTS[variant]
-    workload = data.draw(workloads(rows), label="workload")
+    workload = data.draw(workloads(rows, large=True), label="workload")
     run_and_check(job, workload, data)
 
 

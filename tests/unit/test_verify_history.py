@@ -10,7 +10,9 @@ literals, an UPDATE's old tuple after ``old-key:`` without its null columns.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,7 @@ from txjoin.job import Job, Lookup, Output, Table
 from txjoin.verify.history import (
     DecodedChange,
     Record,
+    _whole_transactions,
     decode_change,
     expected_as_of,
     parse_array,
@@ -192,3 +195,23 @@ def test_a_child_rows_change_re_evaluates_the_facts_it_leaves_and_joins() -> Non
     assert sorted(answer.present, key=lambda r: r["trip_id"]) == [
         {"trip_id": 1, "stops": 0, "fare": 5}, {"trip_id": 2, "stops": 1, "fare": 7},
         {"trip_id": 3, "stops": 0, "fare": 9}]
+
+
+def test_a_record_cut_in_an_append_keeps_its_whole_transactions_and_drops_the_rest(
+        tmp_path: Path) -> None:
+    """What a verify killed in the middle of an append leaves (the kill itself, on a real
+    PostgreSQL: tests/e2e/test_verify_record_kill.py): a transaction without its COMMIT and
+    a line cut short after the last whole one. The next verify cuts them off, so it appends
+    that transaction again from the slot instead of skipping its xid for ever."""
+    def line(xid: int, data: str) -> str:
+        return json.dumps({"lsn": "0/1", "xid": xid, "data": data}) + "\n"
+
+    whole = (json.dumps({"slot": "txjoin_verify", "lsn": "0/0", "snapshot": {}}) + "\n"
+             + line(7, "BEGIN 7") + line(7, "table public.t: INSERT: id[integer]:1")
+             + line(7, "COMMIT 7") + line(8, "BEGIN 8") + line(8, "COMMIT 8"))
+    path = tmp_path / "record.jsonl"
+    cut = line(9, "BEGIN 9") + line(9, "table public.t: INSERT: id[integer]:2")
+    for tail in ("", cut, cut + line(9, "table public.t: DELETE: id[integer]:1")[:25]):
+        path.write_text(whole + tail)
+        assert _whole_transactions(path) == {7, 8}
+        assert path.read_text() == whole

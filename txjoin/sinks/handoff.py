@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from txjoin import crashpoints
 from txjoin.sinks.lineage import Lineage
 
 HANDOFF_DIR = "delta-handoff"
@@ -135,6 +136,12 @@ class Handoff:
     def path(self, batch_id: int) -> Path:
         return self.directory / f"{batch_id:020d}{_SUFFIX}"
 
+    def partial_path(self, batch_id: int) -> Path:
+        """Where :meth:`store` writes the batch before renaming it to :meth:`path` (a file
+        there is a write cut short: never read, rewritten by the batch's next store)."""
+        final = self.path(batch_id)
+        return final.with_name(f".{final.name}.partial")
+
     def stored(self) -> list[int]:
         """Batch ids waiting, in order (temporary files of a write cut short are ignored)."""
         if not self.directory.is_dir():
@@ -158,13 +165,13 @@ class Handoff:
                     _LINEAGE_KEY: json.dumps(lineage).encode(),
                     _HANDED_KEY: repr(parcel.handed_at).encode()}
         table = parcel.changes.replace_schema_metadata(metadata)
-        final = self.path(parcel.batch_id)
-        partial = final.with_name(f".{final.name}.partial")
+        final, partial = self.path(parcel.batch_id), self.partial_path(parcel.batch_id)
         with open(partial, "wb") as out:
             with pa.ipc.new_file(out, table.schema) as writer:
                 writer.write_table(table)
             out.flush()
             os.fsync(out.fileno())
+        crashpoints.reached(crashpoints.HANDOFF_STORE, parcel.batch_id)  # tests only
         partial.replace(final)
         _fsync_dir(self.directory)
         return final.stat().st_size
@@ -343,6 +350,11 @@ class GroupCommitter:
         parcels = [self.handoff.load(i) for i in ids]
         seconds = self.sink.write_group(parcels)
         finished_at = time.time()
+        # tests only: a kill after the group's Delta commits, its hand-off files still there
+        point = crashpoints.DELTA_RECOVERED if recovered else crashpoints.DELTA_GROUP_COMMITTED
+        if crashpoints.armed(point):
+            for batch_id in ids:
+                crashpoints.reached(point, batch_id)
         self.handoff.remove(ids)
         with self._cond:
             for i in ids:

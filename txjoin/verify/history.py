@@ -11,9 +11,12 @@ logical decoding, independent of txjoin's engine and of Debezium:
   and copies the job's tables at exactly that snapshot: the state S_0 the slot's first
   change applies to.
 - Each verify reads the slot's new transactions (``pg_logical_slot_peek_changes``),
-  appends them to the record file, and only then advances the slot
+  appends them to the record file (fsynced), and only then advances the slot
   (``pg_replication_slot_advance``): a verify that dies in between reads the same
-  transactions again and skips those already in the file (by xid).
+  transactions again and skips those already whole in the file (by xid). One that died
+  in the middle of an append left a transaction without its COMMIT line (or a line cut
+  short) at the file's end: the next verify cuts it off and appends it again, whole,
+  from the slot, which was not advanced past it.
 
 The record is a JSON-lines file in the stack directory (``<dir>/verify/``), not a table
 in the source database: verify writes nothing into the user's database but its slot
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +42,7 @@ import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
 
+from txjoin import crashpoints
 from txjoin.errors import ConfigError
 
 SLOT = "txjoin_verify"
@@ -256,7 +261,35 @@ def start_record(dsn: str, directory: Path, tables: Sequence[str]) -> Path:
             raise
     with path.open("w") as out:
         out.write(json.dumps({"slot": SLOT, "lsn": lsn, "snapshot": snap}) + "\n")
+        out.flush()
+        os.fsync(out.fileno())  # whole before a verify appends to it
     return path
+
+
+def _whole_transactions(path: Path) -> set[int]:
+    """The xids of the record's whole transactions (BEGIN ... COMMIT), after cutting off
+    what follows its last COMMIT: a verify killed in the middle of an append left there a
+    transaction without its COMMIT, or a line cut short. The slot was not advanced past
+    that transaction (the advance follows a whole append), so it is read again whole."""
+    data = path.read_bytes()
+    whole = data.index(b"\n") + 1  # the header: written whole before the slot is used
+    seen: set[int] = set()
+    pos = whole
+    while pos < len(data):
+        end = data.find(b"\n", pos)
+        if end < 0:
+            break  # a line cut short
+        entry = json.loads(data[pos:end])
+        pos = end + 1
+        if entry["data"].startswith("COMMIT"):
+            seen.add(int(entry["xid"]))
+            whole = pos
+    if whole < len(data):
+        with path.open("r+b") as out:
+            out.truncate(whole)
+            out.flush()
+            os.fsync(out.fileno())
+    return seen
 
 
 def _table_rows(cur: Any, table: str) -> list[dict[str, Column]]:
@@ -310,9 +343,7 @@ def read_record(dsn: str, directory: Path) -> Record | None:
     path = record_path(directory, dsn)
     if not path.exists():
         return None
-    lines = path.read_text().splitlines()
-    header = json.loads(lines[0])
-    seen = {json.loads(line)["xid"] for line in lines[1:]}
+    seen = _whole_transactions(path)
     with _connect(dsn) as conn, conn.cursor() as cur:
         if not _slot_exists(cur):
             raise ConfigError(f"verify's record {path} has no slot {SLOT} on the source "
@@ -324,20 +355,25 @@ def read_record(dsn: str, directory: Path) -> Record | None:
                     "pg_logical_slot_peek_changes(%s, NULL, NULL, 'skip-empty-xacts', '1')",
                     (SLOT,))
         fetched = cur.fetchall()
-        last_commit = None
+        last_commit = next((lsn for lsn, _, data in reversed(fetched)
+                            if data.startswith("COMMIT")), None)
+        new = [(lsn, xid, data) for lsn, xid, data in fetched if xid not in seen]
         with path.open("a") as out:
-            for lsn, xid, data in fetched:
-                if data.startswith("COMMIT"):
-                    last_commit = lsn
-                if xid in seen:
-                    continue
+            for i, (lsn, xid, data) in enumerate(new):
+                if i == len(new) // 2 and crashpoints.armed(crashpoints.VERIFY_APPEND):
+                    out.flush()  # tests only: a kill with half the new lines in the record
+                    os.fsync(out.fileno())
+                    crashpoints.reached(crashpoints.VERIFY_APPEND, None)
                 out.write(json.dumps({"lsn": lsn, "xid": xid, "data": data}) + "\n")
             out.flush()
+            os.fsync(out.fileno())  # in the record before the slot forgets them
+        crashpoints.reached(crashpoints.VERIFY_APPENDED, None)  # tests only
         if last_commit is not None:
             conn.commit()
             cur.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (SLOT, last_commit))
             conn.commit()
     lines = path.read_text().splitlines()
+    header = json.loads(lines[0])
     snapshot = {t: [row_values(r) or {} for r in rows] for t, rows in header["snapshot"].items()}
     order: list[int] = []
     changes: dict[int, list[DecodedChange]] = {}
