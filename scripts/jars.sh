@@ -40,49 +40,39 @@ for name in spark kafka connect; do
     touch "$dest/.pom-$sum"
 done
 
-# txjoin's own Hadoop local file system (jvm/localfs: Hadoop's, without a chmod or readlink
-# process per file), compiled against pyspark's Hadoop into .jars/localfs/, on the class path
-# of txjoin's Spark drivers (txjoin.jvm.local_fs_conf). Rebuilt when its sources change;
-# without javac the sessions use Hadoop's own.
-localfs_sum=$(cat jvm/localfs/src/txjoin/hadoop/*.java | sha256sum | cut -c1-16)
-localfs_jar=.jars/localfs/txjoin-localfs-$localfs_sum.jar
-if [ ! -f "$localfs_jar" ]; then
-    rm -rf .jars/localfs
-    mkdir -p .jars/localfs
+# compile_module NAME SOURCES WITHOUT: txjoin's own JVM module jvm/NAME (its Java files in
+# jvm/NAME/SOURCES), compiled against pyspark's jars into .jars/NAME/txjoin-NAME-<sum>.jar;
+# rebuilt when its sources change. WITHOUT says what a session does without it.
+compile_module() {
+    local name=$1 sources=$2 without=$3
+    local sum jar pyspark_jars
+    sum=$(cat jvm/"$name"/"$sources"/*.java | sha256sum | cut -c1-16)
+    jar=.jars/$name/txjoin-$name-$sum.jar
+    if [ -f "$jar" ]; then
+        return
+    fi
+    rm -rf ".jars/$name"
+    mkdir -p ".jars/$name"
     if command -v javac >/dev/null 2>&1 && command -v jar >/dev/null 2>&1; then
         pyspark_jars=$(.venv/bin/python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')
-        rm -rf .jars/localfs.tmp
-        if javac --release 17 -nowarn -cp "$pyspark_jars/*" -d .jars/localfs.tmp \
-                jvm/localfs/src/txjoin/hadoop/*.java > .jars/javac-localfs.log 2>&1; then
-            jar cf "$localfs_jar" -C .jars/localfs.tmp .
+        rm -rf ".jars/$name.tmp"
+        if javac --release 17 -nowarn -cp "$pyspark_jars/*" -d ".jars/$name.tmp" \
+                jvm/"$name"/"$sources"/*.java > ".jars/javac-$name.log" 2>&1; then
+            jar cf "$jar" -C ".jars/$name.tmp" .
         else
-            echo "warning: could not compile jvm/localfs (log: .jars/javac-localfs.log); Spark uses Hadoop's local file system" >&2
+            echo "warning: could not compile jvm/$name (log: .jars/javac-$name.log); $without" >&2
         fi
-        rm -rf .jars/localfs.tmp
+        rm -rf ".jars/$name.tmp"
     else
-        echo "warning: no javac: Spark uses Hadoop's local file system (a process per file it creates)" >&2
+        echo "warning: no javac, no jvm/$name: $without" >&2
     fi
-fi
+}
 
+# txjoin's own Hadoop local file system (jvm/localfs: Hadoop's, without a chmod or readlink
+# process per file), on the class path of txjoin's Spark drivers (txjoin.jvm.local_fs_conf).
+compile_module localfs src/txjoin/hadoop \
+    "Spark uses Hadoop's local file system (a process per file it creates)"
 # txjoin's launcher for a standalone master's cluster mode (jvm/submit: a JVM main class that
 # starts the Python driver through Spark's PythonRunner, since spark-submit refuses a Python
-# application there), compiled against pyspark's jars into .jars/submit/ (txjoin.jvm.submit_jar).
-submit_sum=$(cat jvm/submit/src/txjoin/submit/*.java | sha256sum | cut -c1-16)
-submit_jar=.jars/submit/txjoin-submit-$submit_sum.jar
-if [ ! -f "$submit_jar" ]; then
-    rm -rf .jars/submit
-    mkdir -p .jars/submit
-    if command -v javac >/dev/null 2>&1 && command -v jar >/dev/null 2>&1; then
-        pyspark_jars=$(.venv/bin/python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')
-        rm -rf .jars/submit.tmp
-        if javac --release 17 -nowarn -cp "$pyspark_jars/*" -d .jars/submit.tmp \
-                jvm/submit/src/txjoin/submit/*.java > .jars/javac-submit.log 2>&1; then
-            jar cf "$submit_jar" -C .jars/submit.tmp .
-        else
-            echo "warning: could not compile jvm/submit (log: .jars/javac-submit.log); no standalone cluster mode" >&2
-        fi
-        rm -rf .jars/submit.tmp
-    else
-        echo "warning: no javac: no jar for a standalone master's cluster mode (jvm/submit)" >&2
-    fi
-fi
+# application there; txjoin.jvm.submit_jar).
+compile_module submit src/txjoin/submit "no standalone cluster mode"
