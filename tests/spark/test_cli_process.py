@@ -137,7 +137,9 @@ def test_consecutive_replays_exit_0_print_only_their_result_and_leave_no_tempora
         assert done.stdout.startswith("torn_transaction  PASS") and done.stdout.count("\n") == 1
         # No Spark or library noise.
         assert done.stderr == "", done.stderr[-2000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"txjoin-spark-{os.getuid()}.log"]
+    # what every run reuses (one a user), nothing of this run's own
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"txjoin-spark-{os.getuid()}-warehouse", f"txjoin-spark-{os.getuid()}.log"]
     assert "WARN" in (tmp_path / f"txjoin-spark-{os.getuid()}.log").read_text()
 
 

@@ -35,9 +35,10 @@ NOT_SAVED = {
     SnapshotBuffer: {"tables"},
     Frontier: set(),
     # _where, _lookup_where, _computed: the job's expressions, compiled (txjoin/expr.py)
-    # _aggregates: the job's Aggregate columns, compiled
+    # _aggregates: the job's Aggregate columns, compiled; _nested, _having: the aggregates
+    # its expressions read and its HAVING, compiled; _columns, _collected: the job's
     TemporalJoin: {"job", "journal", "_columns", "_collected", "_where", "_lookup_where",
-                   "_computed", "_aggregates"},  # _columns, _collected: the job's
+                   "_computed", "_aggregates", "_nested", "_having"},
 }
 
 

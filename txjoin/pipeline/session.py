@@ -53,9 +53,11 @@ CHECKPOINT_FILE_MANAGER = (
 # UTC in the JVM too: Delta 4.4 runs an all-files log reconstruction after every commit
 # when the session, the JVM default or user.timezone zone is not UTC (DESIGN.md 2.2).
 _JAVA_OPTIONS = "-Xss16m -Duser.timezone=UTC"
-SPARK_WAREHOUSE = str(Path(tempfile.gettempdir()) / "txjoin-spark-warehouse")
+SPARK_WAREHOUSE = str(Path(tempfile.gettempdir()) / f"txjoin-spark-{os.getuid()}-warehouse")
 """Spark SQL's warehouse folder: txjoin's tables are paths and it keeps no catalog tables,
-but Spark's default, ``./spark-warehouse``, was left in the user's working directory."""
+but Spark's default, ``./spark-warehouse``, was left in the user's working directory. One
+a user, reused by every session, beside Spark's log (``txjoin-spark-<uid>.log``): a folder
+another user made in a shared temporary directory is not writable."""
 
 
 RUNTIME_CONF = {
