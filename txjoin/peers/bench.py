@@ -182,9 +182,7 @@ def run_txjoin(job: Job, workload: ArchivedWorkload, hashes: list[int], work: Pa
         stop_postgres(pg.process)
         shutil.rmtree(pg_root, ignore_errors=True)
     return {
-        "wall_seconds": round(wall, 2),
-        "events_per_s": round(workload.records / wall),
-        "data_events_per_s": round(workload.data_events / wall),
+        **throughput(workload, wall),
         "inconsistent_states": replay.result.inconsistent_states,
         "observed_states": replay.result.observed_states,
         "final_equals_oracle": replay.result.final_equals(hashes) and all(sinks_final.values()),
@@ -193,6 +191,14 @@ def run_txjoin(job: Job, workload: ArchivedWorkload, hashes: list[int], work: Pa
         "compared_with": "as_of_fact oracle (the job's semantics), array order kept",
         "seconds_by_stage": {k: round(v, 2) for k, v in stages.items()},
     }
+
+
+def throughput(workload: ArchivedWorkload, seconds: float) -> dict[str, Any]:
+    """A system's wall seconds over the archive and its rates: every system's figures
+    (txjoin's and each peer's) in the same keys, from the same counts."""
+    return {"wall_seconds": round(seconds, 2),
+            "events_per_s": round(workload.records / seconds),
+            "data_events_per_s": round(workload.data_events / seconds)}
 
 
 def run_flink_peer(workload: ArchivedWorkload, hashes: list[int], work: Path
@@ -206,9 +212,7 @@ def run_flink_peer(workload: ArchivedWorkload, hashes: list[int], work: Path
         return {"skipped": str(exc)}
     replay = replay_changelog(run.changelog, hashes)
     return {
-        "wall_seconds": round(run.query_s, 2),
-        "events_per_s": round(workload.records / run.query_s),
-        "data_events_per_s": round(workload.data_events / run.query_s),
+        **throughput(workload, run.query_s),
         "inconsistent_states": replay.every_row.inconsistent_states,
         "observed_states": replay.every_row.observed_states,
         "final_equals_oracle": replay.every_row.final_equals(hashes),
@@ -236,9 +240,7 @@ def run_pathway_peer(workload: ArchivedWorkload, hashes: list[int], work: Path,
         return {"skipped": str(exc)}
     replay = replay_changes(run.changes, hashes)
     return {
-        "wall_seconds": round(run.query_s, 2),
-        "events_per_s": round(workload.records / run.query_s),
-        "data_events_per_s": round(workload.data_events / run.query_s),
+        **throughput(workload, run.query_s),
         "inconsistent_states": replay.per_time.inconsistent_states,
         "observed_states": replay.per_time.observed_states,
         "final_equals_oracle": replay.per_time.final_equals(hashes),
