@@ -475,20 +475,26 @@ class PostgresSink:
 
     # -- Sink protocol ----------------------------------------------------------
 
-    def held(self) -> Held | None:
-        """The job's row in ``txjoin_progress``."""
+    def _progress_row(self, query: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """The first row of ``query`` (``{}``: the progress table) over ``txjoin_progress``,
+        brought to today's columns first; None without a progress table or a row."""
         try:
             with self._conn, self._conn.cursor() as cur:
                 if not self._exists(cur, self._home, PROGRESS_TABLE):
                     return None
                 self._ensure_progress(cur, self._home)
-                cur.execute(sql.SQL(
-                    "SELECT last_batch_id, frontier_commit_seq, last_change_xid, checkpoint_id "
-                    "FROM {} WHERE job = %s").format(self._id(self._home, PROGRESS_TABLE)),
-                    (self.job,))
+                cur.execute(sql.SQL(query).format(self._id(self._home, PROGRESS_TABLE)),
+                            params)
                 row = cur.fetchone()
         except psycopg2.OperationalError as exc:
             raise self._service_error("cannot read progress", exc) from None
+        return None if row is None else tuple(row)
+
+    def held(self) -> Held | None:
+        """The job's row in ``txjoin_progress``."""
+        row = self._progress_row(
+            "SELECT last_batch_id, frontier_commit_seq, last_change_xid, checkpoint_id "
+            "FROM {} WHERE job = %s", (self.job,))
         if row is None:
             return None
         return Held(checkpoint_id=row[3], last_batch_id=int(row[0]),
@@ -497,18 +503,9 @@ class PostgresSink:
     def other_owner(self) -> tuple[str, str] | None:
         """Another job whose row in ``txjoin_progress`` records this sink's table as its
         output (rows written before the table was recorded name none)."""
-        try:
-            with self._conn, self._conn.cursor() as cur:
-                if not self._exists(cur, self._home, PROGRESS_TABLE):
-                    return None
-                self._ensure_progress(cur, self._home)
-                cur.execute(sql.SQL(
-                    "SELECT job FROM {} WHERE output_table = %s AND job <> %s "
-                    "ORDER BY updated_at DESC LIMIT 1").format(
-                        self._id(self._home, PROGRESS_TABLE)), (self.table, self.job))
-                row = cur.fetchone()
-        except psycopg2.OperationalError as exc:
-            raise self._service_error("cannot read progress", exc) from None
+        row = self._progress_row(
+            "SELECT job FROM {} WHERE output_table = %s AND job <> %s "
+            "ORDER BY updated_at DESC LIMIT 1", (self.table, self.job))
         if row is None:
             return None
         tables = f"{self._home}.{self.table}, {self._home}.{self.changelog_table}"
