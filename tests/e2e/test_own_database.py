@@ -29,6 +29,7 @@ from txjoin.delta_tables import read_table
 from txjoin.errors import ConfigError
 from txjoin.job import Table
 from txjoin.stack import load_stack
+from txjoin.stack.demo import wait_for_end
 from txjoin.stack.external import check_capture
 
 pytestmark = pytest.mark.e2e
@@ -176,6 +177,20 @@ def test_capture_checks_say_in_one_line_what_to_change(users_database: str,
     assert "Traceback" not in done.stderr
 
 
+def captured(dsn: str, directory: Path) -> None:
+    """Wait until Debezium published every transaction committed on the user's database so
+    far: a no-op update of a captured row committed last, then its END in the topic (the
+    stack's own barrier table is not in the user's database). Without it a drain can end
+    before a loaded machine's connector caught up, and verify finds the sinks behind."""
+    with contextlib.closing(psycopg2.connect(dsn)) as conn, conn, conn.cursor() as cur:
+        cur.execute("UPDATE public.customers SET id = id "
+                    "WHERE id = (SELECT min(id) FROM public.customers)")
+        cur.execute("SELECT pg_current_xact_id()::text::bigint")
+        row = cur.fetchone()
+    assert row is not None
+    wait_for_end(load_stack(directory), int(row[0]))
+
+
 def test_job_from_the_catalog_on_the_users_database_matches_postgresql(
         users_database: str, tmp_path: Path) -> None:
     """The generated job keeps each order's customer as of the order (as_of_fact): verify
@@ -202,6 +217,7 @@ def test_job_from_the_catalog_on_the_users_database_matches_postgresql(
             in unrecorded.stderr, unrecorded.stderr
         log = tmp_path / "run.log"
         plain_sql_transactions(users_database, user_transaction, writers=3, each=20, seed=3)
+        captured(users_database, directory)
         run_until_idle(log, str(job_file), "--dir", str(directory), "--master", "local[2]")
         # The record starts after a first workload: the orders it left are facts whose
         # customers as of their commit verify cannot know (named, not checked).
@@ -212,6 +228,7 @@ def test_job_from_the_catalog_on_the_users_database_matches_postgresql(
             recorded_from = cur.fetchone()[0]
         # The second run resumes from the first one's checkpoint.
         plain_sql_transactions(users_database, user_transaction, writers=3, each=20, seed=4)
+        captured(users_database, directory)
         run_until_idle(log, str(job_file), "--dir", str(directory), "--master", "local[2]")
         verify = txjoin("verify", str(job_file), "--dir", str(directory))
         assert verify.returncode == 0, verify.stdout + verify.stderr + tail(log)
