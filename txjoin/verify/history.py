@@ -32,7 +32,7 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -44,6 +44,7 @@ import psycopg2.extras
 
 from txjoin import crashpoints
 from txjoin.errors import ConfigError
+from txjoin.verify.source_tables import CHANGE_LOG, COMMIT_LOG
 
 SLOT = "txjoin_verify"
 """verify's logical replication slot in a recorded source database."""
@@ -114,12 +115,15 @@ def _columns(text: str) -> tuple[dict[str, Column], str]:
     return columns, text[pos:].strip()
 
 
-def decode_change(data: str) -> DecodedChange | None:
-    """One line of test_decoding's output; None for BEGIN/COMMIT and other lines."""
+def decode_change(data: str, tables: Container[str] | None = None) -> DecodedChange | None:
+    """One line of test_decoding's output; None for BEGIN/COMMIT and other lines, and for
+    a change of a table not in ``tables`` (given), whose columns are then not parsed."""
     m = _TABLE.match(data)
     if m is None:
         return None
     table, op, rest = m["table"], m["op"], data[m.end():]
+    if tables is not None and table not in tables:
+        return None
     if op == "TRUNCATE" or rest.startswith("(no-tuple-data)"):
         return DecodedChange(table, op, None, None)
     old = None
@@ -337,9 +341,16 @@ class Record:
     """(xid, its row changes in statement order), in commit order."""
 
 
-def read_record(dsn: str, directory: Path) -> Record | None:
+_OWN_LOGS = tuple(f"table {t}: " for t in (CHANGE_LOG, COMMIT_LOG))
+"""How test_decoding starts a line of txjoin's own logs, which a ``txjoin up --job``
+database's triggers write in every transaction: never a job's table, not kept."""
+
+
+def read_record(dsn: str, directory: Path, tables: Container[str] | None = None
+                ) -> Record | None:
     """Bring the record of ``dsn`` up to date from verify's slot and read it; None when
-    this database is not recorded (no record file in ``directory``)."""
+    this database is not recorded (no record file in ``directory``). ``tables``: the
+    tables whose changes are read (default: all the record holds)."""
     path = record_path(directory, dsn)
     if not path.exists():
         return None
@@ -357,7 +368,8 @@ def read_record(dsn: str, directory: Path) -> Record | None:
         fetched = cur.fetchall()
         last_commit = next((lsn for lsn, _, data in reversed(fetched)
                             if data.startswith("COMMIT")), None)
-        new = [(lsn, xid, data) for lsn, xid, data in fetched if xid not in seen]
+        new = [(lsn, xid, data) for lsn, xid, data in fetched
+               if xid not in seen and not data.startswith(_OWN_LOGS)]
         with path.open("a") as out:
             for i, (lsn, xid, data) in enumerate(new):
                 if i == len(new) // 2 and crashpoints.armed(crashpoints.VERIFY_APPEND):
@@ -384,7 +396,7 @@ def read_record(dsn: str, directory: Path) -> Record | None:
             order.append(xid)
             changes[xid] = []
             continue
-        change = decode_change(entry["data"])
+        change = decode_change(entry["data"], tables)
         if change is not None:
             changes.setdefault(xid, []).append(change)
     return Record(snapshot, [(x, changes.get(x, [])) for x in order])
@@ -406,17 +418,78 @@ class AsOfAnswer:
     transactions: int
 
 
-def expected_as_of(job: Any, record: Record, source: str) -> AsOfAnswer:
+class ChildIndex:
+    """A child table's rows grouped by the parent values they reference, per child-rows
+    alias, kept up to date as the replay changes them: the oracle is handed only the rows
+    of the facts it evaluates. Handed the whole child table after every transaction, it
+    grouped all of it again each time (its scans last until its tables change), and the
+    replay grew with transactions x child rows (issue 73). An alias whose link values
+    cannot be hashed (an array) is not indexed: the whole table is handed over."""
+
+    def __init__(self, job: Any) -> None:
+        self.children = [lk for lk in job.lookups if lk.listed and not lk.array]
+        self.groups: dict[str, dict[tuple[Any, ...], dict[tuple[Any, ...], dict[str, Any]]]
+                          | None] = {lk.alias: {} for lk in self.children}
+
+    @staticmethod
+    def _link(lk: Any, row: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(row.get(c) for c in lk.on)
+
+    def add(self, table: str, key: tuple[Any, ...], row: dict[str, Any]) -> None:
+        """``row`` (of ``table``) is held under ``key`` now."""
+        for lk in self.children:
+            groups = self.groups[lk.alias]
+            if lk.table != table or groups is None:
+                continue
+            try:
+                groups.setdefault(self._link(lk, row), {})[key] = row
+            except TypeError:
+                self.groups[lk.alias] = None
+
+    def remove(self, table: str, key: tuple[Any, ...], row: dict[str, Any] | None) -> None:
+        """The row held under ``key`` (``row``, None: none) is no longer."""
+        if row is None:
+            return
+        for lk in self.children:
+            groups = self.groups[lk.alias]
+            if lk.table == table and groups is not None:
+                groups.get(self._link(lk, row), {}).pop(key, None)
+
+    def clear(self, table: str) -> None:
+        for lk in self.children:
+            if lk.table == table and self.groups[lk.alias] is not None:
+                self.groups[lk.alias] = {}
+
+    def rows_of(self, table: str, facts: Sequence[Mapping[str, Any]],
+                every: Mapping[tuple[Any, ...], dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows of child ``table`` that any of ``facts`` reference (``every``: the whole
+        table, where an alias on it is not indexed)."""
+        found: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for lk in self.children:
+            if lk.table != table:
+                continue
+            groups = self.groups[lk.alias]
+            if groups is None:
+                return list(every.values())
+            for fact in facts:
+                found.update(groups.get(tuple(fact.get(c) for c in lk.on.values()), {}))
+        return list(found.values())
+
+
+def expected_as_of(job: Any, record: Record, source: str,
+                   progress: Callable[[str], None] | None = None) -> AsOfAnswer:
     """Each fact's row: the job evaluated on the state at the commit that last changed it.
 
     Replays the record's transactions in commit order over S_0 (rows read by the job's
     column types, as the change log's replay reads them) and, after each, evaluates the
     facts it changed with txjoin's oracle (:class:`txjoin.join.oracle.Oracle`, which
-    shares no code with the engine).
+    shares no code with the engine). ``progress`` gets a line every few seconds.
     """
+    import time
+
     from txjoin.ingest.types import ColumnValueError
     from txjoin.join.oracle import Oracle
-    from txjoin.verify.verify import _read_logged
+    from txjoin.verify.verify import PROGRESS_SECONDS, _read_logged
 
     def typed(table: str, row: dict[str, Any] | None, where: str) -> dict[str, Any] | None:
         try:
@@ -430,6 +503,7 @@ def expected_as_of(job: Any, record: Record, source: str) -> AsOfAnswer:
         return tuple(row.get(k) for k in job.table(table).key)
 
     tables: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {t: {} for t in job.table_names}
+    index = ChildIndex(job)
     for table, snapshot_rows in record.snapshot.items():
         if table in tables:
             where = f"verify, reading {source}'s {table} as recorded:"
@@ -437,13 +511,22 @@ def expected_as_of(job: Any, record: Record, source: str) -> AsOfAnswer:
                 new = typed(table, row, where)
                 assert new is not None
                 tables[table][key_of(table, new)] = new
+                index.add(table, key_of(table, new), new)
     oracle = Oracle(job)
-    children = [lk for lk in job.lookups if lk.listed and not lk.array]
+    children = index.children
     child_tables = {lk.table for lk in children}
+    # handed to the oracle in part: tables only child rows are read from
+    handed_in_part = child_tables - {job.fact} - {lk.table for lk in job.lookups
+                                                  if lk not in children}
     from_snapshot = dict(tables[job.fact])
     # fact key -> (output key, the job's row or None: deleted, or no row by an inner lookup)
     touched: dict[tuple[Any, ...], tuple[tuple[Any, ...], dict[str, Any] | None]] = {}
-    for xid, changes in record.transactions:
+    last_progress = time.monotonic()
+    for done, (xid, changes) in enumerate(record.transactions):
+        if progress is not None and time.monotonic() - last_progress >= PROGRESS_SECONDS:
+            last_progress = time.monotonic()
+            progress(f"verify: replaying the record: {done:,} of {len(record.transactions):,} "
+                     f"transactions, {len(touched):,} facts evaluated")
         where = f"verify, replaying {SLOT} of {source} (xid {xid}):"
         facts: dict[tuple[Any, ...], dict[str, Any]] = {}  # fact key -> its last row
         child_versions: list[tuple[str, dict[str, Any]]] = []  # every changed child's versions
@@ -457,6 +540,7 @@ def expected_as_of(job: Any, record: Record, source: str) -> AsOfAnswer:
                 if change.table in child_tables:
                     child_versions.extend((change.table, r) for r in rows.values())
                 rows.clear()
+                index.clear(change.table)
                 continue
             old = typed(change.table, row_values(change.old), where)
             new = typed(change.table, row_values(change.new), where)
@@ -464,11 +548,15 @@ def expected_as_of(job: Any, record: Record, source: str) -> AsOfAnswer:
                 held = [rows.get(key_of(change.table, v)) for v in (old, new) if v is not None]
                 child_versions.extend((change.table, r) for r in [*held, new] if r is not None)
             if old is not None:
-                rows.pop(key_of(change.table, old), None)
+                index.remove(change.table, key_of(change.table, old),
+                             rows.pop(key_of(change.table, old), None))
                 if change.table == job.fact:
                     facts[key_of(change.table, old)] = old
             if new is not None:
+                index.remove(change.table, key_of(change.table, new),
+                             rows.get(key_of(change.table, new)))
                 rows[key_of(change.table, new)] = new
+                index.add(change.table, key_of(change.table, new), new)
                 if change.table == job.fact:
                     facts[key_of(change.table, new)] = new
         # A change to a child row is a change to the facts it references (before or after).
@@ -489,7 +577,9 @@ def expected_as_of(job: Any, record: Record, source: str) -> AsOfAnswer:
                          if key not in facts and tuple(fact.get(c) for c in theirs) in wanted)
         if not facts:
             continue
-        oracle.tables = {t: list(rows.values()) for t, rows in tables.items()}
+        evaluated = [f for f in (tables[job.fact].get(k) for k in facts) if f is not None]
+        oracle.tables = {t: (index.rows_of(t, evaluated, rows) if t in handed_in_part
+                             else list(rows.values())) for t, rows in tables.items()}
         for fact_key, last in facts.items():
             fact = tables[job.fact].get(fact_key)
             touched[fact_key] = (oracle._out_key(fact or last),

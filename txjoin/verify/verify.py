@@ -502,19 +502,20 @@ def answer_in_key_order(job: Job, conn: psycopg2.extensions.connection,
         raise _query_failed(job, exc) from None
 
 
-def recorded_answer(job: Job, source_dsn: str, record_dir: str | os.PathLike[str]
-                    ) -> AsOfAnswer | None:
+def recorded_answer(job: Job, source_dsn: str, record_dir: str | os.PathLike[str],
+                    progress: Callable[[str], None] | None = None) -> AsOfAnswer | None:
     """An ``as_of_fact`` job's answer from verify's record of the source's history
     (:mod:`txjoin.verify.history`); None when the generator's ``<fact>_expected``
-    answers instead, or the database is not recorded."""
+    answers instead, or the database is not recorded. ``progress``: a line every few
+    seconds of the replay."""
     with _connect(source_dsn, "source") as conn:
         if _fetch(conn, "SELECT to_regclass(%s) IS NOT NULL AS found",
                   (expected_table(job),))[0]["found"]:
             return None
-    record = read_record(source_dsn, Path(record_dir))
+    record = read_record(source_dsn, Path(record_dir), set(job.table_names))
     if record is None:
         return None
-    return expected_as_of(job, record, "the source")
+    return expected_as_of(job, record, "the source", progress)
 
 
 # -- several source databases -----------------------------------------------------------
@@ -1265,7 +1266,8 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
     ``record_dir``: where verify's record of the source's history is kept (an
     ``as_of_fact`` job without ``<fact>_expected`` is checked against it). A job of one
     database answered by PostgreSQL is compared in key order, a batch at a time
-    (:func:`streamed_checks`); ``progress`` gets a line every few seconds of that.
+    (:func:`streamed_checks`); ``progress`` gets a line every few seconds of that, and of
+    the replay of verify's record.
     ``own_query``: the user's own query, run on the source as a further referee of each
     sink's current rows (:mod:`txjoin.verify.own_query`; a ``current`` job of one
     database).
@@ -1310,7 +1312,7 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
                          if h is not None}
     else:
         recorded = (None if job.semantics != "as_of_fact" or record_dir is None
-                    else recorded_answer(job, source_dsn, record_dir))
+                    else recorded_answer(job, source_dsn, record_dir, progress))
         streamed = recorded is None  # PostgreSQL's answer, read with the sinks' rows below
         if recorded is None:
             expected, absent, oracle = [], set(), ""
