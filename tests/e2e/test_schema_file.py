@@ -18,7 +18,6 @@ import psycopg2
 import pytest
 from click.testing import CliRunner
 
-from tests.fixtures.postgres import new_database
 from txjoin.cli import main
 from txjoin.errors import ConfigError
 from txjoin.job import load_job
@@ -62,14 +61,19 @@ CREATE TABLE public.trips (id int PRIMARY KEY, driver_id int, fare numeric(9,3))
 """
 
 
+def build(pg_server: str, tmp_path: Path, database: str, ddl: str) -> str:
+    """``database`` on the session's server, built from ``ddl`` for the rides job."""
+    schema = tmp_path / f"{database}.sql"
+    schema.write_text(ddl)
+    port = urlparse(pg_server).port
+    assert port is not None
+    return create_source_database(port, database, load_job(rides_job(tmp_path)).tables,
+                                  SchemaFile(str(schema), "rides.py"))
+
+
 def test_the_users_ddl_builds_the_database_constraints_and_all(
         pg_server: str, tmp_path: Path) -> None:
-    schema = tmp_path / "schema.sql"
-    schema.write_text(SCHEMA)
-    port = urlparse(new_database(pg_server, "schema_file_probe")).port
-    assert port is not None
-    url = create_source_database(port, "rides_own", load_job(rides_job(tmp_path)).tables,
-                                 SchemaFile(str(schema), "rides.py"))
+    url = build(pg_server, tmp_path, "rides_own", SCHEMA)
     with contextlib.closing(psycopg2.connect(url)) as conn, conn.cursor() as cur:
         cur.execute("SELECT c.relname, c.relreplident FROM pg_class c WHERE c.relname IN "
                     "('drivers', 'trips', 'audit') ORDER BY 1")
@@ -92,13 +96,8 @@ def test_the_users_ddl_builds_the_database_constraints_and_all(
 
 def test_ddl_that_does_not_hold_the_jobs_tables_is_one_line_per_problem(
         pg_server: str, tmp_path: Path) -> None:
-    schema = tmp_path / "unfit.sql"
-    schema.write_text(UNFIT)
-    port = urlparse(new_database(pg_server, "schema_file_unfit_probe")).port
-    assert port is not None
     with pytest.raises(ConfigError) as raised:
-        create_source_database(port, "rides_unfit", load_job(rides_job(tmp_path)).tables,
-                               SchemaFile(str(schema), "rides.py"))
+        build(pg_server, tmp_path, "rides_unfit", UNFIT)
     lines = str(raised.value).splitlines()
     assert len(lines) == 2, lines
     assert lines[0].startswith("rides.py against --schema ") and \

@@ -69,19 +69,33 @@ GROUP BY t.id, d.name, v.plate
 """
 
 
+def rides_database(pg_server: str, name: str, strict: bool = False,
+                   rows: dict[str, list[dict[str, Any]]] | None = None) -> str:
+    """A database with the ride-hailing tables in schema ``loose`` (no UNIQUE beyond the
+    keys) holding ``rows``, and with ``strict`` the same tables with UNIQUE constraints."""
+    dsn = new_database(pg_server, name)
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("CREATE SCHEMA loose")
+        cur.execute(RIDES.format(s="loose", u="", tie=""))
+        if strict:
+            cur.execute("CREATE SCHEMA strict")
+            cur.execute(RIDES.format(s="strict", u="UNIQUE", tie=", UNIQUE (trip_id, seq)"))
+        for table, table_rows in (rows or {}).items():
+            for row in table_rows:
+                cur.execute(f"INSERT INTO {table} ({', '.join(row)}) VALUES "
+                            f"({', '.join(['%s'] * len(row))})", list(row.values()))
+    conn.close()
+    return dsn
+
+
 def test_from_sql_warns_where_a_documented_rule_applies_unless_the_catalog_rules_it_out(
         pg_server: str, tmp_path: Path) -> None:
     # Issue 73 item 3: a driver with two vehicles (the job keeps the greatest id, the view
     # counts both) and stops with equal seq (txjoin breaks the tie by id): said when the job
     # is compiled, unless a UNIQUE in the catalog says it cannot happen.
-    dsn = new_database(pg_server, "from_sql_rules")
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute("CREATE SCHEMA loose; CREATE SCHEMA strict;")
-        cur.execute(RIDES.format(s="loose", u="", tie=""))
-        cur.execute(RIDES.format(s="strict", u="UNIQUE", tie=", UNIQUE (trip_id, seq)"))
-    conn.close()
+    dsn = rides_database(pg_server, "from_sql_rules", strict=True)
     stderr = {}
     for schema in ("loose", "strict"):
         query = tmp_path / f"{schema}.sql"
@@ -129,18 +143,8 @@ def test_verify_against_the_users_own_query_explains_the_documented_rules_and_fl
     from txjoin.verify.own_query import read_own_query
     from txjoin.verify.verify import verify_job
 
-    source = new_database(pg_server, "own_query_source")
+    source = rides_database(pg_server, "own_query_source", rows=RIDE_ROWS)
     sink = new_database(pg_server, "own_query_sink")
-    conn = psycopg2.connect(source)
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute("CREATE SCHEMA loose")
-        cur.execute(RIDES.format(s="loose", u="", tie=""))
-        for table, rows in RIDE_ROWS.items():
-            for row in rows:
-                cur.execute(f"INSERT INTO {table} ({', '.join(row)}) VALUES "
-                            f"({', '.join(['%s'] * len(row))})", list(row.values()))
-    conn.close()
     query, out = tmp_path / "trips.sql", tmp_path / "trips.py"
     query.write_text(RIDES_SQL.format(s="loose"))
     done = CliRunner().invoke(main, ["job", "from-sql", str(query), "--name", "trips",
