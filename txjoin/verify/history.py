@@ -66,7 +66,8 @@ Column = tuple[str, str | None]
 # An UPDATE of a table with an old tuple prints "old-key: ... new-tuple: ...".)
 
 _TABLE = re.compile(r"table (?P<table>.+?): (?P<op>INSERT|UPDATE|DELETE|TRUNCATE):(?: |$)")
-_COLUMN = re.compile(r'(?P<name>"(?:[^"]|"")+"|[^\[\s]+)\[(?P<type>[^\]]+(?:\[\])*)\]:')
+_COLUMN = re.compile(r' *(?P<name>"(?:[^"]|"")+"|[^\[\s]+)\[(?P<type>[^\]]+(?:\[\])*)\]:'
+                     r"(?:'(?P<quoted>(?:[^']|'')*)'|(?P<bare>[^ ]*))")
 
 
 @dataclass(frozen=True)
@@ -82,36 +83,20 @@ class DecodedChange:
 
 
 def _columns(text: str) -> tuple[dict[str, Column], str]:
-    """Parse ``name[type]:value ...`` from the start of ``text``; the rest unparsed."""
+    """Parse ``name[type]:value ...`` from the start of ``text``; the rest unparsed. One
+    match per column, its value included (a quoted one with ``''`` for ``'``): the record's
+    every line is parsed at each verify."""
     columns: dict[str, Column] = {}
     pos = 0
-    while pos < len(text):
-        while pos < len(text) and text[pos] == " ":
-            pos += 1
-        m = _COLUMN.match(text, pos)
-        if m is None:
-            break
+    while (m := _COLUMN.match(text, pos)) is not None:
         name = m["name"]
         if name.startswith('"'):
             name = name[1:-1].replace('""', '"')
-        pos = m.end()
-        if text.startswith("'", pos):
-            end = pos + 1
-            while True:
-                end = text.index("'", end)
-                if text.startswith("''", end):
-                    end += 2
-                    continue
-                break
-            value: str | None = text[pos + 1:end].replace("''", "'")
-            pos = end + 1
-        else:
-            end = text.find(" ", pos)
-            end = len(text) if end < 0 else end
-            token = text[pos:end]
-            value = None if token == "null" else token
-            pos = end
+        quoted = m["quoted"]
+        value = (quoted.replace("''", "'") if quoted is not None
+                 else None if m["bare"] == "null" else m["bare"])
         columns[name] = (m["type"], value)
+        pos = m.end()
     return columns, text[pos:].strip()
 
 
@@ -418,61 +403,88 @@ class AsOfAnswer:
     transactions: int
 
 
-class ChildIndex:
-    """A child table's rows grouped by the parent values they reference, per child-rows
-    alias, kept up to date as the replay changes them: the oracle is handed only the rows
-    of the facts it evaluates. Handed the whole child table after every transaction, it
-    grouped all of it again each time (its scans last until its tables change), and the
-    replay grew with transactions x child rows (issue 73). An alias whose link values
-    cannot be hashed (an array) is not indexed: the whole table is handed over."""
+class Grouped:
+    """One table's rows grouped by the values of some of their columns, kept up to date
+    as the replay changes the table; None in place of the groups once a value cannot be
+    hashed (an array): the caller then scans the table."""
+
+    def __init__(self, table: str, columns: Sequence[str]) -> None:
+        self.table, self.columns = table, tuple(columns)
+        self.groups: dict[tuple[Any, ...], dict[tuple[Any, ...], dict[str, Any]]] | None = {}
+
+    def add(self, key: tuple[Any, ...], row: dict[str, Any]) -> None:
+        if self.groups is not None:
+            try:
+                self.groups.setdefault(tuple(row.get(c) for c in self.columns), {})[key] = row
+            except TypeError:
+                self.groups = None
+
+    def remove(self, key: tuple[Any, ...], row: dict[str, Any] | None) -> None:
+        if self.groups is not None and row is not None:
+            group = self.groups.get(tuple(row.get(c) for c in self.columns))
+            if group is not None:
+                group.pop(key, None)
+
+    def clear(self) -> None:
+        if self.groups is not None:
+            self.groups = {}
+
+    def rows_with(self, values: Iterator[tuple[Any, ...]] | Sequence[tuple[Any, ...]]
+                  ) -> dict[tuple[Any, ...], dict[str, Any]] | None:
+        """The rows (by key) whose columns hold one of ``values``; None: not grouped."""
+        if self.groups is None:
+            return None
+        found: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for value in values:
+            found.update(self.groups.get(value, {}))
+        return found
+
+
+class ReplayIndex:
+    """Per child-rows alias, its table's rows grouped by the fact they reference and the
+    facts grouped by the values their child rows reference them by: the replay finds the
+    facts a changed child row belongs to, and hands the oracle only the evaluated facts'
+    child rows, without a scan of either table per transaction. Handed every child row
+    after every transaction, the oracle grouped all of them again each time (its grouping
+    lasts until its tables change): transactions x child rows (issue 73)."""
 
     def __init__(self, job: Any) -> None:
         self.children = [lk for lk in job.lookups if lk.listed and not lk.array]
-        self.groups: dict[str, dict[tuple[Any, ...], dict[tuple[Any, ...], dict[str, Any]]]
-                          | None] = {lk.alias: {} for lk in self.children}
-
-    @staticmethod
-    def _link(lk: Any, row: Mapping[str, Any]) -> tuple[Any, ...]:
-        return tuple(row.get(c) for c in lk.on)
+        self.child_rows = {lk.alias: Grouped(lk.table, list(lk.on)) for lk in self.children}
+        self.facts = {lk.alias: Grouped(job.fact, list(lk.on.values()))
+                      for lk in self.children}
+        self._all = [*self.child_rows.values(), *self.facts.values()]
 
     def add(self, table: str, key: tuple[Any, ...], row: dict[str, Any]) -> None:
         """``row`` (of ``table``) is held under ``key`` now."""
-        for lk in self.children:
-            groups = self.groups[lk.alias]
-            if lk.table != table or groups is None:
-                continue
-            try:
-                groups.setdefault(self._link(lk, row), {})[key] = row
-            except TypeError:
-                self.groups[lk.alias] = None
+        for grouped in self._all:
+            if grouped.table == table:
+                grouped.add(key, row)
 
     def remove(self, table: str, key: tuple[Any, ...], row: dict[str, Any] | None) -> None:
-        """The row held under ``key`` (``row``, None: none) is no longer."""
-        if row is None:
-            return
-        for lk in self.children:
-            groups = self.groups[lk.alias]
-            if lk.table == table and groups is not None:
-                groups.get(self._link(lk, row), {}).pop(key, None)
+        """The row held under ``key`` (``row``; None: none) is no longer."""
+        for grouped in self._all:
+            if grouped.table == table:
+                grouped.remove(key, row)
 
     def clear(self, table: str) -> None:
-        for lk in self.children:
-            if lk.table == table and self.groups[lk.alias] is not None:
-                self.groups[lk.alias] = {}
+        for grouped in self._all:
+            if grouped.table == table:
+                grouped.clear()
 
     def rows_of(self, table: str, facts: Sequence[Mapping[str, Any]],
                 every: Mapping[tuple[Any, ...], dict[str, Any]]) -> list[dict[str, Any]]:
         """The rows of child ``table`` that any of ``facts`` reference (``every``: the whole
-        table, where an alias on it is not indexed)."""
+        table, where an alias on it is not grouped)."""
         found: dict[tuple[Any, ...], dict[str, Any]] = {}
         for lk in self.children:
             if lk.table != table:
                 continue
-            groups = self.groups[lk.alias]
-            if groups is None:
+            rows = self.child_rows[lk.alias].rows_with(
+                [tuple(fact.get(c) for c in lk.on.values()) for fact in facts])
+            if rows is None:
                 return list(every.values())
-            for fact in facts:
-                found.update(groups.get(tuple(fact.get(c) for c in lk.on.values()), {}))
+            found.update(rows)
         return list(found.values())
 
 
@@ -503,15 +515,16 @@ def expected_as_of(job: Any, record: Record, source: str,
         return tuple(row.get(k) for k in job.table(table).key)
 
     tables: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {t: {} for t in job.table_names}
-    index = ChildIndex(job)
+    index = ReplayIndex(job)
     for table, snapshot_rows in record.snapshot.items():
         if table in tables:
             where = f"verify, reading {source}'s {table} as recorded:"
             for row in snapshot_rows:
                 new = typed(table, row, where)
                 assert new is not None
-                tables[table][key_of(table, new)] = new
-                index.add(table, key_of(table, new), new)
+                key = key_of(table, new)
+                tables[table][key] = new
+                index.add(table, key, new)
     oracle = Oracle(job)
     children = index.children
     child_tables = {lk.table for lk in children}
@@ -544,25 +557,25 @@ def expected_as_of(job: Any, record: Record, source: str,
                 continue
             old = typed(change.table, row_values(change.old), where)
             new = typed(change.table, row_values(change.new), where)
+            old_key = None if old is None else key_of(change.table, old)
+            new_key = None if new is None else key_of(change.table, new)
             if change.table in child_tables:  # the versions as held (an old-key has no more)
-                held = [rows.get(key_of(change.table, v)) for v in (old, new) if v is not None]
+                held = [rows.get(k) for k in (old_key, new_key) if k is not None]
                 child_versions.extend((change.table, r) for r in [*held, new] if r is not None)
-            if old is not None:
-                index.remove(change.table, key_of(change.table, old),
-                             rows.pop(key_of(change.table, old), None))
+            if old is not None and old_key is not None:
+                index.remove(change.table, old_key, rows.pop(old_key, None))
                 if change.table == job.fact:
-                    facts[key_of(change.table, old)] = old
-            if new is not None:
-                index.remove(change.table, key_of(change.table, new),
-                             rows.get(key_of(change.table, new)))
-                rows[key_of(change.table, new)] = new
-                index.add(change.table, key_of(change.table, new), new)
+                    facts[old_key] = old
+            if new is not None and new_key is not None:
+                index.remove(change.table, new_key, rows.get(new_key))
+                rows[new_key] = new
+                index.add(change.table, new_key, new)
                 if change.table == job.fact:
-                    facts[key_of(change.table, new)] = new
-        # A change to a child row is a change to the facts it references (before or after).
-        # One pass over the facts per child table, matched by the changed children's link
-        # values: a scan of every fact per changed child made this step (children x facts
-        # per transaction) the replay's cost (issue 73: 4 min 50 s against 8.6 s).
+                    facts[new_key] = new
+        # A change to a child row is a change to the facts it references (before or after):
+        # found by the changed children's link values, in the facts grouped by theirs
+        # (else one pass over the facts; a scan of every fact per changed child made this
+        # step the replay's cost: issue 73, 4 min 50 s against 8.6 s).
         for lk in children:
             mine, theirs = list(lk.on), list(lk.on.values())
             links = [tuple(child.get(c) for c in mine) for table, child in child_versions
@@ -573,6 +586,11 @@ def expected_as_of(job: Any, record: Record, source: str,
                 wanted: set[tuple[Any, ...]] | list[tuple[Any, ...]] = set(links)
             except TypeError:  # an unhashable link value: compare each with ==
                 wanted = links
+            referenced = (index.facts[lk.alias].rows_with(list(wanted))
+                          if isinstance(wanted, set) else None)
+            if referenced is not None:
+                facts.update((k, f) for k, f in referenced.items() if k not in facts)
+                continue
             facts.update((key, fact) for key, fact in tables[job.fact].items()
                          if key not in facts and tuple(fact.get(c) for c in theirs) in wanted)
         if not facts:
