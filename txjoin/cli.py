@@ -613,6 +613,9 @@ def job_from_sql(query_file: Path, name: str, output_table: str | None, dsn: str
                         output_table=output_table)
     for note in compiled.notes:
         click.echo(f"note: {note}", err=True)
+    if compiled.notes:
+        click.echo(f"once the job has run, `txjoin verify JOB --against-sql {query_file}` "
+                   f"names each row these rules decide", err=True)
     if out is None:
         click.echo(compiled.source, nl=False)
     else:

@@ -1393,7 +1393,7 @@ def _own_query_dsn(job: Job, own_query: OwnQuery, source_dsn: str,
     """The database the user's query runs on; a ConfigError where it cannot referee."""
     if job.semantics != "current":
         raise ConfigError(
-            f"--against-sql {own_query.path}: job {job.name!r} has {job.semantics} semantics, "
+            f"--against-sql {own_query.path}: job {job.name!r} has as_of_fact semantics, "
             f"whose rows keep each lookup as of the fact's last change, and your query "
             f"answers today's state; compile a current job from it (`txjoin job from-sql "
             f"{own_query.path} --semantics current --name {job.name}_now`) and verify that "
