@@ -14,7 +14,8 @@ txjoin's oracle (``read_record``, then ``expected_as_of``: what ``recorded_answe
 does; rows read by the job's types); ``current``, the job's query on the database read
 in key order (``streamed_checks`` with no sink). Then the whole ``verify_job`` of each
 against a PostgreSQL sink filled with its answer (the record's slot already read: a
-verify after the first). Prints JSON (seconds of wall clock and of this process's CPU
+verify after the first), in this process and as ``txjoin verify`` processes (no Delta
+table: each notes it). Prints JSON (seconds of wall clock and of this process's CPU
 each, and the ratios) and writes it to ``--out``.
 """
 
@@ -23,7 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -57,6 +61,9 @@ JOB = Job(
         "stops": Aggregate("st", "count"),
         "route": Aggregate("st", "string_agg", "st.place", " > ")}),
     semantics="as_of_fact")
+
+CURRENT = replace(JOB, name="rides_now", semantics="current",
+                  output=replace(JOB.output, table="rides_now"))
 
 DRIVERS = 50
 
@@ -110,8 +117,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
                                      "record_read_wall_s": read_wall,
                                      "record_read_cpu_s": read_cpu}
 
-            current = replace(JOB, name="rides_now", semantics="current",
-                              output=replace(JOB.output, table="rides_now"))
+            current = CURRENT
             wall, cpu = time.monotonic(), time.process_time()
             streamed, _ = streamed_checks(current, url, [])
             timings["current"] = {"wall_s": time.monotonic() - wall,
@@ -133,16 +139,39 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
                 assert postgres_check.ok, result.format()
                 timings[f"verify_{semantics}"] = {"wall_s": time.monotonic() - wall,
                                                   "cpu_s": time.process_time() - cpu}
+                timings[f"cli_{semantics}"] = cli_verify(job, root, url, sink, len(rows_now))
         finally:
             postgres.stop_postgres(server.process)
             shutil.rmtree(pg_root, ignore_errors=True)
     verify_ratio = (timings["verify_as_of_fact"]["wall_s"]
                     / timings["verify_current"]["wall_s"])
+    cli_ratio = timings["cli_as_of_fact"]["wall_s"] / timings["cli_current"]["wall_s"]
     return {"transactions": args.transactions, "trips": args.transactions * args.trips_per_tx,
             "stops": args.transactions * args.trips_per_tx * args.stops,
             "row_changes": changes, "load_1min": os.getloadavg()[0], **timings,
             "ratio_wall": timings["as_of_fact"]["wall_s"] / timings["current"]["wall_s"],
-            "verify_ratio_wall": verify_ratio}
+            "verify_ratio_wall": verify_ratio, "cli_ratio_wall": cli_ratio}
+
+
+def cli_verify(job: Job, root: Path, source: str, sink: str, rows: int) -> dict[str, float]:
+    """``txjoin verify`` of ``job`` as a process of its own (its start, imports and the
+    Delta sink's note included): wall seconds and the process's CPU."""
+    job_file = root / f"{job.name}.py"
+    job_file.write_text(f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+                        f"from verify_replay_cost import JOB, CURRENT\n"
+                        f"job = {'JOB' if job is JOB else 'CURRENT'}\n")
+    script = Path(sys.executable).with_name("txjoin")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = time.monotonic()
+    done = subprocess.run([str(script), "verify", str(job_file), "--dir", str(root),
+                           "--source-dsn", source, "--postgres-dsn", sink, "--output-dir",
+                           str(root / "no-delta")], capture_output=True, text=True,
+                          check=False)
+    wall = time.monotonic() - wall
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert f"postgres {rows} rows, 0 mismatches" in done.stdout, done.stdout + done.stderr
+    return {"wall_s": wall, "cpu_s": (after.ru_utime - before.ru_utime
+                                      + after.ru_stime - before.ru_stime)}
 
 
 def fill_sink(job: Job, sink_dsn: str, rows: list[dict[str, object]]) -> None:
