@@ -22,6 +22,7 @@ each, and the ratios) and writes it to ``--out``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -178,12 +179,9 @@ def fill_sink(job: Job, sink_dsn: str, rows: list[dict[str, object]]) -> None:
     """``job``'s PostgreSQL sink holding ``rows``, as one committed batch leaves it."""
     changes = [OutputChange(tuple(r[k] for k in job.output.key), "c", r, 1, 1, None)
                for r in rows]
-    sink = PostgresSink(sink_dsn, job.output.table, job.name, list(job.output.key),
-                        output_schema(job))
-    try:
+    with contextlib.closing(PostgresSink(sink_dsn, job.output.table, job.name,
+                                         list(job.output.key), output_schema(job))) as sink:
         assert sink.write(0, changes_to_table(job, changes))
-    finally:
-        sink.close()
 
 
 def main() -> None:
