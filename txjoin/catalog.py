@@ -432,14 +432,15 @@ def init_job(dsn: str, tables: Sequence[str], fact: str | None = None,
 
 
 def check_declared_columns(dsn: str, tables: Sequence[Table], job_file: str) -> None:
-    """ConfigError (one line, with a "did you mean") unless every table and column the job
-    declares exists in the source database at ``dsn`` with a type its declared one reads
-    (:func:`txjoin.ingest.types.type_fits`): a typo or a wrong type in a job file is found
-    when the run starts, not when the first record of the table arrives (behind Spark's
-    start and its traces)."""
+    """ConfigError (one line per problem, with a "did you mean") unless every table and
+    column the job declares exists in the source database at ``dsn`` with a type its
+    declared one reads (:func:`txjoin.ingest.types.type_fits`): a typo or a wrong type in a
+    job file is found when the run starts, not when the first record of the table arrives
+    (behind Spark's start and its traces)."""
     from txjoin.ingest.types import type_fits
     from txjoin.sinks.postgres import mask_dsn
 
+    problems = []
     with _connect(dsn) as conn, conn.cursor() as cur:
         for table in tables:
             cur.execute("SELECT ARRAY(SELECT attname::text FROM pg_attribute WHERE attrelid = "
@@ -453,13 +454,14 @@ def check_declared_columns(dsn: str, tables: Sequence[Table], job_file: str) -> 
                             "('r', 'p') AND n.nspname NOT IN ('pg_catalog', "
                             "'information_schema')")
                 hint = did_you_mean(table.name, [r[0] for r in cur.fetchall()])
-                raise ConfigError(f"{where} does not exist in the source database "
-                                  f"{mask_dsn(dsn)}{hint}; fix the Table name in the job file")
+                problems.append(f"{where} does not exist in the source database "
+                                f"{mask_dsn(dsn)}{hint}; fix the Table name in the job file")
+                continue
             columns = row[0]
             for col in table.columns:
                 if col not in columns:
                     hint = did_you_mean(col, columns)
-                    raise ConfigError(
+                    problems.append(
                         f"{where} has no column {col!r} in the source database "
                         f"{mask_dsn(dsn)}{hint}; its columns: {', '.join(columns)}. Fix the "
                         f"job file's Table columns (nothing was read or written)")
@@ -472,8 +474,10 @@ def check_declared_columns(dsn: str, tables: Sequence[Table], job_file: str) -> 
                 actual, spelled = _resolve_type(cur, type_oid, typmod, f"{table.name}.{col}")
                 if actual is None or type_fits(declared, actual, table.time_precision_mode):
                     continue
-                raise ConfigError(
+                problems.append(
                     f"{where} column {col!r} is declared {declared!r}, but the source database "
                     f"has it as {spelled} (txjoin type {actual!r}), which {declared!r} does not "
                     f"read; declare it {actual!r} in the job file's Table (nothing was read or "
                     f"written)")
+    if problems:
+        raise ConfigError("\n".join(problems))

@@ -613,6 +613,9 @@ def job_from_sql(query_file: Path, name: str, output_table: str | None, dsn: str
                         output_table=output_table)
     for note in compiled.notes:
         click.echo(f"note: {note}", err=True)
+    if compiled.notes:
+        click.echo(f"once the job has run, `txjoin verify JOB --against-sql {query_file}` "
+                   f"names each row these rules decide", err=True)
     if out is None:
         click.echo(compiled.source, nl=False)
     else:
@@ -655,9 +658,17 @@ def job_from_sql(query_file: Path, name: str, output_table: str | None, dsn: str
               help="Job with sources: skip replaying every state the changelog "
                    "passes through (the job is evaluated once per _commit_seq; slow for "
                    "long workloads). The order and grouping checks still run.")
+@click.option("--against-sql", "against_sql", metavar="FILE", default=None,
+              type=click.Path(exists=True, dir_okay=False),
+              help="Also compare each sink with your own query (the SQL the job was "
+                   "compiled from, PostgreSQL dialect) run on the source: each difference "
+                   "that a documented rule of the job explains (a Pick among several "
+                   "matches, the order of tied child rows) is one line, counted; any other "
+                   "is a mismatch. current jobs.")
 def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
            source_dsn_items: tuple[str, ...], no_postgres: bool, output_dir: str | None,
-           show_rows: int, start: bool, drop_record: bool, no_state_check: bool) -> None:
+           show_rows: int, start: bool, drop_record: bool, no_state_check: bool,
+           against_sql: str | None) -> None:
     """Compare JOB_FILE's sinks with PostgreSQL's own answer.
 
     as_of_fact jobs are checked against <fact>_expected (written by `txjoin generate`)
@@ -670,7 +681,8 @@ def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
     the job's query on a copy of each source's tables (one snapshot per database); each
     sink's changelog must keep every source's commit order with no transaction split, and
     txjoin's own oracle checks every state it passes through (the "checked by:" line says
-    who answered what).
+    who answered what). --against-sql FILE compares each sink with your own query too,
+    explaining the differences the job's documented rules cause (docs/verify.md).
     Exit code 0: every sink matches; 1: a mismatch; 2: wrong options, or a database or
     oracle table that is not there.
     """
@@ -678,6 +690,7 @@ def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
     from txjoin.stack.stack import load_stack
     from txjoin.verify.history import SLOT, start_record
     from txjoin.verify.history import drop_record as drop_record_of
+    from txjoin.verify.own_query import read_own_query
     from txjoin.verify.verify import verify_job
 
     try:
@@ -734,10 +747,11 @@ def verify(job_file: Path, directory: Path, postgres_dsn: str | None,
         # A line every few seconds on a terminal; none in a log or a pipe.
         progress = ((lambda line: click.echo(line, err=True)) if sys.stderr.isatty()
                     else None)
+        own_query = None if against_sql is None else read_own_query(against_sql)
         result = verify_job(job, (source_dsn, None if no_postgres else postgres_dsn),
                             output_dir or directory / "output", source_dsns,
                             check_states=not no_state_check, record_dir=directory,
-                            progress=progress)
+                            progress=progress, own_query=own_query)
     except TxjoinError as exc:
         click.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(2)

@@ -263,6 +263,15 @@ class _Compiler:
                       ("distinct",))
 
 
+def query_select(text: str, path: str) -> tuple[str, list[str] | None]:
+    """The SELECT of a query file (alone, or in ``INSERT INTO t SELECT`` / ``CREATE VIEW t
+    AS SELECT``) as PostgreSQL text, and the column list the statement gives its rows
+    (``CREATE VIEW t (a, b) AS``; None: the SELECT's own names): what ``txjoin verify
+    --against-sql`` runs."""
+    select, _, columns = _Compiler(text, path).select()
+    return select.sql(dialect=DIALECT), columns
+
+
 def _conjuncts(node: exp.Expr) -> list[exp.Expr]:
     node = node.unnest() if isinstance(node, exp.Paren) else node
     if isinstance(node, exp.And):

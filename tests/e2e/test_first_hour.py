@@ -83,6 +83,7 @@ def test_the_library_as_of_fact_job_verifies_on_plain_sql_after_up_job(tmp_path:
     up = txjoin("up", "--dir", str(directory), "--job", str(job))
     try:
         assert up.returncode == 0, up.stdout + up.stderr
+        assert up.stderr == "", up.stderr  # issue 73: no warnings of its JVMs or pip's
         stack = load_stack(directory)
         assert stack is not None
         with contextlib.closing(psycopg2.connect(stack.pg_dsn_source)) as conn:

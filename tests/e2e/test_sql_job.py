@@ -9,6 +9,7 @@ with the declarations taken from the job files).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 from click.testing import CliRunner
@@ -68,19 +69,33 @@ GROUP BY t.id, d.name, v.plate
 """
 
 
+def rides_database(pg_server: str, name: str, strict: bool = False,
+                   rows: dict[str, list[dict[str, Any]]] | None = None) -> str:
+    """A database with the ride-hailing tables in schema ``loose`` (no UNIQUE beyond the
+    keys) holding ``rows``, and with ``strict`` the same tables with UNIQUE constraints."""
+    dsn = new_database(pg_server, name)
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("CREATE SCHEMA loose")
+        cur.execute(RIDES.format(s="loose", u="", tie=""))
+        if strict:
+            cur.execute("CREATE SCHEMA strict")
+            cur.execute(RIDES.format(s="strict", u="UNIQUE", tie=", UNIQUE (trip_id, seq)"))
+        for table, table_rows in (rows or {}).items():
+            for row in table_rows:
+                cur.execute(f"INSERT INTO {table} ({', '.join(row)}) VALUES "
+                            f"({', '.join(['%s'] * len(row))})", list(row.values()))
+    conn.close()
+    return dsn
+
+
 def test_from_sql_warns_where_a_documented_rule_applies_unless_the_catalog_rules_it_out(
         pg_server: str, tmp_path: Path) -> None:
     # Issue 73 item 3: a driver with two vehicles (the job keeps the greatest id, the view
     # counts both) and stops with equal seq (txjoin breaks the tie by id): said when the job
     # is compiled, unless a UNIQUE in the catalog says it cannot happen.
-    dsn = new_database(pg_server, "from_sql_rules")
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute("CREATE SCHEMA loose; CREATE SCHEMA strict;")
-        cur.execute(RIDES.format(s="loose", u="", tie=""))
-        cur.execute(RIDES.format(s="strict", u="UNIQUE", tie=", UNIQUE (trip_id, seq)"))
-    conn.close()
+    dsn = rides_database(pg_server, "from_sql_rules", strict=True)
     stderr = {}
     for schema in ("loose", "strict"):
         query = tmp_path / f"{schema}.sql"
@@ -99,3 +114,83 @@ def test_from_sql_warns_where_a_documented_rule_applies_unless_the_catalog_rules
             "well (txjoin's tie rule; PostgreSQL's order among them is unspecified): the "
             "catalog has no UNIQUE on loose.stops (trip_id, seq)" in loose), loose
     assert stderr["strict"].count("note: ") == 0, stderr["strict"]
+
+
+RIDE_ROWS: dict[str, list[dict[str, Any]]] = {
+    "loose.drivers": [{"id": 1, "name": "Ann"}, {"id": 2, "name": "Bob"}],
+    "loose.vehicles": [{"id": 10, "driver_id": 1, "plate": "AA-1"},   # Ann drives two
+                       {"id": 11, "driver_id": 1, "plate": "BB-2"},
+                       {"id": 20, "driver_id": 2, "plate": "CC-3"}],
+    "loose.trips": [{"id": 100, "driver_id": 1, "fare": "10.50"},
+                    {"id": 101, "driver_id": 2, "fare": "7.00"},
+                    {"id": 102, "driver_id": 2, "fare": None}],
+    # Trip 101's two stops have equal seq: txjoin lists the tie by id ('b' first);
+    # PostgreSQL's plan for the view here (a hash join built on the stops) gives them
+    # in the reverse of the order they were inserted in ('a' first).
+    "loose.stops": [{"id": 1010, "trip_id": 101, "seq": 1, "place": "b"},
+                    {"id": 1011, "trip_id": 101, "seq": 1, "place": "a"},
+                    {"id": 1000, "trip_id": 100, "seq": 1, "place": "home"},
+                    {"id": 1001, "trip_id": 100, "seq": 2, "place": "work"}],
+}
+
+
+def test_verify_against_the_users_own_query_explains_the_documented_rules_and_flags_the_rest(
+        pg_server: str, tmp_path: Path) -> None:
+    # Issue 73 item 3: the view the job was compiled from as a further referee. Its two rows
+    # for trip 100 (a driver with two vehicles) and trip 101's route (a tie in seq) are
+    # txjoin's documented rules, one line each; a sink row changed underneath is not.
+    from tests.e2e.test_verify_referee import run_engine_into_sink
+    from txjoin.verify.own_query import read_own_query
+    from txjoin.verify.verify import verify_job
+
+    source = rides_database(pg_server, "own_query_source", rows=RIDE_ROWS)
+    sink = new_database(pg_server, "own_query_sink")
+    query, out = tmp_path / "trips.sql", tmp_path / "trips.py"
+    query.write_text(RIDES_SQL.format(s="loose"))
+    done = CliRunner().invoke(main, ["job", "from-sql", str(query), "--name", "trips",
+                                     "--dsn", source, "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    job = load_job(out)
+    run_engine_into_sink(job, sink, RIDE_ROWS)
+
+    def verify() -> Any:
+        result = verify_job(job, (source, sink), tmp_path / "no-delta",
+                            own_query=read_own_query(str(query)))
+        (postgres,) = result.own_query  # the Delta sink has no table here: not compared
+        return result, postgres
+
+    result, postgres = verify()
+    text = result.format()
+    assert next(s for s in result.sinks if s.sink == "postgres").ok, text
+    assert postgres.ok and postgres.query_rows == 4 and postgres.query_keys == 3, text
+    assert "  your query: 4 rows, 3 keys" in text
+    assert ("postgres: 2 key(s) differ by txjoin's documented rules, 0 mismatches" in text)
+    assert ("1 by a Pick: v (loose.vehicles) matched on driver_id, where several rows "
+            "match: your query has a row for each, the job the one with the greatest id"
+            in text), text
+    assert "id=100: 2 rows in your query (plate: AA-1 | BB-2); the sink has plate BB-2" in text
+    assert ("1 by the order of ties: st (loose.stops) child rows of equal seq are listed "
+            "by id as well" in text), text
+    assert "id=101: route: yours a > b, the sink b > a" in text, text
+    assert ("your query", f"PostgreSQL: {query} on the source") in result.referees
+
+    with psycopg2.connect(sink) as conn, conn.cursor() as cur:
+        cur.execute("UPDATE trips SET driver = 'Eve' WHERE id = 102")
+        cur.execute("UPDATE trips SET plate = 'AA-1', route = 'x' WHERE id = 100")
+    result, postgres = verify()
+    text = result.format()
+    assert not result.ok and postgres.mismatches == 2, text
+    assert [r["id"] for _, r in postgres.different] == [100, 102], text
+    assert "different (2): no documented rule explains them" in text
+
+    # an as_of_fact job's rows are not today's state: refused in one line
+    asof = tmp_path / "trips_asof.py"
+    done = CliRunner().invoke(main, ["job", "from-sql", str(query), "--name", "trips_asof",
+                                     "--semantics", "as_of_fact", "--dsn", source,
+                                     "--out", str(asof)])
+    assert done.exit_code == 0, done.output
+    done = CliRunner().invoke(main, ["verify", str(asof), "--source-dsn", source,
+                                     "--postgres-dsn", sink, "--against-sql", str(query)])
+    assert done.exit_code == 2, done.output
+    assert ("job 'trips_asof' has as_of_fact semantics, whose rows keep each lookup as of "
+            "the fact's last change" in done.output), done.output

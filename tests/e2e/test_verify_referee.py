@@ -11,7 +11,7 @@ both databases' tables). The same run with the engine intact verifies clean.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +114,14 @@ def fans_job() -> Job:
         semantics="current")
 
 
-def run_engine_into_sink(job: Job, sink_dsn: str) -> None:
-    """The engine on the databases' rows (Debezium's snapshot of them), into a fresh sink."""
-    records = produce(job, Workload({"public.users": USERS, "public.fans": FANS,
-                                     "public.users_favorite_color": COLOURS}, [])).records
+def run_engine_into_sink(job: Job, sink_dsn: str,
+                         tables: Mapping[str, list[dict[str, Any]]] | None = None) -> None:
+    """The engine on the databases' rows (Debezium's snapshot of ``tables``, by default
+    this module's), into a fresh PostgreSQL sink."""
+    if tables is None:
+        tables = {"public.users": USERS, "public.fans": FANS,
+                  "public.users_favorite_color": COLOURS}
+    records = produce(job, Workload(dict(tables), [])).records
     engine = Engine(job)
     streams = set(job.streams(job.source_prefixes("shop")).values())
     changes = engine.process([(r.topic, 0, r.offset, r.value) for r in records],

@@ -197,6 +197,24 @@ def test_a_child_rows_change_re_evaluates_the_facts_it_leaves_and_joins() -> Non
         {"trip_id": 3, "stops": 0, "fare": 9}]
 
 
+def test_the_replay_says_how_far_it_got_and_reads_only_the_jobs_tables(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 73 item 5: a line every PROGRESS_SECONDS while the record replays (on a
+    # terminal, verify's own progress lines); a table outside the job is not parsed.
+    from txjoin.verify import verify
+
+    monkeypatch.setattr(verify, "PROGRESS_SECONDS", 0.0)
+    record = Record(snapshot={}, transactions=[
+        (n, [_insert("public.customers", id=("integer", str(n)),
+                     name=("character varying", "x"))]) for n in range(1, 4)])
+    lines: list[str] = []
+    expected_as_of(JOB, record, "test", lines.append)
+    assert lines[-1] == "verify: replaying the record: 2 of 3 transactions, 0 facts evaluated"
+    assert decode_change("table public.txjoin_changes: INSERT: id[bigint]:1",
+                         {"public.orders"}) is None
+    assert decode_change(CUSTOMER, {"public.customers"}) is not None
+
+
 def test_a_record_cut_in_an_append_keeps_its_whole_transactions_and_drops_the_rest(
         tmp_path: Path) -> None:
     """What a verify killed in the middle of an append leaves (the kill itself, on a real

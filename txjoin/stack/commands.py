@@ -43,13 +43,21 @@ _dir_option = click.option(
               help="With --job: capture the job's tables from this PostgreSQL, which you run "
                    "(checked first: wal_level=logical, a REPLICATION role, the tables, columns "
                    "and replica identity); the stack's own PostgreSQL then holds only the sink.")
+@click.option("--schema", "schema_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, metavar="FILE",
+              help="With --job: build the job's database from your own DDL (CREATE TABLE "
+                   "... with its constraints, indexes, other tables) instead of txjoin's "
+                   "from the job's Table declarations; checked against the job first (every "
+                   "table and column it declares, with a type it reads: one line per "
+                   "problem, and nothing is kept). A job of one database.")
 @click.option("--partitions", type=click.IntRange(min=1), default=None,
               help="Partitions of each table topic (Debezium spreads records by row key; "
                    "transaction topics always have one). Default: 1, or what the stack in "
                    "--dir was started with.")
 @cli_errors
 def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: float,
-       job_file: Path | None, source_dsn: str | None, partitions: int | None) -> None:
+       job_file: Path | None, source_dsn: str | None, schema_file: Path | None,
+       partitions: int | None) -> None:
     """Start PostgreSQL, Apache Kafka and Debezium (Kafka Connect) in the background.
 
     A stack stopped by `down` (without --wipe), or whose processes died, starts again on
@@ -59,11 +67,14 @@ def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: f
     if source_dsn is not None and job_file is None:
         raise ConfigError("--source-dsn captures a job's tables: add --job FILE (write one "
                           "from your catalog with `txjoin job init --dsn DSN --tables ...`)")
+    if schema_file is not None and job_file is None:
+        raise ConfigError("--schema builds a job's database: add --job FILE (the job whose "
+                          "tables the DDL holds)")
     recorded = stack_mod.recorded_start(directory)
     if job_file is not None:
         from txjoin.job import load_job
 
-        sources = stack_mod.job_sources(load_job(job_file), source_dsn)
+        sources = stack_mod.job_sources(load_job(job_file), source_dsn, schema_file)
     elif recorded is not None:
         sources = recorded[0]  # no --job: the stack as it was started
     if partitions is None:

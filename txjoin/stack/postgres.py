@@ -282,11 +282,16 @@ def table_ddl(table: Table) -> str:
             f"PRIMARY KEY ({key}));\nALTER TABLE {table.name} REPLICA IDENTITY FULL;\n")
 
 
-def create_source_database(port: int, database: str, tables: Sequence[Table]) -> str:
+def create_source_database(port: int, database: str, tables: Sequence[Table],
+                           schema: SchemaFile | None = None) -> str:
     """Create ``database`` with ``tables``, the commit log and the change log; return its DSN.
 
     A second source of a multi-source job: one logical database per source in the one
-    cluster (each with its own WAL stream position, slot and publication).
+    cluster (each with its own WAL stream position, slot and publication). ``schema``: the
+    user's own DDL builds the tables instead of :func:`table_ddl` (constraints, indexes
+    and all), and must hold every table and column of ``tables`` with a type the declared
+    one reads (ConfigError, one line per problem: :func:`txjoin.catalog.check_declared_columns`);
+    each table then gets ``REPLICA IDENTITY FULL``, as txjoin's own DDL gives it.
     """
     admin = psycopg2.connect(dsn(port, "postgres"))
     admin.autocommit = True
@@ -298,13 +303,16 @@ def create_source_database(port: int, database: str, tables: Sequence[Table]) ->
     finally:
         admin.close()
     url = dsn(port, database)
+    if schema is not None:
+        _apply_schema(url, schema, tables)
     conn = psycopg2.connect(url)
     try:
         with conn, conn.cursor() as cur:
             cur.execute(_CHANGE_LOG_SQL)
             cur.execute(_COMMIT_LOG_SQL)
             for table in tables:
-                cur.execute(table_ddl(table))
+                cur.execute(table_ddl(table) if schema is None else
+                            f"ALTER TABLE {table.name} REPLICA IDENTITY FULL")
                 cur.execute(f"CREATE OR REPLACE TRIGGER txjoin_record_change AFTER INSERT OR "
                             f"UPDATE OR DELETE ON {table.name} FOR EACH ROW EXECUTE FUNCTION "
                             f"public.txjoin_record_change()")
@@ -317,6 +325,35 @@ def create_source_database(port: int, database: str, tables: Sequence[Table]) ->
     finally:
         conn.close()
     return url
+
+
+@dataclass(frozen=True)
+class SchemaFile:
+    """The user's DDL for a job's source database (``txjoin up --job JOB --schema FILE``)."""
+
+    path: str
+    job_file: str
+
+
+def _apply_schema(url: str, schema: SchemaFile, tables: Sequence[Table]) -> None:
+    """Run the user's DDL on the new database, then check it against the job's tables."""
+    from txjoin.catalog import check_declared_columns
+
+    try:
+        text = Path(schema.path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--schema {schema.path}: cannot read it: {exc.strerror}") from None
+    conn = psycopg2.connect(url)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(text)
+    except psycopg2.Error as exc:
+        raise ConfigError(f"--schema {schema.path}: PostgreSQL refused it: "
+                          f"{' '.join(str(exc).split())}; fix the file and run `txjoin up` "
+                          f"again") from None
+    finally:
+        conn.close()
+    check_declared_columns(url, tables, f"{schema.job_file} against --schema {schema.path}")
 
 
 def stop_postgres(process: ProcessId, timeout: float = 30.0) -> bool:

@@ -36,7 +36,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,8 @@ class SourceSpec:
     prefix: str
     tables: tuple[Table, ...]
     external_dsn: str | None = None
+    schema: postgres_mod.SchemaFile | None = None
+    """The user's DDL for the database the stack creates (``up --job --schema``)."""
 
     @property
     def database(self) -> str:
@@ -88,11 +90,26 @@ class SourceSpec:
         return f"debezium:{self.prefix}"
 
 
-def job_sources(job: Job, source_dsn: str | None = None) -> list[SourceSpec]:
+def job_sources(job: Job, source_dsn: str | None = None,
+                schema: str | os.PathLike[str] | None = None) -> list[SourceSpec]:
     """The source databases of ``job``'s stack (``txjoin up --job``): one per declared
     source; a job without declared sources gets one, named after the job (its database and
     topic prefix). ``source_dsn``: capture the user's database there instead of creating
-    one (a job with one source only)."""
+    one (a job with one source only). ``schema``: the user's DDL file, which builds the one
+    database the stack creates instead of txjoin's DDL from the job's tables."""
+    if schema is not None:
+        if source_dsn is not None:
+            raise ConfigError("--schema builds the database the stack creates; with "
+                              "--source-dsn your database already has its tables: drop one")
+        if len(job.sources) > 1:
+            raise ConfigError(f"--schema builds one database, and job {job.name!r} reads "
+                              f"{len(job.sources)} ({', '.join(s.name for s in job.sources)}); "
+                              f"leave --schema out (txjoin's DDL builds each)")
+        if not Path(schema).is_file():
+            raise ConfigError(f"--schema {schema}: no such file")
+        specs = job_sources(job)
+        own = postgres_mod.SchemaFile(str(schema), job.source_file)
+        return [replace(spec, schema=own) for spec in specs]
     if not job.sources:
         prefix = re.sub(r"[^a-z0-9_]", "_", job.name.lower())
         if not prefix[:1].isalpha():
@@ -324,6 +341,12 @@ def up(directory: str | os.PathLike[str] = DEFAULT_DIR, *, pg_port: int | None =
             state = None
         if state is not None:
             _check_same_stack(directory, state, sources, partitions, pg_port, broker_port)
+            for spec in sources:
+                if spec.schema is not None:
+                    progress(f"--schema {spec.schema.path} not applied: the stack in "
+                             f"{directory} has its database {spec.database} already; "
+                             f"`txjoin down --dir {directory} --wipe` first to build it "
+                             f"from the file")
             alive = _alive(state)
             if (not state.get("stopped") and len(alive) == len(_components(state))
                     and all(alive.values())):
@@ -440,24 +463,37 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
         state[name] = {"work_dir": str(work_dir), "rest_port": free_port(), "log": str(log),
                        **({"dsn": dsn} if dsn else {})}
     _write_state(directory, state)
-    with _stopped_on_failure(directory, state):
-        _start_postgres(directory, state, timeout, progress)
-        _start_broker(directory, state, timeout, progress)
-        for spec in sources:
-            if spec.external_dsn is not None:
-                continue
-            progress(f"postgres: database {spec.database} for source {spec.name!r}")
-            url = postgres_mod.create_source_database(pg_port, spec.database, spec.tables)
-            if len(sources) == 1:
-                # verify's own record of the history, from the empty tables on, so an
-                # as_of_fact job is verifiable on any writes (docs/verify.md).
-                from txjoin.verify.history import start_record
+    unfit = False  # the user's schema does not fit the job
+    try:
+        with _stopped_on_failure(directory, state):
+            _start_postgres(directory, state, timeout, progress)
+            for spec in sources:
+                if spec.external_dsn is not None:
+                    continue
+                built = f" from {spec.schema.path}" if spec.schema else ""
+                progress(f"postgres: database {spec.database} for source {spec.name!r}{built}")
+                try:
+                    url = postgres_mod.create_source_database(pg_port, spec.database,
+                                                              spec.tables, spec.schema)
+                except ConfigError:
+                    unfit = spec.schema is not None
+                    raise
+                if len(sources) == 1:
+                    # verify's own record of the history, from the empty tables on, so an
+                    # as_of_fact job is verifiable on any writes (docs/verify.md).
+                    from txjoin.verify.history import start_record
 
-                start_record(url, directory, [t.name for t in spec.tables])
-        for name in _debezium_components(state):
-            _start_debezium(directory, state, name, progress)
-        for name in _debezium_components(state):
-            _wait_debezium(state, timeout, name)
+                    start_record(url, directory, [t.name for t in spec.tables])
+            _start_broker(directory, state, timeout, progress)
+            for name in _debezium_components(state):
+                _start_debezium(directory, state, name, progress)
+            for name in _debezium_components(state):
+                _wait_debezium(state, timeout, name)
+    finally:
+        if unfit:  # nothing of this new stack is worth keeping: the next `up` builds anew
+            _remove_data(directory, state)
+            for name in (STATE_FILE, STATE_FILE + ".tmp"):
+                (directory / name).unlink(missing_ok=True)
     return _started(directory, state, started, progress, resumed=False)
 
 

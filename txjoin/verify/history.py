@@ -32,7 +32,7 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -44,6 +44,7 @@ import psycopg2.extras
 
 from txjoin import crashpoints
 from txjoin.errors import ConfigError
+from txjoin.verify.source_tables import CHANGE_LOG, COMMIT_LOG
 
 SLOT = "txjoin_verify"
 """verify's logical replication slot in a recorded source database."""
@@ -65,7 +66,8 @@ Column = tuple[str, str | None]
 # An UPDATE of a table with an old tuple prints "old-key: ... new-tuple: ...".)
 
 _TABLE = re.compile(r"table (?P<table>.+?): (?P<op>INSERT|UPDATE|DELETE|TRUNCATE):(?: |$)")
-_COLUMN = re.compile(r'(?P<name>"(?:[^"]|"")+"|[^\[\s]+)\[(?P<type>[^\]]+(?:\[\])*)\]:')
+_COLUMN = re.compile(r' *(?P<name>"(?:[^"]|"")+"|[^\[\s]+)\[(?P<type>[^\]]+(?:\[\])*)\]:'
+                     r"(?:'(?P<quoted>(?:[^']|'')*)'|(?P<bare>[^ ]*))")
 
 
 @dataclass(frozen=True)
@@ -81,45 +83,32 @@ class DecodedChange:
 
 
 def _columns(text: str) -> tuple[dict[str, Column], str]:
-    """Parse ``name[type]:value ...`` from the start of ``text``; the rest unparsed."""
+    """Parse ``name[type]:value ...`` from the start of ``text``; the rest unparsed. One
+    match per column, its value included (a quoted one with ``''`` for ``'``): the record's
+    every line is parsed at each verify."""
     columns: dict[str, Column] = {}
     pos = 0
-    while pos < len(text):
-        while pos < len(text) and text[pos] == " ":
-            pos += 1
-        m = _COLUMN.match(text, pos)
-        if m is None:
-            break
+    while (m := _COLUMN.match(text, pos)) is not None:
         name = m["name"]
         if name.startswith('"'):
             name = name[1:-1].replace('""', '"')
-        pos = m.end()
-        if text.startswith("'", pos):
-            end = pos + 1
-            while True:
-                end = text.index("'", end)
-                if text.startswith("''", end):
-                    end += 2
-                    continue
-                break
-            value: str | None = text[pos + 1:end].replace("''", "'")
-            pos = end + 1
-        else:
-            end = text.find(" ", pos)
-            end = len(text) if end < 0 else end
-            token = text[pos:end]
-            value = None if token == "null" else token
-            pos = end
+        quoted = m["quoted"]
+        value = (quoted.replace("''", "'") if quoted is not None
+                 else None if m["bare"] == "null" else m["bare"])
         columns[name] = (m["type"], value)
+        pos = m.end()
     return columns, text[pos:].strip()
 
 
-def decode_change(data: str) -> DecodedChange | None:
-    """One line of test_decoding's output; None for BEGIN/COMMIT and other lines."""
+def decode_change(data: str, tables: Container[str] | None = None) -> DecodedChange | None:
+    """One line of test_decoding's output; None for BEGIN/COMMIT and other lines, and for
+    a change of a table not in ``tables`` (given), whose columns are then not parsed."""
     m = _TABLE.match(data)
     if m is None:
         return None
     table, op, rest = m["table"], m["op"], data[m.end():]
+    if tables is not None and table not in tables:
+        return None
     if op == "TRUNCATE" or rest.startswith("(no-tuple-data)"):
         return DecodedChange(table, op, None, None)
     old = None
@@ -337,9 +326,16 @@ class Record:
     """(xid, its row changes in statement order), in commit order."""
 
 
-def read_record(dsn: str, directory: Path) -> Record | None:
+_OWN_LOGS = tuple(f"table {t}: " for t in (CHANGE_LOG, COMMIT_LOG))
+"""How test_decoding starts a line of txjoin's own logs, which a ``txjoin up --job``
+database's triggers write in every transaction: never a job's table, not kept."""
+
+
+def read_record(dsn: str, directory: Path, tables: Container[str] | None = None
+                ) -> Record | None:
     """Bring the record of ``dsn`` up to date from verify's slot and read it; None when
-    this database is not recorded (no record file in ``directory``)."""
+    this database is not recorded (no record file in ``directory``). ``tables``: the
+    tables whose changes are read (default: all the record holds)."""
     path = record_path(directory, dsn)
     if not path.exists():
         return None
@@ -357,7 +353,8 @@ def read_record(dsn: str, directory: Path) -> Record | None:
         fetched = cur.fetchall()
         last_commit = next((lsn for lsn, _, data in reversed(fetched)
                             if data.startswith("COMMIT")), None)
-        new = [(lsn, xid, data) for lsn, xid, data in fetched if xid not in seen]
+        new = [(lsn, xid, data) for lsn, xid, data in fetched
+               if xid not in seen and not data.startswith(_OWN_LOGS)]
         with path.open("a") as out:
             for i, (lsn, xid, data) in enumerate(new):
                 if i == len(new) // 2 and crashpoints.armed(crashpoints.VERIFY_APPEND):
@@ -384,7 +381,7 @@ def read_record(dsn: str, directory: Path) -> Record | None:
             order.append(xid)
             changes[xid] = []
             continue
-        change = decode_change(entry["data"])
+        change = decode_change(entry["data"], tables)
         if change is not None:
             changes.setdefault(xid, []).append(change)
     return Record(snapshot, [(x, changes.get(x, [])) for x in order])
@@ -406,17 +403,105 @@ class AsOfAnswer:
     transactions: int
 
 
-def expected_as_of(job: Any, record: Record, source: str) -> AsOfAnswer:
+class Grouped:
+    """One table's rows grouped by the values of some of their columns, kept up to date
+    as the replay changes the table; None in place of the groups once a value cannot be
+    hashed (an array): the caller then scans the table."""
+
+    def __init__(self, table: str, columns: Sequence[str]) -> None:
+        self.table, self.columns = table, tuple(columns)
+        self.groups: dict[tuple[Any, ...], dict[tuple[Any, ...], dict[str, Any]]] | None = {}
+
+    def add(self, key: tuple[Any, ...], row: dict[str, Any]) -> None:
+        if self.groups is not None:
+            try:
+                self.groups.setdefault(tuple(row.get(c) for c in self.columns), {})[key] = row
+            except TypeError:
+                self.groups = None
+
+    def remove(self, key: tuple[Any, ...], row: dict[str, Any] | None) -> None:
+        if self.groups is not None and row is not None:
+            group = self.groups.get(tuple(row.get(c) for c in self.columns))
+            if group is not None:
+                group.pop(key, None)
+
+    def clear(self) -> None:
+        if self.groups is not None:
+            self.groups = {}
+
+    def rows_with(self, values: Iterator[tuple[Any, ...]] | Sequence[tuple[Any, ...]]
+                  ) -> dict[tuple[Any, ...], dict[str, Any]] | None:
+        """The rows (by key) whose columns hold one of ``values``; None: not grouped."""
+        if self.groups is None:
+            return None
+        found: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for value in values:
+            found.update(self.groups.get(value, {}))
+        return found
+
+
+class ReplayIndex:
+    """Per child-rows alias, its table's rows grouped by the fact they reference and the
+    facts grouped by the values their child rows reference them by: the replay finds the
+    facts a changed child row belongs to, and hands the oracle only the evaluated facts'
+    child rows, without a scan of either table per transaction. Handed every child row
+    after every transaction, the oracle grouped all of them again each time (its grouping
+    lasts until its tables change): transactions x child rows (issue 73)."""
+
+    def __init__(self, job: Any) -> None:
+        self.children = [lk for lk in job.lookups if lk.listed and not lk.array]
+        self.child_rows = {lk.alias: Grouped(lk.table, list(lk.on)) for lk in self.children}
+        self.facts = {lk.alias: Grouped(job.fact, list(lk.on.values()))
+                      for lk in self.children}
+        self._all = [*self.child_rows.values(), *self.facts.values()]
+
+    def add(self, table: str, key: tuple[Any, ...], row: dict[str, Any]) -> None:
+        """``row`` (of ``table``) is held under ``key`` now."""
+        for grouped in self._all:
+            if grouped.table == table:
+                grouped.add(key, row)
+
+    def remove(self, table: str, key: tuple[Any, ...], row: dict[str, Any] | None) -> None:
+        """The row held under ``key`` (``row``; None: none) is no longer."""
+        for grouped in self._all:
+            if grouped.table == table:
+                grouped.remove(key, row)
+
+    def clear(self, table: str) -> None:
+        for grouped in self._all:
+            if grouped.table == table:
+                grouped.clear()
+
+    def rows_of(self, table: str, facts: Sequence[Mapping[str, Any]],
+                every: Mapping[tuple[Any, ...], dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows of child ``table`` that any of ``facts`` reference (``every``: the whole
+        table, where an alias on it is not grouped)."""
+        found: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for lk in self.children:
+            if lk.table != table:
+                continue
+            rows = self.child_rows[lk.alias].rows_with(
+                [tuple(fact.get(c) for c in lk.on.values()) for fact in facts])
+            if rows is None:
+                return list(every.values())
+            found.update(rows)
+        return list(found.values())
+
+
+def expected_as_of(job: Any, record: Record, source: str,
+                   progress: Callable[[str], None] | None = None) -> AsOfAnswer:
     """Each fact's row: the job evaluated on the state at the commit that last changed it.
 
     Replays the record's transactions in commit order over S_0 (rows read by the job's
     column types, as the change log's replay reads them) and, after each, evaluates the
     facts it changed with txjoin's oracle (:class:`txjoin.join.oracle.Oracle`, which
-    shares no code with the engine).
+    shares no code with the engine). ``progress`` gets a line every few seconds.
     """
+    import time
+
     from txjoin.ingest.types import ColumnValueError
     from txjoin.join.oracle import Oracle
-    from txjoin.verify.verify import _read_logged
+    from txjoin.verify.verify import PROGRESS_SECONDS, _read_logged
 
     def typed(table: str, row: dict[str, Any] | None, where: str) -> dict[str, Any] | None:
         try:
@@ -430,20 +515,31 @@ def expected_as_of(job: Any, record: Record, source: str) -> AsOfAnswer:
         return tuple(row.get(k) for k in job.table(table).key)
 
     tables: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {t: {} for t in job.table_names}
+    index = ReplayIndex(job)
     for table, snapshot_rows in record.snapshot.items():
         if table in tables:
             where = f"verify, reading {source}'s {table} as recorded:"
             for row in snapshot_rows:
                 new = typed(table, row, where)
                 assert new is not None
-                tables[table][key_of(table, new)] = new
+                key = key_of(table, new)
+                tables[table][key] = new
+                index.add(table, key, new)
     oracle = Oracle(job)
-    children = [lk for lk in job.lookups if lk.listed and not lk.array]
+    children = index.children
     child_tables = {lk.table for lk in children}
+    # handed to the oracle in part: tables only child rows are read from
+    handed_in_part = child_tables - {job.fact} - {lk.table for lk in job.lookups
+                                                  if lk not in children}
     from_snapshot = dict(tables[job.fact])
     # fact key -> (output key, the job's row or None: deleted, or no row by an inner lookup)
     touched: dict[tuple[Any, ...], tuple[tuple[Any, ...], dict[str, Any] | None]] = {}
-    for xid, changes in record.transactions:
+    last_progress = time.monotonic()
+    for done, (xid, changes) in enumerate(record.transactions):
+        if progress is not None and time.monotonic() - last_progress >= PROGRESS_SECONDS:
+            last_progress = time.monotonic()
+            progress(f"verify: replaying the record: {done:,} of {len(record.transactions):,} "
+                     f"transactions, {len(touched):,} facts evaluated")
         where = f"verify, replaying {SLOT} of {source} (xid {xid}):"
         facts: dict[tuple[Any, ...], dict[str, Any]] = {}  # fact key -> its last row
         child_versions: list[tuple[str, dict[str, Any]]] = []  # every changed child's versions
@@ -457,24 +553,29 @@ def expected_as_of(job: Any, record: Record, source: str) -> AsOfAnswer:
                 if change.table in child_tables:
                     child_versions.extend((change.table, r) for r in rows.values())
                 rows.clear()
+                index.clear(change.table)
                 continue
             old = typed(change.table, row_values(change.old), where)
             new = typed(change.table, row_values(change.new), where)
+            old_key = None if old is None else key_of(change.table, old)
+            new_key = None if new is None else key_of(change.table, new)
             if change.table in child_tables:  # the versions as held (an old-key has no more)
-                held = [rows.get(key_of(change.table, v)) for v in (old, new) if v is not None]
+                held = [rows.get(k) for k in (old_key, new_key) if k is not None]
                 child_versions.extend((change.table, r) for r in [*held, new] if r is not None)
-            if old is not None:
-                rows.pop(key_of(change.table, old), None)
+            if old is not None and old_key is not None:
+                index.remove(change.table, old_key, rows.pop(old_key, None))
                 if change.table == job.fact:
-                    facts[key_of(change.table, old)] = old
-            if new is not None:
-                rows[key_of(change.table, new)] = new
+                    facts[old_key] = old
+            if new is not None and new_key is not None:
+                index.remove(change.table, new_key, rows.get(new_key))
+                rows[new_key] = new
+                index.add(change.table, new_key, new)
                 if change.table == job.fact:
-                    facts[key_of(change.table, new)] = new
-        # A change to a child row is a change to the facts it references (before or after).
-        # One pass over the facts per child table, matched by the changed children's link
-        # values: a scan of every fact per changed child made this step (children x facts
-        # per transaction) the replay's cost (issue 73: 4 min 50 s against 8.6 s).
+                    facts[new_key] = new
+        # A change to a child row is a change to the facts it references (before or after):
+        # found by the changed children's link values, in the facts grouped by theirs
+        # (else one pass over the facts; a scan of every fact per changed child made this
+        # step the replay's cost: issue 73, 4 min 50 s against 8.6 s).
         for lk in children:
             mine, theirs = list(lk.on), list(lk.on.values())
             links = [tuple(child.get(c) for c in mine) for table, child in child_versions
@@ -485,11 +586,18 @@ def expected_as_of(job: Any, record: Record, source: str) -> AsOfAnswer:
                 wanted: set[tuple[Any, ...]] | list[tuple[Any, ...]] = set(links)
             except TypeError:  # an unhashable link value: compare each with ==
                 wanted = links
+            referenced = (index.facts[lk.alias].rows_with(list(wanted))
+                          if isinstance(wanted, set) else None)
+            if referenced is not None:
+                facts.update((k, f) for k, f in referenced.items() if k not in facts)
+                continue
             facts.update((key, fact) for key, fact in tables[job.fact].items()
                          if key not in facts and tuple(fact.get(c) for c in theirs) in wanted)
         if not facts:
             continue
-        oracle.tables = {t: list(rows.values()) for t, rows in tables.items()}
+        evaluated = [f for f in (tables[job.fact].get(k) for k in facts) if f is not None]
+        oracle.tables = {t: (index.rows_of(t, evaluated, rows) if t in handed_in_part
+                             else list(rows.values())) for t, rows in tables.items()}
         for fact_key, last in facts.items():
             fact = tables[job.fact].get(fact_key)
             touched[fact_key] = (oracle._out_key(fact or last),

@@ -61,6 +61,7 @@ from txjoin.sinks import COMMIT_SEQ, READ_BATCH_ROWS, XID, Sink, without_metadat
 from txjoin.sinks.build import SinkPlaces, build_sinks
 from txjoin.verify.diff import RowDiff, diff_rows, row_key, rows_match, show
 from txjoin.verify.history import SLOT, AsOfAnswer, expected_as_of, read_record
+from txjoin.verify.own_query import OwnQuery, OwnQueryCheck, check_own_query
 from txjoin.verify.source_tables import CHANGE_LOG, COMMIT_LOG, pg_type
 
 Row = dict[str, Any]
@@ -501,19 +502,20 @@ def answer_in_key_order(job: Job, conn: psycopg2.extensions.connection,
         raise _query_failed(job, exc) from None
 
 
-def recorded_answer(job: Job, source_dsn: str, record_dir: str | os.PathLike[str]
-                    ) -> AsOfAnswer | None:
+def recorded_answer(job: Job, source_dsn: str, record_dir: str | os.PathLike[str],
+                    progress: Callable[[str], None] | None = None) -> AsOfAnswer | None:
     """An ``as_of_fact`` job's answer from verify's record of the source's history
     (:mod:`txjoin.verify.history`); None when the generator's ``<fact>_expected``
-    answers instead, or the database is not recorded."""
+    answers instead, or the database is not recorded. ``progress``: a line every few
+    seconds of the replay."""
     with _connect(source_dsn, "source") as conn:
         if _fetch(conn, "SELECT to_regclass(%s) IS NOT NULL AS found",
                   (expected_table(job),))[0]["found"]:
             return None
-    record = read_record(source_dsn, Path(record_dir))
+    record = read_record(source_dsn, Path(record_dir), set(job.table_names))
     if record is None:
         return None
-    return expected_as_of(job, record, "the source")
+    return expected_as_of(job, record, "the source", progress)
 
 
 # -- several source databases -----------------------------------------------------------
@@ -927,14 +929,18 @@ class VerifyResult:
     """What verify could not check, and why (one line; not a mismatch)."""
     referees: list[tuple[str, str]] = field(default_factory=list)
     """(check, who answered it): PostgreSQL, or txjoin's own oracle for the state check."""
+    own_query: list[OwnQueryCheck] | None = None
+    """Each sink against the user's own query (``--against-sql``; None: not asked)."""
 
     @property
     def ok(self) -> bool:
-        return bool(self.sinks) and all(s.ok for s in self.sinks)
+        return (bool(self.sinks) and all(s.ok for s in self.sinks)
+                and all(c.ok for c in self.own_query or ()))
 
     @property
     def mismatches(self) -> int:
-        return sum(s.mismatches for s in self.sinks)
+        return (sum(s.mismatches for s in self.sinks)
+                + sum(c.mismatches for c in self.own_query or ()))
 
     def summary(self) -> str:
         """One line: the verdict and the counts per sink."""
@@ -968,6 +974,12 @@ class VerifyResult:
                 lines.append(f"    states: {len(s.state_violations)} observable state(s) "
                              f"that are no combination of the sources' states")
                 lines += [f"      {v}" for v in s.state_violations[:show_rows]]
+        if self.own_query is not None:
+            first = self.own_query[0] if self.own_query else None
+            lines.append("  your query: " + (f"{first.query_rows} rows, {first.query_keys} "
+                                             f"keys" if first else "no sink to compare"))
+            for check in self.own_query:
+                lines += check.format(show_rows)
         return "\n".join(lines)
 
 
@@ -1238,7 +1250,8 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
                source_dsns: Mapping[str, str] | None = None,
                check_states: bool = True,
                record_dir: str | os.PathLike[str] | None = None,
-               progress: Callable[[str], None] | None = None) -> VerifyResult:
+               progress: Callable[[str], None] | None = None,
+               own_query: OwnQuery | None = None) -> VerifyResult:
     """Compare ``job``'s PostgreSQL sink and Delta current table with PostgreSQL's answer.
 
     ``dsns`` is ``(source_dsn, sink_dsn)`` (``sink_dsn`` None: check the Delta tables
@@ -1253,9 +1266,15 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
     ``record_dir``: where verify's record of the source's history is kept (an
     ``as_of_fact`` job without ``<fact>_expected`` is checked against it). A job of one
     database answered by PostgreSQL is compared in key order, a batch at a time
-    (:func:`streamed_checks`); ``progress`` gets a line every few seconds of that.
+    (:func:`streamed_checks`); ``progress`` gets a line every few seconds of that, and of
+    the replay of verify's record.
+    ``own_query``: the user's own query, run on the source as a further referee of each
+    sink's current rows (:mod:`txjoin.verify.own_query`; a ``current`` job of one
+    database).
     """
     source_dsn, sink_dsn = dsns
+    if own_query is not None:
+        own_dsn = _own_query_dsn(job, own_query, source_dsn, source_dsns)
     streamed = False
     unchecked: str | None = None  # what could not be checked, for VerifyResult.note
     skipped: set[tuple[Any, ...]] = set()  # output keys left out of the comparison
@@ -1293,7 +1312,7 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
                          if h is not None}
     else:
         recorded = (None if job.semantics != "as_of_fact" or record_dir is None
-                    else recorded_answer(job, source_dsn, record_dir))
+                    else recorded_answer(job, source_dsn, record_dir, progress))
         streamed = recorded is None  # PostgreSQL's answer, read with the sinks' rows below
         if recorded is None:
             expected, absent, oracle = [], set(), ""
@@ -1345,6 +1364,14 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
                                          histories, skipped, answers))
             except psycopg2.Error as exc:
                 raise ConfigError(f"cannot read the {sink.name} sink: {exc}") from None
+        own = None
+        if own_query is not None:
+            with _connect(own_dsn, "source") as conn:
+                try:
+                    own = check_own_query(job, own_query, conn, places)
+                except psycopg2.Error as exc:
+                    raise ConfigError(f"cannot read the sinks: {' '.join(str(exc).split())}"
+                                      ) from None
     finally:
         for sink in sinks:
             sink.close()
@@ -1355,5 +1382,25 @@ def verify_job(job: Job, dsns: tuple[str, str | None],
         referees.append(("every state", "txjoin's own oracle (txjoin/join/oracle.py) on each "
                          f"source's {CHANGE_LOG}" if histories is not None
                          else "not checked (see note)"))
+    if own_query is not None:
+        referees.append(("your query", f"PostgreSQL: {own_query.path} on the source"))
     return VerifyResult(job.name, job.semantics, oracle, expected_count, absent_count, checks,
-                        unchecked, referees)
+                        unchecked, referees, own)
+
+
+def _own_query_dsn(job: Job, own_query: OwnQuery, source_dsn: str,
+                   source_dsns: Mapping[str, str] | None) -> str:
+    """The database the user's query runs on; a ConfigError where it cannot referee."""
+    if job.semantics != "current":
+        raise ConfigError(
+            f"--against-sql {own_query.path}: job {job.name!r} has as_of_fact semantics, "
+            f"whose rows keep each lookup as of the fact's last change, and your query "
+            f"answers today's state; compile a current job from it (`txjoin job from-sql "
+            f"{own_query.path} --semantics current --name {job.name}_now`) and verify that "
+            f"one against it")
+    if len(job.sources) > 1:
+        raise ConfigError(f"--against-sql {own_query.path}: job {job.name!r} reads "
+                          f"{len(job.sources)} databases, and one query runs on one")
+    if job.sources and source_dsns is not None:
+        return source_dsns[job.sources[0].name]
+    return source_dsn
