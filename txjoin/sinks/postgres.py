@@ -3,8 +3,10 @@
 One database transaction per micro-batch applies the batch and moves the job's
 row in ``txjoin_progress``, so readers see whole batches and a replayed batch
 (same ``batch_id`` of the same checkpoint after a crash) is skipped. The batch
-is COPYed into a temporary table, then applied with one changelog append, one
-delete and one upsert (the last change of each key decides). The progress row
+is COPYed into its UNLOGGED staging table (:class:`Stage`; in the pipeline by the
+Spark tasks that hold its rows, each its part), then applied with one changelog
+append, one delete and one upsert (the last change of each key decides), in the
+transaction that moves the progress and drops the stage. The progress row
 is keyed by the ``job`` string: give each sink its own job name (e.g.
 ``<job>.<table>`` when a job writes several tables to one database). It holds
 ``last_batch_id``, ``frontier_commit_seq`` (last released commit sequence),
