@@ -825,33 +825,36 @@ class PostgresSink:
         return Held(row[3], int(row[0]), row[1], row[2])
 
     def _apply(self, cur: Any, schema: str, stage: sql.Composable) -> None:
-        """Changelog append, one delete and one upsert, all from the staged batch (commit
-        order: ``_commit_seq``, then part, then position; a key's changes are in one part)."""
+        """Changelog append, one delete and one upsert, all from the staged batch, in one
+        statement (the last change per key sorted out once; the deleted and the upserted
+        keys are apart, so neither part needs to see the other's effect). Commit order:
+        ``_commit_seq``, then part, then position; a key's changes are in one part."""
         ident = sql.Identifier
         join = sql.SQL(", ")
         log_columns = join.join(ident(c) for c in self.schema.names)
-        cur.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ORDER BY {}, {}, {}").format(
-            self._id(schema, self.changelog_table), log_columns, log_columns, stage,
-            ident(COMMIT_SEQ), ident(_PART), ident(_ROW)))
         keys = join.join(ident(k) for k in self.key_columns)
-        # The last change of each key decides: a delete deletes, anything else upserts.
-        last = sql.SQL("(SELECT DISTINCT ON ({keys}) * FROM {stage} "
-                       "ORDER BY {keys}, {seq} DESC, {row} DESC)").format(
-            keys=keys, stage=stage, seq=ident(COMMIT_SEQ), row=ident(_ROW))
-        cur.execute(sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE s.{} = %s AND {}").format(
-            self._id(schema, self.table), last, ident(OP), sql.SQL(" AND ").join(
-                sql.SQL("t.{k} = s.{k}").format(k=ident(k)) for k in self.key_columns)),
-            (OP_DELETE,))
         columns = self.current.names
         updates = [c for c in columns if c not in self.key_columns]
         on_conflict = (sql.SQL("DO UPDATE SET {}").format(join.join(
             sql.SQL("{c} = EXCLUDED.{c}").format(c=ident(c)) for c in updates))
             if updates else sql.SQL("DO NOTHING"))
-        cur.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} AS s WHERE s.{} <> %s "
-                            "ON CONFLICT ({}) {}").format(
-            self._id(schema, self.table), join.join(ident(c) for c in columns),
-            join.join(sql.SQL("s.{}").format(ident(c)) for c in columns), last, ident(OP),
-            keys, on_conflict), (OP_DELETE,))
+        # The last change of each key decides: a delete deletes, anything else upserts.
+        cur.execute(sql.SQL(
+            "WITH last AS MATERIALIZED (SELECT DISTINCT ON ({keys}) * FROM {stage} "
+            "ORDER BY {keys}, {seq} DESC, {row} DESC), "
+            "logged AS (INSERT INTO {log} ({log_columns}) SELECT {log_columns} FROM {stage} "
+            "ORDER BY {seq}, {part}, {row}), "
+            "deleted AS (DELETE FROM {current} AS t USING last AS s WHERE s.{op} = %s AND {on}) "
+            "INSERT INTO {current} ({columns}) SELECT {values} FROM last AS s WHERE s.{op} <> %s "
+            "ON CONFLICT ({keys}) {on_conflict}").format(
+                keys=keys, stage=stage, seq=ident(COMMIT_SEQ), row=ident(_ROW),
+                part=ident(_PART), log=self._id(schema, self.changelog_table),
+                log_columns=log_columns, current=self._id(schema, self.table), op=ident(OP),
+                on=sql.SQL(" AND ").join(sql.SQL("t.{k} = s.{k}").format(k=ident(k))
+                                         for k in self.key_columns),
+                columns=join.join(ident(c) for c in columns),
+                values=join.join(sql.SQL("s.{}").format(ident(c)) for c in columns),
+                on_conflict=on_conflict), (OP_DELETE, OP_DELETE))
 
     # -- rebuild ----------------------------------------------------------------
 
