@@ -508,14 +508,21 @@ def replay(files: tuple[Path, ...], as_json: bool, postgres_dsn: str | None,
 @click.option("--dir", "directory", envvar=_env("DIR"), show_envvar=True, default=DEFAULT_DIR,
               show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Local stack directory (its default output).")
+@click.option("--postgres-dsn", envvar=_env("POSTGRES_DSN"), show_envvar=True, default=None,
+              help="PostgreSQL sink DSN (libpq): also drop the staging tables killed runs left "
+                   "there. Default: the local stack's sink database if it is up; none "
+                   "otherwise.")
 @cli_errors
 def maintain(job_file: Path, output_dir: str | None, retention_hours: float | None,
-             master: str, directory: Path) -> None:
-    """Compact JOB_FILE's Delta tables (and VACUUM with --retention-hours).
+             master: str, directory: Path, postgres_dsn: str | None) -> None:
+    """Compact JOB_FILE's Delta tables (and VACUUM with --retention-hours); drop the
+    PostgreSQL sink's staging tables that killed runs left.
 
     Compaction commits no row change: readers see the same state, earlier versions stay
     readable. Run it while the job is stopped (a running job compacts itself with
-    `txjoin run --maintain-every N`): Delta would let one of two concurrent writers fail.
+    `txjoin run --maintain-every N`): Delta would let one of two concurrent writers fail,
+    and a running job's batch being staged would lose its staging table (the job stops
+    and its next run re-runs the batch).
     """
     from txjoin.job import load_job
     from txjoin.pipeline.pipeline import RunConfig
@@ -528,8 +535,16 @@ def maintain(job_file: Path, output_dir: str | None, retention_hours: float | No
     if not (root / job.output.table / "current" / "_delta_log").is_dir():
         raise ConfigError(f"no Delta table of job {job.name!r} at {root / job.output.table}: "
                           f"has it run with --output-dir {root}?")
+    if postgres_dsn is None:
+        from txjoin.stack.stack import load_stack
+
+        stack = load_stack(directory)
+        if stack is not None:
+            postgres_dsn = stack.pg_dsn_sink
+            click.echo("using the local stack's PostgreSQL sink database")
     spark = get_session(master, app_name="txjoin-maintain")
-    sinks = build_sinks(job, RunConfig(output_dir=str(root), master=master), spark)
+    sinks = build_sinks(job, RunConfig(output_dir=str(root), master=master,
+                                       postgres_dsn=postgres_dsn), spark)
     for sink in sinks:
         for upkeep in sink.maintain(retention_hours):
             click.echo(upkeep.line())

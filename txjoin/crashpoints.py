@@ -16,6 +16,11 @@ Points (in a micro-batch's order):
 - ``shard_apply``: in a shard, after the engine applied a released transaction to its
   state and before the batch's state is saved (an executor-side point: the shard's
   host or Python worker kills the group);
+- ``postgres_staged``: the tasks holding the batch's output have COPYed it into the
+  PostgreSQL sink's staging table (committed there), the driver has not applied it;
+- ``postgres_applied``: inside the PostgreSQL transaction that applies the staged batch,
+  after its changelog append, delete and upsert, before the progress row moves and the
+  transaction commits (one transaction: the kill rolls it all back);
 - ``first_sink``: the first sink to finish has committed the batch, the other has not
   (the sinks write at the same time: whichever finishes first);
 - ``handoff_store``: in the middle of handing the batch off to Delta: the parcel is
@@ -59,6 +64,8 @@ CRASH_ENV = "TXJOIN_CRASH_AT"
 RECORD_ENV = "TXJOIN_CRASH_RECORD"
 
 SHARD_APPLY = "shard_apply"
+POSTGRES_STAGED = "postgres_staged"
+POSTGRES_APPLIED = "postgres_applied"
 FIRST_SINK = "first_sink"
 DELTA_BETWEEN_TABLES = "delta_between_tables"
 HANDOFF_STORE = "handoff_store"
@@ -67,8 +74,9 @@ DELTA_GROUP_COMMITTED = "delta_group_committed"
 DELTA_RECOVERED = "delta_recovered"
 VERIFY_APPEND = "verify_append"
 VERIFY_APPENDED = "verify_appended"
-POINTS = (SHARD_APPLY, FIRST_SINK, DELTA_BETWEEN_TABLES, HANDOFF_STORE, SINKS_COMMITTED,
-          DELTA_GROUP_COMMITTED, DELTA_RECOVERED, VERIFY_APPEND, VERIFY_APPENDED)
+POINTS = (SHARD_APPLY, POSTGRES_STAGED, POSTGRES_APPLIED, FIRST_SINK, DELTA_BETWEEN_TABLES,
+          HANDOFF_STORE, SINKS_COMMITTED, DELTA_GROUP_COMMITTED, DELTA_RECOVERED, VERIFY_APPEND,
+          VERIFY_APPENDED)
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 """The local property Spark's micro-batch execution sets on a batch's jobs (its tasks see it)."""

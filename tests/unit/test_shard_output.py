@@ -11,10 +11,11 @@ import pytest
 
 from tests.unit.delivery import pizzeria_rows
 from tests.unit.test_properties import JOB_VARIANTS
-from txjoin.join.output import changes_to_table
+from txjoin.join.output import changes_to_table, output_schema
 from txjoin.join.sharded import ShardedEngine
 from txjoin.join.spark import shards
-from txjoin.pipeline.pipeline import decode_batch
+from txjoin.pipeline.pipeline import decode_batch, merge_infos
+from txjoin.pipeline.sink_tasks import PartWriter, summarise
 
 
 def test_a_shards_output_split_into_bounded_rows_arrives_whole_in_commit_order(
@@ -50,3 +51,34 @@ def test_a_shard_without_changes_sends_one_row_with_its_progress() -> None:
     assert len(frame) == 1 and frame["changes"][0] is None
     table, info = decode_batch(job, frame)
     assert table.num_rows == 0 and info["records"] == 2
+
+
+def test_the_tasks_summaries_give_the_driver_the_batch_in_commit_order_or_only_its_figures(
+        ) -> None:
+    """What the pipeline's tasks return of a batch (``sink_tasks.PartWriter``, one call per
+    task, here one per shard) read back on the driver (``summarise``): with the rows kept,
+    the table ``decode_batch`` makes of the same output; without, only its progress, size
+    and commit times."""
+    job, _ = JOB_VARIANTS["orders/as_of_fact"]
+    engine = ShardedEngine(job, 2)
+    engine.process(pizzeria_rows(job, 80, seed=5))
+    frames = [shards.changes_frame(job, i, r.changes, {"commit_seq": 4, "records": 5 + i})
+              for i, r in enumerate(engine.last)]
+    expected, info = decode_batch(job, pd.concat(frames))
+    schema = output_schema(job)
+    for keep_rows in (True, False):
+        writer = PartWriter(schema, {}, keep_rows)
+        summaries = pa.concat_tables(
+            pa.Table.from_batches(list(writer(iter(
+                pa.Table.from_pandas(f, preserve_index=False).to_batches()))))
+            for f in frames)
+        summary = summarise(summaries, schema, keep_rows)
+        assert merge_infos(summary.infos)["records"] == info["records"] == 11
+        assert summary.rows == expected.num_rows > 14
+        assert sorted(summary.commit_ts_ms) == sorted(
+            int(v.timestamp() * 1000) for v in expected.column("_commit_ts").to_pylist())
+        assert summary.staged == {}
+        if keep_rows:
+            assert summary.changes is not None and summary.changes.equals(expected)
+        else:
+            assert summary.changes is None

@@ -6,8 +6,10 @@ Shape of the query::
       -> routing: from_json + Spark expressions        # the JVM, before the shuffle
       -> groupBy(shard).transformWithStateInPandas(ShardProcessor)   # n shards in parallel:
                                                        # decode (once) + sequence + join
-      -> foreachBatch: PostgreSQL commits the batch; Delta gets it handed off durably
-         and commits many batches at once on a thread of its own (txjoin.sinks.handoff)
+      -> foreachBatch: the tasks holding the output COPY it into PostgreSQL's staging table
+         and the driver applies it with the progress in one transaction
+         (txjoin.pipeline.sink_tasks); Delta gets it handed off durably and commits many
+         batches at once on a thread of its own (txjoin.sinks.handoff)
 
 A record enters Python once, in the shard task that reads it
 (``txjoin/join/spark/routing.py``).
@@ -43,7 +45,6 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -56,8 +57,9 @@ from txjoin.join.output import output_schema
 from txjoin.join.spark.routing import route
 from txjoin.join.spark.shards import OUTPUT_SCHEMA, ShardProcessor, shard_labels
 from txjoin.join.state_log import CONTINUED_LAYOUTS, LAYOUT_VERSION
+from txjoin.pipeline.sink_tasks import SUMMARY_SCHEMA, PartWriter, in_commit_order, summarise
 from txjoin.sequence.assembly import IncompletePolicy
-from txjoin.sinks import Sink
+from txjoin.sinks import Sink, StagedSink
 from txjoin.sinks.build import DEFAULT_RETRY_TIMEOUT_S
 from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.handoff import (
@@ -141,19 +143,15 @@ class BatchReport:
 
 
 def decode_batch(job: Job, frame: pd.DataFrame) -> tuple[pa.Table, dict[str, Any]]:
-    """The shards' output for one batch -> (changes table in commit order, progress info).
+    """The shards' output for one batch, collected -> (changes table in commit order,
+    progress info).
 
     Each shard sends its changes as Arrow tables (built on the executor; one or more
-    rows, in order, the first with its progress: ``shards.changes_frame``); keys are
-    disjoint between shards, so a stable sort by commit sequence is the commit order.
+    rows, in order, the first with its progress: ``shards.changes_frame``). The pipeline
+    leaves them in its tasks (``txjoin.pipeline.sink_tasks``), which order them alike.
     """
     info = merge_infos([json.loads(v) for v in frame["info"] if isinstance(v, str)])
-    tables = [pa.ipc.open_stream(blob).read_all() for blob in frame["changes"]
-              if blob is not None]
-    if not tables:
-        return pa.Table.from_pylist([], schema=output_schema(job)), info
-    table = pa.concat_tables(tables)
-    return table.take(pc.sort_indices(table, [("_commit_seq", "ascending")])), info
+    return in_commit_order(list(frame["changes"]), output_schema(job)), info
 
 
 def stage_seconds(compute_s: float, info: dict[str, Any]) -> dict[str, float]:
@@ -167,8 +165,11 @@ def stage_seconds(compute_s: float, info: dict[str, Any]) -> dict[str, float]:
       ``sequence`` (assembly, commit order, frontier: what every shard repeats),
       ``join``, ``state_save`` (its segment to the state store), ``total``.
 
-    The pipeline adds ``output_decode`` (the shards' output into one table), one
-    ``sink_<name>`` per sink committed in the batch (PostgreSQL), ``sink_maintain``,
+    ``compute`` includes the tasks writing their parts of the batch into the sinks' stages
+    (``txjoin.pipeline.sink_tasks``). The pipeline adds ``output_decode`` (the tasks'
+    summaries read), one ``sink_<name>_tasks`` per staged sink (the slowest task's seconds
+    writing its part), one ``sink_<name>`` per sink committed in the batch (PostgreSQL: the
+    driver's seconds, preparing the stage and applying it), ``sink_maintain``,
     ``delta_handoff`` (the batch handed off to Delta) and ``delta_backpressure`` (the
     part of it spent waiting for the Delta committer to make room); Spark's planning,
     offset log and state-store commit are in its own progress (``txjoin bench``).
@@ -405,41 +406,65 @@ class Pipeline:
 
     def _write(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        frame = df.toPandas()
+        checkpoint = checkpoint_id(self.checkpoint)
+        # The stages first (a sink holding the batch already has none: Spark re-ran it);
+        # then one Spark job computes the batch and its tasks write their parts of it.
+        staged_sinks = [s for s in self.inline if isinstance(s, StagedSink)]
+        direct = [s for s in self.inline if not isinstance(s, StagedSink)]
+        stages: dict[str, Any] = {}
+        prepare: dict[str, float] = {}
+        for staged_sink in staged_sinks:
+            before = time.monotonic()
+            stage = staged_sink.stage(batch_id, checkpoint)
+            prepare[staged_sink.name] = time.monotonic() - before
+            if stage is not None:
+                stages[staged_sink.name] = stage
+        keep_rows = self.committer is not None or bool(direct)
+        computing = time.monotonic()
+        summary = summarise(df.mapInArrow(PartWriter(self.schema, stages, keep_rows),
+                                          SUMMARY_SCHEMA).toArrow(), self.schema, keep_rows)
         computed = time.monotonic()
-        table, info = decode_batch(self.job, frame)
-        breakdown = stage_seconds(computed - started, info)
+        info = merge_infos(summary.infos)
+        breakdown = stage_seconds(computed - computing, info)
         breakdown["output_decode"] = time.monotonic() - computed
+        for name, seconds in summary.task_seconds.items():
+            breakdown[f"sink_{name}_tasks"] = seconds
         written = {}
         commit_seq = int(info.get("commit_seq", self.reports[-1].commit_seq
                                   if self.reports else 0))
         frontier = info.get("commit_seq")  # absent: the sinks keep the frontier they hold
-        lineage = Lineage(checkpoint_id(self.checkpoint),
-                          None if frontier is None else int(frontier))
-        commit_ts_ms = [int(v.timestamp() * 1000) for v in
-                        table.column("_commit_ts").to_pylist() if v is not None]
+        lineage = Lineage(checkpoint, None if frontier is None else int(frontier))
+        commit_ts_ms = summary.commit_ts_ms
 
         # The inline sinks are independent (each commits the batch once, and skips a batch
-        # it already holds when Spark re-runs it): they write at the same time.
+        # it already holds when Spark re-runs it): they commit at the same time.
         def write(sink: Sink) -> tuple[bool, float]:
             before = time.monotonic()
-            applied = sink.write(batch_id, table, lineage=lineage)
+            if not isinstance(sink, StagedSink):
+                assert summary.changes is not None
+                applied = sink.write(batch_id, summary.changes, lineage=lineage)
+            elif sink.name in stages:
+                applied = sink.apply(stages[sink.name], summary.staged.get(sink.name, []),
+                                     lineage)
+            else:
+                applied = False  # it held the batch before the tasks ran
             crashpoints.reached(crashpoints.FIRST_SINK, batch_id)  # tests only
-            return applied, time.monotonic() - before
+            return applied, time.monotonic() - before + prepare.get(sink.name, 0.0)
 
         with ThreadPoolExecutor(max_workers=len(self.inline) or 1,
                                 thread_name_prefix="txjoin-sink") as pool:
             futures = [(sink.name, pool.submit(write, sink)) for sink in self.inline]
             for name, future in futures:  # the first error (in sink order) stops the batch
                 written[name], breakdown[f"sink_{name}"] = future.result()
-                self._sink_committed(name, batch_id, table.num_rows, commit_ts_ms,
+                self._sink_committed(name, batch_id, summary.rows, commit_ts_ms,
                                      breakdown[f"sink_{name}"], written[name])
         if self.committer is not None:
+            assert summary.changes is not None
             # Durable before foreachBatch returns (Spark then records the batch as done);
             # waits only when the hand-off is full (Delta behind: backpressure).
             before = time.monotonic()
             breakdown["delta_backpressure"] = self.committer.put(
-                Parcel(batch_id, table, lineage, time.time()))
+                Parcel(batch_id, summary.changes, lineage, time.time()))
             breakdown["delta_handoff"] = time.monotonic() - before
             written["delta"] = True  # handed off; the committer reports its commits
         every = self.config.maintain_every
@@ -451,7 +476,7 @@ class Pipeline:
                 sink.maintain(self.config.vacuum_retention_hours)
             breakdown["sink_maintain"] = time.monotonic() - before
         report = BatchReport(
-            batch_id=batch_id, records=int(info.get("records", 0)), changes=table.num_rows,
+            batch_id=batch_id, records=int(info.get("records", 0)), changes=summary.rows,
             commit_seq=commit_seq,
             snapshot_done=bool(info.get("snapshot_done", False)),
             snapshot_released=bool(info.get("snapshot_released", False)),

@@ -39,7 +39,9 @@ READ_BATCH_ROWS = 10_000
 @dataclass
 class Upkeep:
     """One table's maintenance: live data files before/after compaction, parquet files on
-    disk before/after (VACUUM removes the unreferenced ones), and its seconds."""
+    disk before/after (VACUUM removes the unreferenced ones), and its seconds. ``kind``
+    ``"staging tables"``: a PostgreSQL sink's staging tables that killed runs left (on disk
+    before/after; none is live)."""
 
     path: str
     files_before: int
@@ -47,8 +49,12 @@ class Upkeep:
     on_disk_before: int
     on_disk_after: int
     seconds: float
+    kind: str = "files"
 
     def line(self) -> str:
+        if self.kind != "files":
+            return (f"{self.path}: {self.on_disk_before} -> {self.on_disk_after} {self.kind} "
+                    f"left by killed runs, {self.seconds:.1f}s")
         return (f"{self.path}: {self.files_before} -> {self.files_after} live files, "
                 f"{self.on_disk_before} -> {self.on_disk_after} on disk, {self.seconds:.1f}s")
 
@@ -116,6 +122,44 @@ class Sink(Protocol):
 
     def close(self) -> None:
         """Release connections; the sink object is unusable afterwards."""
+        ...
+
+
+@dataclass(frozen=True)
+class StagedPart:
+    """What one task wrote of a micro-batch into a sink's stage: its part number, rows, and
+    the commit sequence and xid of its last change (commit order), for the progress."""
+
+    part: int
+    rows: int
+    last_commit_seq: int | None
+    last_xid: int | None
+
+
+class TaskStage(Protocol):
+    """Where the tasks holding a micro-batch's output write it for a :class:`StagedSink`
+    (picklable: a Spark task runs :meth:`copy`)."""
+
+    def copy(self, part: int, changes: pa.Table) -> StagedPart:
+        """Write ``changes`` (in commit order) as part ``part`` of the batch, replacing what
+        an earlier attempt of the same part wrote."""
+        ...
+
+
+@runtime_checkable
+class StagedSink(Sink, Protocol):
+    """A sink written from the tasks: the driver prepares a batch's stage, the tasks write
+    their parts into it, the driver applies it with the sink's progress in one commit."""
+
+    def stage(self, batch_id: int, checkpoint_id: str | None) -> TaskStage | None:
+        """The stage of micro-batch ``batch_id``; ``None`` when the sink holds the batch
+        already (a replay: nothing to write). A sink of another checkpoint raises
+        ``LineageError``."""
+        ...
+
+    def apply(self, stage: Any, staged: list[StagedPart], lineage: Lineage | None) -> bool:
+        """Apply the staged batch and the sink's progress atomically; ``False`` if it was
+        already applied."""
         ...
 
 

@@ -3,8 +3,10 @@
 One database transaction per micro-batch applies the batch and moves the job's
 row in ``txjoin_progress``, so readers see whole batches and a replayed batch
 (same ``batch_id`` of the same checkpoint after a crash) is skipped. The batch
-is COPYed into a temporary table, then applied with one changelog append, one
-delete and one upsert (the last change of each key decides). The progress row
+is COPYed into its UNLOGGED staging table (:class:`Stage`; in the pipeline by the
+Spark tasks that hold its rows, each its part), then applied with one changelog
+append, one delete and one upsert (the last change of each key decides), in the
+transaction that moves the progress and drops the stage. The progress row
 is keyed by the ``job`` string: give each sink its own job name (e.g.
 ``<job>.<table>`` when a job writes several tables to one database). It holds
 ``last_batch_id``, ``frontier_commit_seq`` (last released commit sequence),
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import io
 import json
 import math
@@ -35,6 +38,7 @@ import re
 import sys
 import time as time_module
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from functools import partial
@@ -49,6 +53,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 from psycopg2 import sql
 
+from txjoin import crashpoints
 from txjoin.errors import ConfigError, LineageError, ServiceError, SinkSchemaError
 from txjoin.join.output import PG_TYPE
 from txjoin.sinks import (
@@ -57,6 +62,7 @@ from txjoin.sinks import (
     OP_DELETE,
     READ_BATCH_ROWS,
     XID,
+    StagedPart,
     Upkeep,
     check_changes_schema,
     conform,
@@ -268,9 +274,13 @@ class _Lost(Exception):
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else ""
+
+
 REBUILD_SCHEMA = "txjoin_rebuild"
 """Schema of the shadow tables a rebuild writes (same names as the sink's own tables)."""
-_STAGE, _ROW = "txjoin_stage", "__txjoin_row"
+STAGE_PREFIX = "txjoin_stage_"
+"""Name prefix of the UNLOGGED tables the tasks COPY a micro-batch into (:class:`Stage`)."""
+_PART, _ROW = "__txjoin_part", "__txjoin_row"
 
 # format_type() spellings of the types pg_type() declares, to check a table against them.
 _CATALOG_NAMES = {"timestamptz": "timestamp with time zone",
@@ -288,6 +298,165 @@ def _copy_value(t: pa.DataType) -> Callable[[Any], Any] | None:
     if pa.types.is_duration(t):
         return lambda v: None if v is None else f"{v // timedelta(microseconds=1)} microseconds"
     return None
+
+
+def connect(dsn: str) -> Any:
+    """A connection as the sink uses one: not autocommitting, timestamps in UTC (like the
+    Delta sink's), jsonb numbers read as exact decimals."""
+    conn = psycopg2.connect(dsn, connect_timeout=CONNECT_TIMEOUT_S)
+    conn.autocommit = False
+    with conn.cursor() as cur:
+        cur.execute("SET TIME ZONE 'UTC'")
+    conn.commit()
+    psycopg2.extras.register_default_jsonb(conn, loads=partial(json.loads, parse_float=Decimal))
+    return conn
+
+
+@contextlib.contextmanager
+def _lost_is_retried(conn: Any) -> Iterator[None]:
+    """A connection that broke inside the block (the transaction rolled back) as
+    :class:`_Lost`; any other error as it was."""
+    try:
+        yield
+    except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+        if conn.closed or isinstance(exc, psycopg2.InterfaceError):
+            # Rolling back on a closed connection replaces the cause: report the cause.
+            cause = exc.__context__ if isinstance(exc.__context__, psycopg2.Error) else exc
+            raise _Lost(cause) from None
+        raise
+
+
+def _retried(attempt: Callable[[], Any], batch_id: int, where: str, timeout_s: float,
+             error: Callable[[str, BaseException], ServiceError]) -> Any:
+    """``attempt()``, again on a new connection with bounded exponential backoff while
+    PostgreSQL is unreachable, for up to ``timeout_s`` seconds; then ``error``'s one line.
+    ``attempt`` reconnects when its connection is closed."""
+    deadline = time_module.monotonic() + timeout_s
+    delay, warned = RETRY_FIRST_DELAY_S, False
+    while True:
+        try:
+            return attempt()
+        except _Lost as lost:
+            cause: BaseException = lost.cause
+            if not warned:
+                print(f"{where}: {cause.__class__.__name__} ({_first_line(cause)}); retrying "
+                      f"batch {batch_id} for up to {timeout_s:.0f}s", file=sys.stderr, flush=True)
+                warned = True
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+            cause = exc  # reconnecting failed: the server is still away
+        if time_module.monotonic() + delay > deadline:
+            raise error(f"unreachable for {timeout_s:.0f}s, batch {batch_id} not written (the "
+                        "checkpoint keeps it: run again once PostgreSQL is back, or raise "
+                        "--postgres-retry-timeout)", cause) from None
+        time_module.sleep(delay)
+        delay = min(delay * 2, RETRY_MAX_DELAY_S)
+
+
+def stage_name(job: str, checkpoint_id: str | None, batch_id: int) -> str:
+    """The staging table of ``job``'s micro-batch ``batch_id`` of checkpoint
+    ``checkpoint_id``: digests keep it within PostgreSQL's 63-byte identifiers, and a
+    re-run of the batch (same input, same checkpoint) finds the same name."""
+    return (f"{STAGE_PREFIX}{_digest(job, 12)}_{_digest(checkpoint_id or '', 8)}_"
+            f"{batch_id}")
+
+
+def _digest(text: str, chars: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:chars]
+
+
+_TASK_CONNECTIONS: dict[str, Any] = {}
+"""A Spark Python worker's connections, by DSN: a worker runs many tasks (reused workers)."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One micro-batch's staging table, which the tasks holding the batch's output COPY into
+    (:meth:`copy`, in a Spark task: picklable, no connection held) and the sink applies to
+    its tables with its progress in one transaction (:meth:`PostgresSink.apply`). UNLOGGED:
+    written once, read once, dropped in the transaction that applies it."""
+
+    dsn: str
+    schema: str
+    name: str
+    batch_id: int
+    table: str  # the sink's table, for messages
+    changes: pa.Schema
+    pg_types: dict[str, str]
+    retry_timeout_s: float
+
+    @property
+    def ident(self) -> sql.Composable:
+        return sql.Identifier(self.schema, self.name)
+
+    def where(self) -> str:
+        return f"postgres sink {self.table!r} (staging table {self.schema}.{self.name})"
+
+    def _error(self, what: str, exc: BaseException) -> ServiceError:
+        secret = _password(self.dsn)
+        message = str(exc).strip()
+        if secret:
+            message = message.replace(secret, "***")
+        return ServiceError(f"{self.where()} at {mask_dsn(self.dsn)}: {what}: "
+                            f"{mask_dsn(message).splitlines()[0] if message else ''}")
+
+    def copy(self, part: int, changes: pa.Table) -> StagedPart:
+        """COPY ``changes`` (in commit order) as part ``part`` of the batch, replacing what
+        an earlier attempt of the same task wrote; retried like the sink's own writes."""
+        changes = conform(changes, self.changes, f"postgres sink {self.table!r}",
+                          self.batch_id)
+        n = changes.num_rows
+        staged = StagedPart(part, n, None if n == 0 else changes.column(COMMIT_SEQ)[n - 1].as_py(),
+                            None if n == 0 else changes.column(XID)[n - 1].as_py())
+        if n == 0:
+            return staged
+
+        def attempt() -> None:
+            conn = _TASK_CONNECTIONS.get(self.dsn)
+            if conn is None or conn.closed:
+                conn = _TASK_CONNECTIONS[self.dsn] = connect(self.dsn)
+            try:
+                with _lost_is_retried(conn), conn, conn.cursor() as cur:
+                    # Two attempts of one task (a retry, a speculative copy) take turns.
+                    cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s), %s)",
+                                (self.name, part))
+                    cur.execute(sql.SQL("DELETE FROM {} WHERE {} = %s").format(
+                        self.ident, sql.Identifier(_PART)), (part,))
+                    copy_rows(cur, self.ident, self.changes, changes, part)
+            except psycopg2.errors.UndefinedTable:
+                raise ServiceError(
+                    f"{self.where()}: the staging table is gone (dropped by upkeep or another "
+                    f"run of this job?); nothing of batch {self.batch_id} was applied; run "
+                    "again: the checkpoint re-runs the batch") from None
+            except psycopg2.OperationalError as exc:
+                raise self._error(f"batch {self.batch_id} not staged", exc) from None
+
+        _retried(attempt, self.batch_id, f"postgres sink {self.table!r}", self.retry_timeout_s,
+                 self._error)
+        return staged
+
+
+def copy_rows(cur: Any, target: sql.Composable, schema: pa.Schema, changes: pa.Table,
+              part: int) -> None:
+    """COPY ``changes`` (of ``schema``) into the staging table ``target`` as part ``part``,
+    each row with its position in the part (the order the last change per key follows)."""
+    ident = sql.Identifier
+    columns = []
+    for f in schema:
+        column = changes.column(f.name)
+        convert = _copy_value(f.type)
+        if convert is not None:
+            column = pa.array([convert(v) for v in column.to_pylist()], pa.string())
+        columns.append(column)
+    columns.append(pa.array([part] * changes.num_rows, pa.int32()))
+    columns.append(pa.array(range(changes.num_rows), pa.int64()))
+    staged = pa.Table.from_arrays(columns, names=[*schema.names, _PART, _ROW])
+    buffer = io.BytesIO()
+    pa_csv.write_csv(staged, buffer, pa_csv.WriteOptions(include_header=False,
+                                                         quoting_style="needed"))
+    buffer.seek(0)
+    cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(
+        target, sql.SQL(", ").join(ident(c) for c in staged.column_names)).as_string(cur),
+        buffer)
 
 
 def read_progress(dsn: str, schema: str = "public") -> list[dict[str, Any]]:
@@ -348,15 +517,7 @@ class PostgresSink:
         self._target = self._home  # REBUILD_SCHEMA while rebuilding
 
     def _connect(self) -> Any:
-        conn = psycopg2.connect(self._dsn, connect_timeout=CONNECT_TIMEOUT_S)
-        conn.autocommit = False
-        with conn.cursor() as cur:
-            # Timestamps come back in UTC, like the Delta sink's.
-            cur.execute("SET TIME ZONE 'UTC'")
-        conn.commit()
-        psycopg2.extras.register_default_jsonb(
-            conn, loads=partial(json.loads, parse_float=Decimal))
-        return conn
+        return connect(self._dsn)
 
     def _service_error(self, what: str, exc: BaseException) -> ServiceError:
         message = str(exc).strip()
@@ -520,68 +681,106 @@ class PostgresSink:
     def write(self, batch_id: int, changes: pa.Table, lineage: Lineage | None = None) -> bool:
         """Apply one micro-batch and its progress in one transaction; False on replay.
 
-        A lost connection (PostgreSQL restarting, a network cut) rolls the batch
-        back; it is retried on a new connection with bounded exponential backoff
-        for up to ``retry_timeout_s`` seconds. A commit whose acknowledgement was
-        lost is found in the progress row and not applied twice.
+        The same steps as a batch the pipeline's tasks write (:meth:`stage`, the stage's
+        ``copy``, :meth:`apply`), with the rows COPYed from here. A lost connection
+        (PostgreSQL restarting, a network cut) rolls the step back; it is retried on a new
+        connection with bounded exponential backoff for up to ``retry_timeout_s`` seconds.
+        A commit whose acknowledgement was lost is found in the progress row and not
+        applied twice.
         """
-        changes = conform(changes, self.schema, f"postgres sink {self.table!r}", batch_id)
-        deadline = time_module.monotonic() + self.retry_timeout_s
-        delay, warned = RETRY_FIRST_DELAY_S, False
-        while True:
-            try:
-                if self._conn.closed:
-                    self._conn = self._connect()
-                    self._ready.clear()
-                return self._write_once(batch_id, changes, lineage)
-            except _Lost as lost:
-                if time_module.monotonic() + delay > deadline:
-                    raise self._service_error(
-                        f"unreachable for {self.retry_timeout_s:.0f}s, batch {batch_id} not "
-                        "written (the checkpoint keeps it: run again once PostgreSQL is back, "
-                        "or raise --postgres-retry-timeout)", lost.cause) from None
-                if not warned:
-                    print(f"postgres sink {self.table!r}: {lost.cause.__class__.__name__} "
-                          f"({_first_line(lost.cause)}); retrying batch {batch_id} for up to "
-                          f"{self.retry_timeout_s:.0f}s", file=sys.stderr, flush=True)
-                    warned = True
-                time_module.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_DELAY_S)
-            except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
-                # Reconnecting failed: the server is still away.
-                if time_module.monotonic() + delay > deadline:
-                    raise self._service_error(
-                        f"unreachable for {self.retry_timeout_s:.0f}s, batch {batch_id} not "
-                        "written (the checkpoint keeps it: run again once PostgreSQL is back, "
-                        "or raise --postgres-retry-timeout)", exc) from None
-                time_module.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_DELAY_S)
+        stage = self.stage(batch_id, None if lineage is None else lineage.checkpoint_id)
+        if stage is None:
+            return False
+        return self.apply(stage, [stage.copy(0, changes)], lineage)
 
-    def _write_once(self, batch_id: int, changes: pa.Table, lineage: Lineage | None) -> bool:
+    def _retried(self, attempt: Callable[[], Any], batch_id: int) -> Any:
+        def again() -> Any:
+            if self._conn.closed:
+                self._conn = self._connect()
+                self._ready.clear()
+            try:
+                with _lost_is_retried(self._conn):
+                    return attempt()
+            except _Lost:
+                self._ready.clear()  # the DDL may have been rolled back with the batch
+                raise
+        return _retried(again, batch_id, f"postgres sink {self.table!r}", self.retry_timeout_s,
+                        self._service_error)
+
+    def _locked_progress(self, cur: Any, schema: str, batch_id: int,
+                         checkpoint: str | None) -> bool:
+        """Inside a transaction: the job's progress row locked; whether the sink holds
+        ``batch_id`` already (a replay); a sink of another checkpoint refused."""
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.job,))
+        cur.execute(sql.SQL("SELECT last_batch_id, checkpoint_id FROM {} WHERE job = %s "
+                            "FOR UPDATE").format(self._id(schema, PROGRESS_TABLE)), (self.job,))
+        row = cur.fetchone()
+        if row is not None and checkpoint and row[1] and row[1] != checkpoint:
+            held = self._held_in(cur, schema)
+            raise LineageError(
+                f"postgres sink {self.table!r} holds {held.describe()}, not of this run's "
+                f"checkpoint {short(checkpoint)}; nothing written; run with "
+                "--rebuild, or restore the checkpoint the sink was written with")
+        return row is not None and batch_id <= row[0]
+
+    def stage(self, batch_id: int, checkpoint_id: str | None) -> Stage | None:
+        """The staging table of micro-batch ``batch_id`` (created empty, replacing one a
+        killed run of the batch left), for the tasks to COPY the batch into; ``None`` when
+        the sink holds the batch already (Spark re-ran it): nothing to stage."""
         schema = self._target
-        progress = self._id(schema, PROGRESS_TABLE)
-        try:
+        stage = Stage(self._dsn, schema, stage_name(self.job, checkpoint_id, batch_id), batch_id,
+                      self.table, self.schema, self._pg_types, self.retry_timeout_s)
+        ident = sql.Identifier
+
+        def attempt() -> Stage | None:
             with self._conn, self._conn.cursor() as cur:
                 self._ensure_tables(cur, schema)
-                # Serialises writers of one job even before its progress row exists.
-                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.job,))
-                cur.execute(sql.SQL("SELECT last_batch_id, checkpoint_id FROM {} WHERE job = %s "
-                                    "FOR UPDATE").format(progress), (self.job,))
-                row = cur.fetchone()
-                if (row is not None and lineage is not None and lineage.checkpoint_id
-                        and row[1] and row[1] != lineage.checkpoint_id):
-                    held = self._held_in(cur, schema)
-                    raise LineageError(
-                        f"postgres sink {self.table!r} holds {held.describe()}, not of this run's "
-                        f"checkpoint {short(lineage.checkpoint_id)}; nothing written; run with "
-                        "--rebuild, or restore the checkpoint the sink was written with")
-                if row is not None and batch_id <= row[0]:
+                if self._locked_progress(cur, schema, batch_id, checkpoint_id):
+                    return None
+                cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stage.ident))
+                cur.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({}, {} integer, {} bigint)").format(
+                    stage.ident, sql.SQL(", ").join(
+                        sql.SQL("{} {}").format(ident(f.name), sql.SQL(self._pg_types[f.name]))
+                        for f in self.schema), ident(_PART), ident(_ROW)))
+            return stage
+
+        try:
+            result: Stage | None = self._retried(attempt, batch_id)
+            return result
+        except psycopg2.OperationalError as exc:
+            raise self._service_error(f"batch {batch_id} not staged", exc) from None
+
+    def apply(self, stage: Stage, staged: list[StagedPart], lineage: Lineage | None) -> bool:
+        """Apply the staged batch (its changelog append, one delete and one upsert) and the
+        sink's progress in one transaction, which drops the staging table: a reader sees the
+        batch whole or not at all. ``staged``: what the tasks COPYed (checked against the
+        table: PostgreSQL empties UNLOGGED tables when it recovers from a crash). False, with
+        the stage dropped, when the sink holds the batch already."""
+        batch_id, schema = stage.batch_id, stage.schema
+        crashpoints.reached(crashpoints.POSTGRES_STAGED, batch_id)  # tests only
+        rows = sum(p.rows for p in staged)
+        last = max((p for p in staged if p.rows), default=None,
+                   key=lambda p: (p.last_commit_seq, p.part))
+
+        def attempt() -> bool:
+            with self._conn, self._conn.cursor() as cur:
+                self._ensure_tables(cur, schema)
+                if self._locked_progress(cur, schema, batch_id,
+                                         None if lineage is None else lineage.checkpoint_id):
+                    cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stage.ident))
                     return False
                 self._check_columns(cur, schema)
-                self._apply(cur, schema, changes)
-                n = changes.num_rows
-                last_seq = None if n == 0 else changes.column(COMMIT_SEQ)[n - 1].as_py()
-                last_xid = None if n == 0 else changes.column(XID)[n - 1].as_py()
+                cur.execute(sql.SQL("SELECT count(*) FROM {}").format(stage.ident))
+                (found,) = cur.fetchone()
+                if found != rows:
+                    raise ServiceError(
+                        f"{stage.where()} holds {found} rows, the tasks staged {rows} (an "
+                        "UNLOGGED table is emptied when PostgreSQL recovers from a crash); "
+                        f"nothing of batch {batch_id} was applied; run again: the checkpoint "
+                        "re-runs the batch")
+                if rows:
+                    self._apply(cur, schema, stage.ident)
+                crashpoints.reached(crashpoints.POSTGRES_APPLIED, batch_id)  # tests only
                 cur.execute(sql.SQL(
                     "INSERT INTO {} AS p (job, last_batch_id, frontier_commit_seq, "
                     "last_change_commit_seq, last_change_xid, checkpoint_id, output_table, "
@@ -595,17 +794,20 @@ class PostgresSink:
                     "p.last_change_commit_seq), "
                     "last_change_xid = COALESCE(EXCLUDED.last_change_xid, p.last_change_xid), "
                     "checkpoint_id = COALESCE(EXCLUDED.checkpoint_id, p.checkpoint_id), "
-                    "updated_at = now()").format(progress),
-                    (self.job, batch_id, None if lineage is None else lineage.frontier_commit_seq,
-                     last_seq, last_xid, None if lineage is None else lineage.checkpoint_id,
+                    "updated_at = now()").format(self._id(schema, PROGRESS_TABLE)),
+                    (self.job, batch_id,
+                     None if lineage is None else lineage.frontier_commit_seq,
+                     None if last is None else last.last_commit_seq,
+                     None if last is None else last.last_xid,
+                     None if lineage is None else lineage.checkpoint_id,
                      self.table, self._written_types()))
+                cur.execute(sql.SQL("DROP TABLE {}").format(stage.ident))
             return True
-        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
-            self._ready.clear()  # the DDL may have been rolled back with the batch
-            if self._conn.closed or isinstance(exc, psycopg2.InterfaceError):
-                # Rolling back on a closed connection replaces the cause: report the cause.
-                cause = exc.__context__ if isinstance(exc.__context__, psycopg2.Error) else exc
-                raise _Lost(cause) from None
+
+        try:
+            applied: bool = self._retried(attempt, batch_id)
+            return applied
+        except psycopg2.OperationalError as exc:
             raise self._service_error(f"batch {batch_id} not written", exc) from None
         except (psycopg2.errors.UndefinedColumn, psycopg2.errors.DatatypeMismatch,
                 psycopg2.errors.UndefinedTable) as exc:
@@ -622,59 +824,37 @@ class PostgresSink:
         row = cur.fetchone()
         return Held(row[3], int(row[0]), row[1], row[2])
 
-    def _stage(self, cur: Any, changes: pa.Table) -> None:
-        """COPY ``changes`` (with their position) into a temporary table dropped at commit."""
-        ident = sql.Identifier
-        cur.execute(sql.SQL("CREATE TEMP TABLE {} ({}, {} bigint) ON COMMIT DROP").format(
-            ident(_STAGE), sql.SQL(", ").join(
-                sql.SQL("{} {}").format(ident(f.name), sql.SQL(self._pg_types[f.name]))
-                for f in self.schema), ident(_ROW)))
-        columns = []
-        for f in self.schema:
-            column = changes.column(f.name)
-            convert = _copy_value(f.type)
-            if convert is not None:
-                column = pa.array([convert(v) for v in column.to_pylist()], pa.string())
-            columns.append(column)
-        columns.append(pa.array(range(changes.num_rows), pa.int64()))
-        staged = pa.Table.from_arrays(columns, names=[*self.schema.names, _ROW])
-        buffer = io.BytesIO()
-        pa_csv.write_csv(staged, buffer, pa_csv.WriteOptions(include_header=False,
-                                                             quoting_style="needed"))
-        buffer.seek(0)
-        cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(
-            ident(_STAGE), sql.SQL(", ").join(ident(c) for c in staged.column_names)
-        ).as_string(cur), buffer)
-
-    def _apply(self, cur: Any, schema: str, changes: pa.Table) -> None:
-        """Changelog append, one delete and one upsert, all from the staged batch."""
-        if changes.num_rows == 0:
-            return
-        self._stage(cur, changes)
+    def _apply(self, cur: Any, schema: str, stage: sql.Composable) -> None:
+        """Changelog append, one delete and one upsert, all from the staged batch, in one
+        statement (the last change per key sorted out once; the deleted and the upserted
+        keys are apart, so neither part needs to see the other's effect). Commit order:
+        ``_commit_seq``, then part, then position; a key's changes are in one part."""
         ident = sql.Identifier
         join = sql.SQL(", ")
         log_columns = join.join(ident(c) for c in self.schema.names)
-        cur.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ORDER BY {}").format(
-            self._id(schema, self.changelog_table), log_columns, log_columns, ident(_STAGE),
-            ident(_ROW)))
         keys = join.join(ident(k) for k in self.key_columns)
-        # The last change of each key decides: a delete deletes, anything else upserts.
-        last = sql.SQL("(SELECT DISTINCT ON ({keys}) * FROM {stage} ORDER BY {keys}, {row} DESC)"
-                       ).format(keys=keys, stage=ident(_STAGE), row=ident(_ROW))
-        cur.execute(sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE s.{} = %s AND {}").format(
-            self._id(schema, self.table), last, ident(OP), sql.SQL(" AND ").join(
-                sql.SQL("t.{k} = s.{k}").format(k=ident(k)) for k in self.key_columns)),
-            (OP_DELETE,))
         columns = self.current.names
         updates = [c for c in columns if c not in self.key_columns]
         on_conflict = (sql.SQL("DO UPDATE SET {}").format(join.join(
             sql.SQL("{c} = EXCLUDED.{c}").format(c=ident(c)) for c in updates))
             if updates else sql.SQL("DO NOTHING"))
-        cur.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} AS s WHERE s.{} <> %s "
-                            "ON CONFLICT ({}) {}").format(
-            self._id(schema, self.table), join.join(ident(c) for c in columns),
-            join.join(sql.SQL("s.{}").format(ident(c)) for c in columns), last, ident(OP),
-            keys, on_conflict), (OP_DELETE,))
+        # The last change of each key decides: a delete deletes, anything else upserts.
+        cur.execute(sql.SQL(
+            "WITH last AS MATERIALIZED (SELECT DISTINCT ON ({keys}) * FROM {stage} "
+            "ORDER BY {keys}, {seq} DESC, {row} DESC), "
+            "logged AS (INSERT INTO {log} ({log_columns}) SELECT {log_columns} FROM {stage} "
+            "ORDER BY {seq}, {part}, {row}), "
+            "deleted AS (DELETE FROM {current} AS t USING last AS s WHERE s.{op} = %s AND {on}) "
+            "INSERT INTO {current} ({columns}) SELECT {values} FROM last AS s WHERE s.{op} <> %s "
+            "ON CONFLICT ({keys}) {on_conflict}").format(
+                keys=keys, stage=stage, seq=ident(COMMIT_SEQ), row=ident(_ROW),
+                part=ident(_PART), log=self._id(schema, self.changelog_table),
+                log_columns=log_columns, current=self._id(schema, self.table), op=ident(OP),
+                on=sql.SQL(" AND ").join(sql.SQL("t.{k} = s.{k}").format(k=ident(k))
+                                         for k in self.key_columns),
+                columns=join.join(ident(c) for c in columns),
+                values=join.join(sql.SQL("s.{}").format(ident(c)) for c in columns),
+                on_conflict=on_conflict), (OP_DELETE, OP_DELETE))
 
     # -- rebuild ----------------------------------------------------------------
 
@@ -811,8 +991,26 @@ class PostgresSink:
                                   for r in self._rows_of(schema, repeated))
 
     def maintain(self, retention_hours: float | None = None) -> list[Upkeep]:
-        """Nothing to do: PostgreSQL's autovacuum reclaims what the upserts leave behind."""
-        return []
+        """Drop the staging tables killed runs of this job left (killed after their tasks
+        staged a batch, before it was applied: a run re-running that batch replaces its
+        own), in the sink's schema and the rebuild's; one :class:`Upkeep` counting them.
+        Run between batches (no batch of the job staged meanwhile). PostgreSQL's autovacuum
+        reclaims what the upserts leave behind."""
+        started = time_module.monotonic()
+        prefix = f"{STAGE_PREFIX}{_digest(self.job, 12)}_"
+        try:
+            with self._conn, self._conn.cursor() as cur:
+                cur.execute("SELECT schemaname, tablename FROM pg_tables WHERE schemaname IN "
+                            "(%s, %s) AND starts_with(tablename, %s)",
+                            (self._home, REBUILD_SCHEMA, prefix))
+                left = cur.fetchall()
+                for schema, table in left:
+                    cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(
+                        self._id(schema, table)))
+        except psycopg2.OperationalError as exc:
+            raise self._service_error("cannot drop staging tables", exc) from None
+        return [Upkeep(f"postgres {self._home}.{self.table}", 0, 0, len(left), 0,
+                       time_module.monotonic() - started, kind="staging tables")]
 
     def close(self) -> None:
         """Close the connection."""
