@@ -23,16 +23,26 @@ from hypothesis import strategies as st
 from tests.unit.strategies import deliveries, produce, split_partitions, workloads
 from tests.unit.test_properties import JOB_VARIANTS
 from txjoin.errors import ConfigError, TxjoinError
-from txjoin.ingest.debezium import ChangeEvent, Position
+from txjoin.ingest.debezium import ChangeEvent, Position, TxMarker, decode
 from txjoin.join.oracle import outputs_after_each
-from txjoin.join.routing import METADATA_SIZE, Router, metadata_only, shard_of
+from txjoin.join.routing import (
+    METADATA_SIZE,
+    Routed,
+    Router,
+    gather_foreign,
+    is_metadata_only,
+    metadata_only,
+    shard_of,
+)
+from txjoin.join.shard import ShardEngine
 from txjoin.join.sharded import ShardedEngine
+from txjoin.join.state import save_fields
 from txjoin.join.state_log import LAYOUT_VERSION, MemoryStore, ShardLog
 from txjoin.scenarios.checks import RunObservation, check_scenario
 from txjoin.scenarios.core_runner import observe_batch, observe_core
 from txjoin.scenarios.schedule import Restart, compile_schedule
 from txjoin.scenarios.spec import load_scenario
-from txjoin.sequence.assembly import TopicPartitions
+from txjoin.sequence.assembly import Assembler, TopicPartitions
 
 
 def run_sharded(job: Any, workload: Any, data: Any, n_shards: int, parts: int = 1) -> None:
@@ -117,6 +127,114 @@ def test_a_metadata_only_event_keeps_its_identity_without_rows() -> None:
     meta = metadata_only(event)
     assert meta.before is None and meta.after is None and meta.identity == event.identity
     assert meta.xid == 7 and meta.lsn == 99 and meta.data_collection_order == 3
+
+
+def _route(job: Any, router: Router, batch: Any) -> list[list[Routed]]:
+    """A batch's records as each shard receives them, other shards' facts event by event."""
+    per_shard: list[list[Routed]] = [[] for _ in range(router.n_shards)]
+    for r in batch.records:
+        item = decode(r.value, Position(r.topic, 0, r.offset))
+        if item is not None:
+            for shard, routed in enumerate(router.route(item, len(r.value or ""))):
+                if routed is not None:
+                    per_shard[shard].append(routed)
+    return per_shard
+
+
+def _decided(engine: ShardEngine) -> dict[Any, Any]:
+    """All a shard's sequencing decides from: each open transaction's counting state and
+    the events it holds rows of, each source's duplicates, snapshot and frontier, and the
+    engine's clocks and counters."""
+    seen: dict[Any, Any] = {"engine": save_fields(engine, ShardEngine.FIELDS)}
+    for source, assembler in engine.assemblers.items():
+        seen[source] = (assembler.duplicates, assembler.snapshot.state(),
+                        engine.frontiers[source].state())
+        for xid, tx in assembler.pending.items():
+            seen[(source, xid)] = (
+                tx.deliveries, tx.identities, tx.per_table, tx.last_number, tx.run, tx.end,
+                tx.first_ts_ms, tx.begins, tx.restarted, tx.confirmed, tx.confirmed_parts,
+                # (tables are independent within a transaction: applied table by table)
+                sorted((e for e in tx.events if not is_metadata_only(e)), key=lambda e: e.table),
+                tx.missing(assembler.tables))
+    return seen
+
+
+def _compare_counting(job: Any, batches: list[Any], n_shards: int) -> None:
+    """Every shard fed other shards' facts as columns (counted per transaction) and one fed
+    them event by event emit the same changes and decide from the same state, batch by batch;
+    so do the shards restored from the first ones' logs."""
+    router = Router(job, n_shards)
+    by_run = ShardedEngine(job, n_shards)
+    by_event = [ShardEngine(job, s, n_shards) for s in range(n_shards)]
+    for n, batch in enumerate(batches):
+        caught = {t.removeprefix("shop.") for t in batch.caught_up}
+        records = [(r.topic, 0, r.offset, r.value) for r in batch.records]
+        by_run.process(records, caught, drop_cache=[n % n_shards])  # one restored each batch
+        for shard, routed in enumerate(_route(job, router, batch)):
+            changes = by_event[shard].process_routed(routed, caught)
+            assert by_run.last[shard].changes == changes, f"batch {n}, shard {shard}"
+            mine, theirs = _decided(by_run.cache[shard]), _decided(by_event[shard])
+            differ = sorted(str(k) for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
+            assert not differ, f"batch {n}, shard {shard}: not event by event's state: {differ}"
+
+
+@given(data=st.data())
+def test_foreign_facts_counted_per_transaction_decide_as_event_by_event(data: Any) -> None:
+    """Redeliveries, consumer rewinds and pre-3.7 restarts inside transactions drawn: the
+    runs that do not fit go event by event, and the decisions never differ."""
+    job, rows = JOB_VARIANTS[data.draw(st.sampled_from(["orders/as_of_fact", "orders/current"]),
+                                       label="job")]
+    workload = data.draw(workloads(rows), label="workload")
+    batches = data.draw(deliveries(produce(job, workload)), label="delivery")
+    _compare_counting(job, batches, data.draw(st.integers(2, 8), label="shards"))
+
+
+def _foreign_facts(xid: int, events: list[tuple[int, int]], start: int) -> list[Routed]:
+    """Facts of another shard in transaction ``xid`` ((LSN, number) each) from offset
+    ``start`` of the orders topic, event by event."""
+    return [Routed(ChangeEvent("public.orders", "c", None, None, xid, lsn, 1000, "false",
+                               number, Position("shop.public.orders", 0, start + i),
+                               bytes([lsn % 256])), METADATA_SIZE)
+            for i, (lsn, number) in enumerate(events)]
+
+
+def _marker(status: str, xid: int, offset: int, count: int = 0) -> Routed:
+    counts = {"public.orders": count} if status == "END" else None
+    return Routed(TxMarker(status, xid, f"{xid}:1", None, count if counts else None, counts,
+                           1000, Position("shop.transaction", 0, offset)), 10)
+
+
+@pytest.mark.parametrize("resent", ["redelivered as numbered", "renumbered from 1 (pre-3.7)"])
+def test_a_redelivered_or_renumbered_run_goes_event_by_event(
+        resent: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another shard's facts that a later batch brings again, with their numbers (a consumer
+    rewind) or numbered again from 1 after a connector restart inside the transaction, do
+    not fit it as a run: counted event by event, each is recognised as a repeat (counted
+    once) and the transaction is released as a shard fed every event one by one releases it."""
+    job, _ = JOB_VARIANTS["orders/as_of_fact"]
+    fits: list[bool] = []
+    add_run = Assembler.add_run
+
+    def spy(self: Assembler, *args: Any) -> bool:
+        fits.append(add_run(self, *args))
+        return fits[-1]
+
+    monkeypatch.setattr(Assembler, "add_run", spy)
+    first = [_marker("BEGIN", 7, 0), *_foreign_facts(7, [(100, 1), (101, 2), (102, 3)], 0)]
+    if resent == "redelivered as numbered":
+        second = [*_foreign_facts(7, [(100, 1), (101, 2), (102, 3)], 0), _marker("END", 7, 1, 3)]
+    else:  # the connector resends the last two, numbered 1 and 2, and counts only those
+        second = [_marker("BEGIN", 7, 1), *_foreign_facts(7, [(101, 1), (102, 2)], 3),
+                  _marker("END", 7, 2, 2)]
+    by_run, by_event = ShardEngine(job, 0, 2), ShardEngine(job, 0, 2)
+    for n, batch in enumerate([first, second]):
+        caught = job.table_names if n == 0 else []  # the empty snapshot settles
+        by_run.process_routed(gather_foreign(job.fact, batch), caught)
+        by_event.process_routed(batch, caught)
+        assert _decided(by_run) == _decided(by_event)
+    assert fits == [True, False]
+    assert by_run.frontier.commit_seq == 1
+    assert by_run.duplicates == (3 if resent == "redelivered as numbered" else 2)
 
 
 def test_fact_rows_go_to_one_shard_and_lookups_to_all() -> None:

@@ -40,11 +40,13 @@ from txjoin.ingest.debezium import (
     transaction_topic,
 )
 from txjoin.job import TRANSACTION_STREAM, Job
+from txjoin.join.routing import ForeignFacts
 from txjoin.join.state import ENGINE_STATE_VERSION, check_version, restore_fields, save_fields
 from txjoin.join.temporal import OutputChange, TemporalJoin
 from txjoin.sequence.assembly import (
     SNAPSHOT_XID,
     Assembler,
+    FactRun,
     IncompletePolicy,
     TopicPartitions,
     Transaction,
@@ -162,9 +164,11 @@ class Engine:
         return self.process_decoded(decoded, caught_up, partitions)
 
     def process_decoded(self, items: Iterable[ChangeEvent | TxMarker],
-                        caught_up: Iterable[str] = (), partitions: TopicPartitions | None = None
-                        ) -> list[OutputChange]:
-        """Like :meth:`process`, for records already decoded."""
+                        caught_up: Iterable[str] = (), partitions: TopicPartitions | None = None,
+                        foreign: ForeignFacts | None = None) -> list[OutputChange]:
+        """Like :meth:`process`, for records already decoded. ``foreign``: a shard's other
+        shards' streaming facts of the batch (``join/routing.py``), of an unpartitioned
+        topic: counted per transaction (:meth:`_add_foreign`)."""
         self.batch_join_s = 0.0
         for assembler in self.assemblers.values():
             assembler.begin_batch()
@@ -177,6 +181,11 @@ class Engine:
         single = self._marker_sources is None
         first = self.job.source_names[0]
         table_sources = self._table_sources
+        runs = foreign.by_xid() if foreign is not None else {}
+        fact = foreign.table if foreign is not None else None
+        # this shard's events of the transactions ``foreign`` has events of, in topic order:
+        # added with them (their order decides what the numbering says)
+        held: dict[int, list[ChangeEvent]] = {}
         for item in items:
             if item.position.partition and (isinstance(item, TxMarker) or
                                             item.position.partition >= counts.get(item.table, 1)):
@@ -199,8 +208,13 @@ class Engine:
                     frontier.on_end(item)
             else:
                 self.stats.events += 1
+                if item.table == fact and item.xid in runs and not item.is_snapshot:
+                    held.setdefault(item.xid, []).append(item)
+                    continue
                 self.assemblers[source].add_event(item, self.frontiers[source].released,
                                                   counts.get(item.table, 1))
+        if foreign is not None:
+            self._add_foreign(foreign, runs, held)
         caught = set(caught_up)
         parts = partitions.caught_up if partitions is not None else {}
         for assembler in self.assemblers.values():
@@ -219,6 +233,44 @@ class Engine:
                 changes.extend(self._apply(tx))
         self.stats.batches += 1
         return changes
+
+    def _add_foreign(self, foreign: ForeignFacts, runs: dict[int, list[int]],
+                     held: dict[int, list[ChangeEvent]]) -> None:
+        """Buffer other shards' facts (``runs``: their rows per transaction, in topic order)
+        with this shard's own events of the same transactions (``held``): one
+        :class:`FactRun` per transaction where it fits, else event by event in topic order
+        (a redelivery, a restart inside the transaction, a duplicate: the rules of
+        ``sequence/assembly.py`` decide as for any event)."""
+        table = foreign.table
+        source = self._table_sources.get(table, self.job.source_names[0])
+        assembler, released = self.assemblers[source], self.frontiers[source].released
+        self.stats.events += len(foreign)
+        times = [t for t in foreign.ts_ms if t is not None]
+        if times:
+            newest = max(times)
+            if self.max_ts_ms is None or newest > self.max_ts_ms:
+                self.max_ts_ms = newest
+            if newest > self.stream_ts_ms.get(table, newest - 1):
+                self.stream_ts_ms[table] = newest
+        numbers, ts_ms, offsets = foreign.numbers, foreign.ts_ms, foreign.offsets
+        for xid, rows in runs.items():
+            mine = held.get(xid)
+            order: list[int | ChangeEvent] = list(rows)
+            if mine:
+                order = sorted([*rows, *mine], key=lambda r: offsets[r] if isinstance(r, int)
+                               else r.position.offset)
+            run_numbers = [numbers[r] if isinstance(r, int) else r.data_collection_order
+                           for r in order]
+            if None not in run_numbers:
+                stamps = [ts_ms[r] if isinstance(r, int) else r.commit_ts_ms for r in order]
+                known = [t for t in stamps if t is not None]
+                run = FactRun(table, run_numbers,  # type: ignore[arg-type]
+                              [foreign.identity(r) if isinstance(r, int) else r.identity
+                               for r in order], mine or [], min(known) if known else None)
+                if assembler.add_run(xid, run, released):
+                    continue
+            for r in order:
+                assembler.add_event(foreign.event(r) if isinstance(r, int) else r, released)
 
     def release(self) -> list[Transaction]:
         """What can be applied now: the snapshots (once all are complete), then each source's

@@ -21,7 +21,10 @@ The join's state and work are split into ``n`` shards by the fact table's key:
   event without its rows. So every shard assembles every transaction and
   computes the same frontier, deterministically, from the same input: all shards
   release exactly the same transactions in the same micro-batch, and commit
-  order stays global without a separate sequencing stage.
+  order stays global without a separate sequencing stage. A shard takes the
+  streaming ones of a batch as columns (:class:`ForeignFacts`), and counts them
+  per transaction (``sequence.assembly.FactRun``), not as one event each, unless
+  the per-event rules could decide otherwise (a redelivery, a restart).
 
 A shard receives each record as a :class:`Routed` item. Two routers honour this
 contract: :class:`Router` here (pure Python, what ``join/sharded.py`` and the
@@ -39,7 +42,7 @@ import zlib
 from typing import Any, NamedTuple
 
 from txjoin.errors import DecodeError, JobError
-from txjoin.ingest.debezium import ChangeEvent, TxMarker
+from txjoin.ingest.debezium import ChangeEvent, Position, TxMarker
 from txjoin.job import Job
 
 Key = tuple[Any, ...]
@@ -63,11 +66,65 @@ def row_digest(event: ChangeEvent) -> bytes:
     return hashlib.blake2b(repr(image).encode(), digest_size=12).digest()
 
 
+class ForeignFacts:
+    """The streaming fact events of one micro-batch that other shards hold, as columns: what
+    this shard counts of them for completeness (a :func:`metadata_only` event each, without
+    building one). Rows in any order; :meth:`by_xid` puts them in topic order."""
+
+    __slots__ = ("digests", "lsns", "numbers", "offsets", "ops", "partitions", "snapshots",
+                 "table", "topics", "ts_ms", "xids")
+
+    def __init__(self, table: str, topics: list[str], partitions: list[int], offsets: list[int],
+                 ops: list[str], xids: list[int], lsns: list[int | None],
+                 ts_ms: list[int | None], snapshots: list[str | None],
+                 numbers: list[int | None], digests: list[bytes]) -> None:
+        self.table = table  # the fact table: routing reads no other table's records
+        self.topics, self.partitions, self.offsets = topics, partitions, offsets
+        self.ops, self.xids, self.lsns, self.ts_ms = ops, xids, lsns, ts_ms
+        self.snapshots, self.numbers, self.digests = snapshots, numbers, digests
+
+    def __len__(self) -> int:
+        return len(self.xids)
+
+    @classmethod
+    def of(cls, table: str, events: list[ChangeEvent]) -> ForeignFacts:
+        """The columns of :func:`metadata_only` events (the Python router's)."""
+        pos = [e.position for e in events]
+        return cls(table, [p.topic for p in pos], [p.partition for p in pos],
+                   [p.offset for p in pos], [e.op for e in events],
+                   [e.xid for e in events],  # type: ignore[misc]
+                   [e.lsn for e in events], [e.commit_ts_ms for e in events],
+                   [e.snapshot for e in events], [e.data_collection_order for e in events],
+                   [e.digest or b"" for e in events])
+
+    def event(self, i: int) -> ChangeEvent:
+        """Row ``i`` as the :func:`metadata_only` event it stands for."""
+        return ChangeEvent(self.table, self.ops[i], None, None, self.xids[i], self.lsns[i],
+                           self.ts_ms[i], self.snapshots[i], self.numbers[i],
+                           Position(self.topics[i], self.partitions[i], self.offsets[i]),
+                           self.digests[i])
+
+    def identity(self, i: int) -> tuple[Any, ...]:
+        """Row ``i``'s ``ChangeEvent.identity``."""
+        return (self.table, self.ops[i], self.lsns[i], self.digests[i])
+
+    def by_xid(self) -> dict[int, list[int]]:
+        """Row numbers per transaction, each in topic order (by partition and offset)."""
+        order = sorted(range(len(self.xids)),
+                       key=lambda i: (self.partitions[i], self.offsets[i]))
+        groups: dict[int, list[int]] = {}
+        xids = self.xids
+        for i in order:
+            groups.setdefault(xids[i], []).append(i)
+        return groups
+
+
 class Routed(NamedTuple):
     """A record as one shard receives it: the decoded item (a fact event of another shard
-    without its rows), and the bytes it counts against ``--max-transaction-bytes``."""
+    without its rows; or a batch's worth of them as :class:`ForeignFacts`), and the bytes it
+    counts against ``--max-transaction-bytes`` (:data:`METADATA_SIZE` per foreign fact)."""
 
-    item: ChangeEvent | TxMarker
+    item: ChangeEvent | TxMarker | ForeignFacts
     size: int
 
 
@@ -79,6 +136,21 @@ in memory, without rows)."""
 def metadata_only(event: ChangeEvent) -> ChangeEvent:
     """``event`` without its rows, for the shards that count it but do not hold it."""
     return event.routed(event.digest, False, rows=False)
+
+
+def gather_foreign(table: str, routed: list[Routed]) -> list[Routed]:
+    """``routed`` with its streaming metadata-only events (other shards' facts) as one
+    :class:`ForeignFacts`, as the Spark shards read them (``spark/shards.py``)."""
+    def counted(item: object) -> bool:
+        return (isinstance(item, ChangeEvent) and is_metadata_only(item)
+                and not item.is_snapshot and item.xid is not None and item.table == table)
+
+    foreign = [r.item for r in routed if counted(r.item)]
+    if not foreign:
+        return routed
+    rest = [r for r in routed if not counted(r.item)]
+    return [*rest, Routed(ForeignFacts.of(table, foreign),  # type: ignore[arg-type]
+                          METADATA_SIZE * len(foreign))]
 
 
 def is_metadata_only(event: ChangeEvent) -> bool:

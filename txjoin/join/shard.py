@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ from txjoin.errors import TransactionTooLargeError
 from txjoin.ingest.debezium import ChangeEvent, TxMarker
 from txjoin.job import Job
 from txjoin.join.engine import Engine
-from txjoin.join.routing import Routed
+from txjoin.join.routing import METADATA_SIZE, ForeignFacts, Routed
 from txjoin.join.temporal import OutputChange, TemporalJoin
 from txjoin.sequence.assembly import IncompletePolicy, SnapshotBuffer, TopicPartitions
 
@@ -102,7 +103,17 @@ class ShardEngine(Engine):
         records = list(records)
         if self.max_transaction_bytes is not None:
             self._count_open_bytes(records)
-        items = [r.item for r in records]
+        items: list[ChangeEvent | TxMarker] = []
+        foreign: list[ForeignFacts] = []
+        for r in records:
+            if isinstance(r.item, ForeignFacts):
+                foreign.append(r.item)
+            else:
+                items.append(r.item)
+        counted = foreign[0] if len(foreign) == 1 and self._counts_per_transaction(
+            foreign[0], partitions) else None
+        if counted is None:  # event by event, as routing's metadata-only events
+            items.extend(f.event(i) for f in foreign for i in range(len(f)))
         items.sort(key=_position_key)
         self.batch_wire_s = time.perf_counter() - started
         snapshot_events = [it for it in items if isinstance(it, ChangeEvent) and it.is_snapshot]
@@ -113,7 +124,7 @@ class ShardEngine(Engine):
         remembered = {s: f.remembered for s, f in self.frontiers.items()}
         self.join.journal = []
         try:
-            changes = self.process_decoded(items, caught_up, partitions)
+            changes = self.process_decoded(items, caught_up, partitions, counted)
             journal = self.join.journal
         finally:
             self.join.journal = None
@@ -129,6 +140,15 @@ class ShardEngine(Engine):
         self.last_effects = Effects(self._sequencer_state(), snapshot_events, released, journal)
         return changes
 
+    def _counts_per_transaction(self, foreign: ForeignFacts,
+                                partitions: TopicPartitions | None) -> bool:
+        """Whether the batch's foreign facts can be counted per transaction: their topic has
+        one partition (with several, numbering is collected per partition: event by event)."""
+        table = foreign.table
+        declared = partitions.counts.get(table, 1) if partitions is not None else 1
+        return (max(declared, self.partition_counts.get(table, 1)) == 1
+                and not any(foreign.partitions))
+
     def _count_open_bytes(self, records: list[Routed]) -> None:
         """Fail, naming the xid and its size, when a transaction outgrows the budget.
 
@@ -143,15 +163,26 @@ class ShardEngine(Engine):
         sources = self._table_sources
         first = self.job.source_names[0]
         for item, nbytes in records:
-            if isinstance(item, ChangeEvent) and item.xid is not None:
-                key = (sources.get(item.table, first), item.xid)  # xids are per database
+            if isinstance(item, ForeignFacts):
+                source = sources.get(item.table, first)
+                sizes: Iterable[tuple[int, int]] = ((xid, n * METADATA_SIZE) for xid, n
+                                                    in Counter(item.xids).items())
+            elif isinstance(item, ChangeEvent) and item.xid is not None:
+                source = sources.get(item.table, first)
+                sizes = [(item.xid, nbytes)]
+            else:
+                continue
+            for xid, nbytes in sizes:
+                key = (source, xid)  # xids are per database
                 size = counted.get(key, 0) + nbytes
                 counted[key] = size
                 if size > budget:
+                    position = (item.event(item.xids.index(xid)).position
+                                if isinstance(item, ForeignFacts) else item.position)
                     raise TransactionTooLargeError(
-                        f"transaction xid {item.xid} is larger than --max-transaction-bytes "
+                        f"transaction xid {xid} is larger than --max-transaction-bytes "
                         f"{budget} (more than {size} bytes buffered in shard {self.shard} at "
-                        f"{item.position}); it is applied whole, so it must fit in a worker's "
+                        f"{position}); it is applied whole, so it must fit in a worker's "
                         f"memory: raise --max-transaction-bytes and give the executors the "
                         f"memory, or split such transactions at the source")
 
@@ -174,8 +205,11 @@ class ShardEngine(Engine):
             if assembler.snapshot.done:
                 assembler.snapshot.rows = []  # released within (or before) this batch
         for source, xids in released.items():
+            frontier = self.frontiers[source]
+            remembered = frontier.remembered  # the count after the batch, restored above
             for xid in xids:
-                self.frontiers[source]._remember(xid)
+                frontier._remember(xid)
+            frontier.remembered = remembered
         self.join.replay_journal(effects.journal, changes)
 
 

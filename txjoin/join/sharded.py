@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from txjoin.ingest.debezium import Position, decode
 from txjoin.job import Job
-from txjoin.join.routing import Routed, Router
+from txjoin.join.routing import Routed, Router, gather_foreign
 from txjoin.join.shard import ShardEngine, long_lived_state
 from txjoin.join.state_log import BatchResult, MemoryStore, ShardLog
 from txjoin.join.temporal import OutputChange
@@ -47,7 +47,8 @@ class ShardedEngine:
             for shard, routed in enumerate(self.router.route(item, size)):
                 if routed is not None:
                     per_shard[shard].append(routed)
-        return per_shard
+        # other shards' streaming facts as the Spark shards take them: as columns
+        return [gather_foreign(self.job.fact, routed) for routed in per_shard]
 
     def process(self, records: Iterable[tuple[str, int, int, str | None]],
                 caught_up: Iterable[str] = (), drop_cache: Iterable[int] = (),

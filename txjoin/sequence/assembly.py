@@ -69,6 +69,7 @@ of different rows.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -103,6 +104,23 @@ class TopicPartitions:
 
     counts: Mapping[str, int] = field(default_factory=dict)
     caught_up: Mapping[str, frozenset[int]] = field(default_factory=dict)
+
+
+@dataclass
+class FactRun:
+    """One transaction's events of one table in one micro-batch, most of them only counted:
+    the metadata of facts another shard holds (``join/routing.py``), with the events whose
+    rows this shard holds among them.
+
+    :meth:`PendingTransaction.add_run` adds them at once where adding them one by one in
+    topic order would give the same state, which it checks first; so a shard pays per
+    transaction, not per event, for the facts it does not hold."""
+
+    table: str
+    numbers: list[int]  # data_collection_order of each event, in topic order
+    identities: list[tuple[object, ...]]  # ChangeEvent.identity of each, in the same order
+    events: list[ChangeEvent]  # those whose rows this shard holds, in topic order
+    first_ts_ms: int | None  # the earliest commit time among them
 
 
 @dataclass
@@ -162,20 +180,50 @@ class PendingTransaction:
         self.per_table[table] = self.per_table.get(table, 0) + 1
         return True
 
+    def fits_run(self, run: FactRun) -> bool:
+        """Whether adding ``run``'s events one by one would give exactly what :meth:`add_run`
+        gives: no restart shown, every number new and above the table's last one (so no
+        event is a redelivery or a renumbering), every content new (so none is a duplicate
+        of another number). An unpartitioned topic only. Else its events go one by one."""
+        numbers, table = run.numbers, run.table
+        if self.restarted or numbers[0] <= self.last_number.get(table, 0):
+            return False
+        if any(b <= a for a, b in itertools.pairwise(numbers)):
+            return False
+        fresh = set(run.identities)
+        return len(fresh) == len(numbers) and self.identities.isdisjoint(fresh)
+
+    def add_run(self, run: FactRun) -> None:
+        """Add the events of a run that :meth:`fits_run`, as :meth:`add` would one by one."""
+        table = run.table
+        self.deliveries.update(zip(run.identities, run.numbers, strict=True))
+        self.identities.update(run.identities)
+        self.run.setdefault(table, set()).update(run.numbers)
+        self.last_number[table] = run.numbers[-1]
+        self.per_table[table] = self.per_table.get(table, 0) + len(run.numbers)
+        self.events.extend(run.events)
+        self.touch(run.first_ts_ms)
+
     def touch(self, ts_ms: int | None) -> None:
         if ts_ms is not None and (self.first_ts_ms is None or ts_ms < self.first_ts_ms):
             self.first_ts_ms = ts_ms
 
-    def grown(self, added: list[tuple[ChangeEvent, int]]) -> tuple[dict[str, Any], list]:
+    def grown(self, added: list[tuple[ChangeEvent | FactRun, int]]
+              ) -> tuple[dict[str, Any], list]:
         """What a batch did to this transaction, open before it: its small fields and the
         (event, partitions) it added, in order (:meth:`regrow` redoes it)."""
         return save_fields(self, self.SMALL_FIELDS), added
 
-    def regrow(self, grown: tuple[Mapping[str, Any], list[tuple[ChangeEvent, int]]]) -> None:
+    def regrow(self, grown: tuple[Mapping[str, Any],
+                                  list[tuple[ChangeEvent | FactRun, int]]]) -> None:
         """Redo a batch recorded by :meth:`grown` on the state this transaction had before it."""
         small, added = grown
         for event, partitions in added:
-            self.add(event, partitions)
+            if isinstance(event, FactRun):
+                assert self.fits_run(event), "a logged run no longer fits its transaction"
+                self.add_run(event)
+            else:
+                self.add(event, partitions)
         restore_fields(self, small, self.SMALL_FIELDS)
 
     def _have(self, table: str, need: int) -> int:
@@ -345,7 +393,7 @@ class Assembler:
         self.touched: set[int] = set()
         self.gone: set[int] = set()
         self.born: set[int] = set()
-        self.added: dict[int, list[tuple[ChangeEvent, int]]] = {}
+        self.added: dict[int, list[tuple[ChangeEvent | FactRun, int]]] = {}
 
     def begin_batch(self) -> None:
         self.touched, self.gone, self.born, self.added = set(), set(), set(), {}
@@ -416,6 +464,28 @@ class Assembler:
             self.added.setdefault(event.xid, []).append((event, partitions))
         if not tx.add(event, partitions):
             self.duplicates += 1
+
+    def add_run(self, xid: int, run: FactRun, released: set[int]) -> bool:
+        """Buffer a transaction's events of one table of an unpartitioned topic at once
+        (:class:`FactRun`); False, with nothing changed, when they must go one by one
+        (:meth:`add_event`, in topic order) because the run does not fit the transaction
+        (:meth:`PendingTransaction.fits_run`: a redelivery, a restart, a duplicate)."""
+        if run.table not in self.tables:
+            return True
+        if xid in released:
+            self.snapshot.streaming_seen(run.table)
+            self.duplicates += len(run.numbers)
+            return True
+        tx = self.pending.get(xid)
+        if not (tx or PendingTransaction(xid)).fits_run(run):
+            return False
+        self.snapshot.streaming_seen(run.table)
+        self.touched.add(xid)
+        tx = self._open(xid)
+        if xid not in self.born:
+            self.added.setdefault(xid, []).append((run, 1))
+        tx.add_run(run)
+        return True
 
     def add_marker(self, marker: TxMarker, released: set[int]) -> bool:
         """Record a BEGIN/END; True when it is a new END (the frontier queues it)."""

@@ -41,7 +41,7 @@ from txjoin.ingest.spark.kafka import KafkaFacts
 from txjoin.ingest.spark.markers import is_marker, read_markers
 from txjoin.job import Job
 from txjoin.join.output import changes_to_table
-from txjoin.join.routing import METADATA_SIZE, Routed, row_digest
+from txjoin.join.routing import METADATA_SIZE, ForeignFacts, Routed, row_digest
 from txjoin.join.shard import ShardEngine, long_lived_state
 from txjoin.join.spark import host, input_frames
 from txjoin.join.state_log import ShardLog, engine_rows
@@ -130,12 +130,25 @@ def routed_items(job: Job, n_shards: int, frame: pd.DataFrame) -> list[Routed]:
     items its engine takes, each with the bytes it counts.
 
     A row with bytes is decoded here; a row routing read and left without bytes is a
-    fact event of another shard, built from its columns. A fact event routing could
-    not read but which decodes after all is refused: every shard got it whole, and
-    applying it in each would apply it ``n`` times.
+    fact event of another shard: the streaming ones are taken as columns, all of them in
+    one :class:`~txjoin.join.routing.ForeignFacts` (no object per event), a snapshot row
+    is built from its columns. A fact event routing could not read but which decodes
+    after all is refused: every shard got it whole, and applying it in each would apply
+    it ``n`` times.
     """
     fact = job.fact
     out: list[Routed] = []
+    foreign = frame["routed"].astype(bool) & frame["value"].isna() & (frame["op"] != "r")
+    if foreign.any():
+        theirs = frame.loc[foreign]
+        frame = frame.loc[~foreign]
+        ints = {c: list(map(_int, theirs[c].tolist())) for c in ("xid", "lsn", "ts_ms", "dco")}
+        facts = ForeignFacts(
+            fact, theirs["topic"].tolist(), theirs["partition"].astype("int64").tolist(),
+            theirs["offset"].astype("int64").tolist(), theirs["op"].tolist(),
+            ints["xid"], ints["lsn"], ints["ts_ms"],  # type: ignore[arg-type]  # (routed: set)
+            theirs["snapshot"].tolist(), ints["dco"], theirs["digest"].tolist())
+        out.append(Routed(facts, METADATA_SIZE * len(facts)))
     cols = [frame[c].tolist() for c in ("topic", "partition", "offset", "value", "routed",
                                         "op", "tbl", "xid", "lsn", "ts_ms", "snapshot",
                                         "dco", "digest", "after_elsewhere")]
