@@ -147,7 +147,7 @@ def _compare(dsn: str, job: Job, rows: dict[str, list[dict[str, Any]]]) -> int |
     return len(mine)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.function_scoped_fixture])
 @given(job=filtered_jobs("current"))
 def test_random_filters_and_computed_columns_equal_postgresqls_answer(dsn: str, job: Job
@@ -159,7 +159,7 @@ def test_random_filters_and_computed_columns_equal_postgresqls_answer(dsn: str, 
     assert unfiltered is None or unfiltered >= 2
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(job=filtered_users_jobs("current"))
 def test_a_filtered_picked_lookup_equals_postgresqls_answer(dsn: str, job: Job) -> None:

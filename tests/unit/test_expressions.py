@@ -77,6 +77,8 @@ def filtered_jobs(draw: Any, semantics: str) -> Job:
 
 
 @pytest.mark.parametrize("semantics", ["as_of_fact", "current"])
+# 60 examples, not the ci profile's 200 (issue 68): 4.20 s for 60 over both semantics, measured
+# on 2026-12-02, near idle (x1.5-2 in the suite); 200 would add ~10 s to a suite over its budget.
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_filtered_and_computed_output_is_always_a_committed_prefix(semantics: str,
@@ -86,7 +88,7 @@ def test_filtered_and_computed_output_is_always_a_committed_prefix(semantics: st
     run_and_check(job, workload, data)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)
 @given(data=st.data())
 def test_filtered_engine_state_survives_serialisation_between_batches(data: Any) -> None:
     job = data.draw(filtered_jobs("current"), label="job")
@@ -261,7 +263,7 @@ def filtered_users_jobs(draw: Any, semantics: str) -> Job:
 
 
 @pytest.mark.parametrize("semantics", ["as_of_fact", "current"])
-@settings(max_examples=80, deadline=None)
+@settings(deadline=None)
 @given(data=st.data())
 def test_a_filtered_picked_lookup_is_always_a_committed_prefix(semantics: str,
                                                                data: Any) -> None:

@@ -128,7 +128,7 @@ def test_every_row_null_where_it_can_be() -> None:
     _same(_stream(keys, [[True, True, True]]))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(st.lists(st.lists(st.tuples(st.integers(0, 2), st.booleans()), max_size=12),
                 min_size=1, max_size=4),
        st.sampled_from([0, 1, 3, 10_000]), st.sampled_from([2**31 - 1, 200, 5_000]))

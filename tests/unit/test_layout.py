@@ -169,3 +169,30 @@ def test_the_longest_units_the_scheduler_starts_first_exist() -> None:
     assert files and all((root / name).is_file() for name in files), [
         name for name in files if not (root / name).is_file()]
     assert len(set(LONGEST_UNITS)) == len(LONGEST_UNITS)
+
+
+def test_no_property_is_pinned_below_the_ci_profile_without_a_measured_reason() -> None:
+    """Issue 68: a ``max_examples`` below the ci profile's (tests/conftest.py) needs the
+    comment right above its decorator that says what 200 would cost, measured."""
+    import re
+
+    from hypothesis import settings
+
+    ci = settings.get_profile("ci").max_examples
+    root = Path(__file__).resolve().parents[2]
+    unexplained, seen = [], 0
+    for path in sorted((root / "tests").rglob("test_*.py")):
+        lines = path.read_text().splitlines()
+        for n, line in enumerate(lines):
+            pin = re.search(r"\bmax_examples=(\d+)", line)
+            if not pin or int(pin.group(1)) >= ci:
+                continue
+            seen += 1
+            start = n
+            while start > 0 and lines[start - 1].lstrip().startswith("@"):
+                start -= 1  # the comment goes above the decorators
+            above = lines[max(0, start - 2):start]
+            if not any(re.match(r"\s*#.*\bmeasured\b", text) for text in above):
+                unexplained.append(f"{path.relative_to(root)}:{n + 1}: {line.strip()}")
+    assert seen, "the scan found no pinned property: is the pattern still right?"
+    assert not unexplained, "\n".join(unexplained)
