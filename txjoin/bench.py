@@ -289,7 +289,7 @@ def release_memory() -> int:
 def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: str,
               keep: bool = False, snapshot_orders: int = 0, source_kind: str = "kafka",
               shards: int | None = None, partitions: int = 1,
-              also_jobs: Sequence[Path] = ()) -> dict[str, Any]:
+              also_jobs: Sequence[Path] = (), api_vs_run: bool = False) -> dict[str, Any]:
     from pyspark.sql import DataFrame
 
     from txjoin.ingest.spark.kafka import read_stream
@@ -482,6 +482,12 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                 "output_rows": len(want),
                 "sinks_match_oracle_keys": sinks_hold(other, other_sinks, want),
                 **sink_figures(other_commits)}
+
+        # -- the same job through txjoin.start and through `txjoin run` (--api-vs-run) ---
+        if api_vs_run:
+            assert bootstrap is not None
+            result["api_vs_run"] = compare_api_and_run(
+                spark, job, config, work, pg.port, n_records, expected)
     finally:
         if broker is not None:
             stop_broker(broker.process)
@@ -491,6 +497,113 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
             shutil.rmtree(pg_root, ignore_errors=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def compare_api_and_run(spark: Any, job: Job, config: Any, work: Path, pg_port: int,
+                        n_records: int, expected: Any) -> dict[str, Any]:
+    """The workload again in new driver processes, alike but for how the job starts, each
+    from a checkpoint, a Delta root and a PostgreSQL database of its own: ``run``, ``txjoin
+    run --until-idle``; ``api``, :func:`txjoin.start` on the session ``txjoin run`` makes
+    (:func:`api_child`: the API's own cost); ``api_own_session``, :func:`txjoin.start` on a
+    session built as docs/python-api.md builds one
+    (``SparkSession.builder.config(map=txjoin.spark_conf())``: the JVM and settings a
+    user's session has). Per micro-batch (the foreachBatch call, ``BatchReport.seconds``;
+    each prints it on its batch lines) p50 and mean after the first (which pays a new JVM's
+    cold Python workers and JIT), the first apart, and each process's wall clock (its JVM's
+    start included)."""
+    import subprocess
+    import sys
+
+    from txjoin.sinks.build import build_sinks
+    from txjoin.stack.postgres import create_database, dsn
+
+    figures: dict[str, Any] = {}
+    for via in ("run", "api", "api_own_session"):
+        database = f"sink_{via}"
+        create_database(pg_port, database)
+        run_config = replace(config, checkpoint_dir=str(work / f"ckpt-{via}"),
+                             output_dir=str(work / f"out-{via}"),
+                             postgres_dsn=dsn(pg_port, database), until_idle=True)
+        options = ["--bootstrap-servers", str(run_config.bootstrap_servers),
+                   "--topic-prefix", str(run_config.topic_prefix),
+                   "--max-events-per-trigger", str(run_config.max_events_per_trigger),
+                   "--checkpoint-dir", run_config.checkpoint_dir,
+                   "--output-dir", run_config.output_dir,
+                   "--postgres-dsn", str(run_config.postgres_dsn),
+                   "--master", str(run_config.master), "--shards", str(run_config.shards)]
+        command = ([sys.executable, "-m", "txjoin", "run", str(JOB), "--until-idle", *options]
+                   if via == "run" else
+                   [sys.executable, "-c", "import sys; from txjoin.bench import api_child; "
+                    "api_child(sys.argv[1:])", via, str(JOB), *options])
+        started = time.monotonic()
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        wall = time.monotonic() - started
+        if done.returncode != 0:
+            last = (done.stderr or done.stdout).strip().splitlines()[-1:]
+            raise ConfigError(f"--api-vs-run: the {via} driver exited {done.returncode}: "
+                              f"{' '.join(last)}")
+        seconds = [float(line.rsplit("; ", 1)[1].removesuffix(" s"))
+                   for line in done.stdout.splitlines()
+                   if line.startswith("batch ") and line.endswith(" s")]
+        sinks = build_sinks(job, run_config, spark)
+        try:
+            held = sinks_hold(job, sinks, expected)
+        finally:
+            for sink in sinks:
+                sink.close()
+        steady = seconds[1:]
+        figures[via] = {
+            "micro_batches": len(seconds),
+            "first_batch_s": round(seconds[0], 3) if seconds else None,
+            "batch_p50_s": round(quantile(steady, 0.5), 3) if steady else None,
+            "batch_mean_s": round(statistics.mean(steady), 3) if steady else None,
+            "wall_s": round(wall, 2),
+            "sinks_match_oracle_keys": held}
+    run = figures["run"]
+    for via in ("api", "api_own_session"):
+        if figures[via]["batch_mean_s"] and run["batch_mean_s"]:
+            figures[f"{via}_over_run_batch_mean"] = round(
+                figures[via]["batch_mean_s"] / run["batch_mean_s"], 3)
+    click.echo("per batch after the first, p50 / mean: " + "; ".join(
+        f"{via} {f['batch_p50_s']} / {f['batch_mean_s']} s ({f['micro_batches']} batches)"
+        for via, f in figures.items() if isinstance(f, dict)))
+    return figures
+
+
+def api_child(argv: list[str]) -> None:
+    """``--api-vs-run``'s API driver: ``VIA JOB --bootstrap-servers ... --master M ...``
+    (the ``txjoin run`` options it passes), run to idle through :func:`txjoin.start` on
+    the session ``txjoin run`` makes (VIA ``api``) or on one built as docs/python-api.md
+    builds it (``api_own_session``); a line per batch, as run's."""
+    import os
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    import txjoin
+    from txjoin.pipeline.run import print_report
+    from txjoin.pipeline.session import get_session
+
+    via, job_file = argv[0], argv[1]
+    options = dict(zip(argv[2::2], argv[3::2], strict=True))
+    master = options["--master"]
+    if via == "api":
+        spark = get_session(master)
+    else:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        spark = (SparkSession.builder.master(master)
+                 .config(map=dict[str, Any](txjoin.spark_conf(master))).getOrCreate())
+    config = txjoin.RunConfig(
+        bootstrap_servers=options["--bootstrap-servers"],
+        topic_prefix=options["--topic-prefix"],
+        max_events_per_trigger=int(options["--max-events-per-trigger"]),
+        checkpoint_dir=options["--checkpoint-dir"], output_dir=options["--output-dir"],
+        postgres_dsn=options["--postgres-dsn"], shards=int(options["--shards"]),
+        until_idle=True)
+    with txjoin.start(spark, txjoin.load_job(job_file), config,
+                      on_batch=print_report) as stream:
+        stream.await_termination()
+    spark.stop()
 
 
 def shard_figures(steady: Sequence[Any]) -> dict[str, Any]:
@@ -630,6 +743,12 @@ def sink_figures(commits: list[GroupCommit]) -> dict[str, Any]:
               help="Also run this job (over the pizzeria's tables, e.g. jobs/orders_totals.py) "
                    "on the same workload after the orders job, and report its events/s and "
                    "the ratio to the orders job's (repeatable; kafka and replay sources).")
+@click.option("--api-vs-run", is_flag=True,
+              help="After the run, the same workload in three new driver processes, each "
+                   "into sinks of its own: `txjoin run --until-idle`; the Python API "
+                   "(txjoin.start) on the session txjoin run makes; and on a session built "
+                   "from txjoin.spark_conf(). Per micro-batch seconds of each, side by side "
+                   "(kafka source).")
 @click.option("--source", "source_kind", default="kafka", show_default=True,
               help="kafka: through an Apache Kafka broker and Spark's kafka source; replay: the "
                    "same records without a broker (the engine apart from the broker); "
@@ -638,7 +757,7 @@ def sink_figures(commits: list[GroupCommit]) -> dict[str, Any]:
 def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, master: str,
           snapshot_orders: int, source_kind: str, shards: int | None, partitions: int,
           keep: bool, peers: tuple[str, ...], chart: Path | None,
-          also_jobs: tuple[Path, ...], sweep: str | None) -> None:
+          also_jobs: tuple[Path, ...], sweep: str | None, api_vs_run: bool) -> None:
     """Benchmark the full pipeline (source -> shards -> Delta + PostgreSQL) against its ceiling.
 
     With --peer or --source files:DIR: the same workload through txjoin's file source and
@@ -673,9 +792,12 @@ def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, 
         return
     if source_kind not in ("kafka", "replay"):
         raise click.BadParameter("expected kafka, replay or files:DIR", param_hint="--source")
+    if api_vs_run and source_kind != "kafka":
+        raise ConfigError("--api-vs-run reads through the broker, as `txjoin run` does: use "
+                          "it with --source kafka")
     result = run_bench(transactions, max_events_per_trigger, seed, out, master, keep,
                        snapshot_orders=snapshot_orders, source_kind=source_kind, shards=shards,
-                       partitions=partitions, also_jobs=also_jobs)
+                       partitions=partitions, also_jobs=also_jobs, api_vs_run=api_vs_run)
     shown = {k: v for k, v in result.items() if k != "batches"}  # per batch: in the file
     width = max(len(k) for k in shown)
     for key, value in shown.items():

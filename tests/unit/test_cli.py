@@ -162,6 +162,30 @@ def test_bench_refuses_an_also_job_over_other_tables_before_starting_anything() 
     assert code == 2 and "--also-job runs with the kafka and replay sources" in err
 
 
+def test_bench_refuses_api_vs_run_without_the_broker_before_starting_anything() -> None:
+    code, _, err = invoke("bench", "--api-vs-run", "--source", "replay")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--api-vs-run reads through the broker" in err and "--source kafka" in err
+
+
+def test_a_run_prints_each_batchs_seconds_last_on_its_line() -> None:
+    """bench --api-vs-run reads a batch's seconds from the end of run's batch line."""
+    from click.testing import CliRunner
+
+    from txjoin.pipeline.pipeline import BatchReport
+    from txjoin.pipeline.run import print_report
+
+    report = BatchReport(batch_id=3, records=10, changes=2, commit_seq=4, snapshot_done=True,
+                         snapshot_released=True, waiting=1, transactions_released=2,
+                         written={"delta": True, "postgres": False}, seconds=1.234)
+    runner = CliRunner()
+    with runner.isolation() as (out, _, _):
+        print_report(report)
+        line = out.getvalue().decode().strip()
+    assert line.startswith("batch 3: 10 records, 2 transactions released") and \
+        line.endswith("1 waiting; 1.23 s"), line
+
+
 def test_a_failed_jvm_call_is_told_by_what_the_jvm_said() -> None:
     """py4j's first line names only the call (a Delta write failing in the committer: the
     real one in tests/spark/test_kill.py); the line is the Java exception's message."""

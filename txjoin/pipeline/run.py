@@ -43,7 +43,7 @@ def print_report(report: BatchReport) -> None:
     click.echo(f"batch {report.batch_id}: {report.records} records, "
                f"{report.transactions_released} transactions released, {report.changes} "
                f"changes -> {sinks}; frontier commit_seq {report.commit_seq}, "
-               f"{report.waiting} waiting")
+               f"{report.waiting} waiting; {report.seconds:.2f} s")
 
 
 def summary_line(reports: list[BatchReport], sinks: list[Sink]) -> str:

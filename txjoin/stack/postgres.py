@@ -201,17 +201,22 @@ def _accepts(port: int) -> bool:
     return True
 
 
-def _create_databases(port: int) -> None:
+def create_database(port: int, database: str) -> None:
+    """Create ``database`` on the server at ``port`` unless it exists."""
     admin = psycopg2.connect(dsn(port, "postgres"))
     admin.autocommit = True  # CREATE DATABASE cannot run inside a transaction
     try:
         with admin.cursor() as cur:
-            for name in (SOURCE_DB, SINK_DB):
-                cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
-                if cur.fetchone() is None:
-                    cur.execute(f'CREATE DATABASE "{name}"')
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
+            if cur.fetchone() is None:
+                cur.execute(f'CREATE DATABASE "{database}"')
     finally:
         admin.close()
+
+
+def _create_databases(port: int) -> None:
+    for name in (SOURCE_DB, SINK_DB):
+        create_database(port, name)
     source = psycopg2.connect(dsn(port, SOURCE_DB))
     try:
         with source, source.cursor() as cur:
@@ -293,15 +298,7 @@ def create_source_database(port: int, database: str, tables: Sequence[Table],
     one reads (ConfigError, one line per problem: :func:`txjoin.catalog.check_declared_columns`);
     each table then gets ``REPLICA IDENTITY FULL``, as txjoin's own DDL gives it.
     """
-    admin = psycopg2.connect(dsn(port, "postgres"))
-    admin.autocommit = True
-    try:
-        with admin.cursor() as cur:
-            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
-            if cur.fetchone() is None:
-                cur.execute(f'CREATE DATABASE "{database}"')
-    finally:
-        admin.close()
+    create_database(port, database)
     url = dsn(port, database)
     if schema is not None:
         _apply_schema(url, schema, tables)
