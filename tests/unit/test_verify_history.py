@@ -335,3 +335,21 @@ def test_a_torn_or_foreign_kept_parse_is_rebuilt_from_the_record(tmp_path: Path)
         parsed_path(path).write_bytes(broken)
         assert parse_record(path) == fresh
         assert parsed_path(path).read_bytes() == kept
+
+
+def test_the_records_parse_says_how_far_it_got(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 73 item 5: the first verify after a workload parses what it appended, on a
+    # terminal with a line every PROGRESS_SECONDS; a later one only what came since.
+    from txjoin.verify import verify
+
+    monkeypatch.setattr(verify, "PROGRESS_SECONDS", 0.0)
+    path = tmp_path / "record.jsonl"
+    path.write_text(json.dumps({"slot": "txjoin_verify", "lsn": "0/0", "snapshot": {}}) + "\n"
+                    + _record_lines([(7, [("public.a", "INSERT", 1)]), (8, [])]))
+    lines: list[str] = []
+    parse_record(path, None, None, lines.append)
+    assert lines == ["verify: reading the record: 0.0 of 0.0 MB new since the last verify"] * 2
+    lines.clear()
+    parse_record(path, None, None, lines.append)
+    assert lines == []

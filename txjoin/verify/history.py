@@ -36,7 +36,6 @@ not decode) and it is rebuilt from the record.
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import hashlib
 import json
@@ -354,10 +353,9 @@ def parsed_path(path: Path) -> Path:
     return path.with_suffix(".parsed")
 
 
-@functools.cache
-def _parser_digest() -> str:
-    """This module's source, which decodes the record: a decoding fix rebuilds the cache."""
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+_PARSER = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+"""This module's source as imported (it decodes the record): a decoding fix rebuilds the
+parse kept."""
 
 
 @contextlib.contextmanager
@@ -395,9 +393,15 @@ class ParsedRecord:
     def covers(self, tables: Collection[str] | None) -> bool:
         return self.tables is None or (tables is not None and set(tables) <= set(self.tables))
 
-    def parse(self, data: bytes) -> None:
+    def parse(self, data: bytes, progress: Callable[[str], None] | None = None) -> None:
         """Parse ``data`` (the record file, whose first ``length`` bytes are parsed) on from
-        ``length``, up to the end of its last whole transaction."""
+        ``length``, up to the end of its last whole transaction. ``progress`` gets a line
+        every few seconds."""
+        import time
+
+        from txjoin.verify.verify import PROGRESS_SECONDS
+
+        last_progress = time.monotonic()
         pos = parsed = self.length
         if pos == 0:
             pos = data.index(b"\n") + 1
@@ -422,6 +426,10 @@ class ParsedRecord:
                 self.changes.update(begun)
                 begun = {}
                 self.length = pos
+                if progress is not None and time.monotonic() - last_progress >= PROGRESS_SECONDS:
+                    last_progress = time.monotonic()
+                    progress(f"verify: reading the record: {(pos - parsed) / 1e6:,.1f} of "
+                             f"{(len(data) - parsed) / 1e6:,.1f} MB new since the last verify")
             elif (change := decode_change(line, tables)) is not None:
                 (begun if xid in begun else self.changes).setdefault(xid, []).append(
                     (change.table, change.op, change.old, change.new))
@@ -442,7 +450,7 @@ class ParsedRecord:
         """Write to ``path`` whole or not at all (a torn one would be rebuilt anyway)."""
         part = path.with_suffix(".parsed-part")
         with part.open("wb") as out:
-            marshal.dump({"layout": PARSED_LAYOUT, "parser": _parser_digest(),
+            marshal.dump({"layout": PARSED_LAYOUT, "parser": _PARSER,
                           "tables": self.tables,
                           "length": self.length, "digest": self.digest,
                           "snapshot": self.snapshot, "order": self.order,
@@ -460,7 +468,7 @@ class ParsedRecord:
                 kept = marshal.loads(path.read_bytes())
             parsed = cls(kept["tables"], kept["length"], kept["digest"], kept["snapshot"],
                          kept["order"], kept["changes"])
-            current = (kept["layout"] == PARSED_LAYOUT and kept["parser"] == _parser_digest()
+            current = (kept["layout"] == PARSED_LAYOUT and kept["parser"] == _PARSER
                        and 0 < parsed.length <= len(data) and parsed.digest
                        == hashlib.sha256(data[:parsed.length]).hexdigest())
         except (OSError, EOFError, ValueError, TypeError, KeyError):
@@ -468,11 +476,12 @@ class ParsedRecord:
         return parsed if current else None
 
 
-def read_record(dsn: str, directory: Path, tables: Collection[str] | None = None
-                ) -> Record | None:
+def read_record(dsn: str, directory: Path, tables: Collection[str] | None = None,
+                progress: Callable[[str], None] | None = None) -> Record | None:
     """Bring the record of ``dsn`` up to date from verify's slot and read it; None when
     this database is not recorded (no record file in ``directory``). ``tables``: the
-    tables whose changes are read (default: all the record holds)."""
+    tables whose changes are read (default: all the record holds). ``progress`` gets a
+    line every few seconds of the parse."""
     path = record_path(directory, dsn)
     if not path.exists():
         return None
@@ -509,11 +518,12 @@ def read_record(dsn: str, directory: Path, tables: Collection[str] | None = None
             conn.commit()
             cur.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (SLOT, last_commit))
             conn.commit()
-    return parse_record(path, tables, kept)
+    return parse_record(path, tables, kept, progress)
 
 
 def parse_record(path: Path, tables: Collection[str] | None = None,
-                 kept: ParsedRecord | None = None) -> Record:
+                 kept: ParsedRecord | None = None,
+                 progress: Callable[[str], None] | None = None) -> Record:
     """The record file ``path`` as read (whole transactions only; ``tables``' changes, by
     default all), from its parse kept beside it (``kept``: already loaded) and the lines
     after it, the parse then kept for the next verify: always what a parse of the whole
@@ -527,7 +537,7 @@ def parse_record(path: Path, tables: Collection[str] | None = None,
         held = [] if kept is None else kept.tables
         parsed, length = ParsedRecord(
             None if tables is None or held is None else sorted({*held, *tables})), -1
-    parsed.parse(data)
+    parsed.parse(data, progress)
     if parsed.length != length:
         parsed.save(parsed_path(path))
     return parsed.record(tables)

@@ -507,12 +507,12 @@ def recorded_answer(job: Job, source_dsn: str, record_dir: str | os.PathLike[str
     """An ``as_of_fact`` job's answer from verify's record of the source's history
     (:mod:`txjoin.verify.history`); None when the generator's ``<fact>_expected``
     answers instead, or the database is not recorded. ``progress``: a line every few
-    seconds of the replay."""
+    seconds of the record's parse and of its replay."""
     with _connect(source_dsn, "source") as conn:
         if _fetch(conn, "SELECT to_regclass(%s) IS NOT NULL AS found",
                   (expected_table(job),))[0]["found"]:
             return None
-    record = read_record(source_dsn, Path(record_dir), set(job.table_names))
+    record = read_record(source_dsn, Path(record_dir), set(job.table_names), progress)
     if record is None:
         return None
     return expected_as_of(job, record, "the source", progress)
