@@ -448,7 +448,7 @@ class ParsedRecord:
 
     def save(self, path: Path) -> None:
         """Write to ``path`` whole or not at all (a torn one would be rebuilt anyway)."""
-        part = path.with_suffix(".parsed-part")
+        part = path.with_suffix(f".parsed-part-{os.getpid()}")  # two verifies at once
         with part.open("wb") as out:
             marshal.dump({"layout": PARSED_LAYOUT, "parser": _PARSER,
                           "tables": self.tables,
