@@ -24,6 +24,8 @@ from txjoin.crashpoints import CRASH_ENV, RECORD_ENV, VERIFY_APPEND, VERIFY_APPE
 from txjoin.verify.history import (
     SLOT,
     drop_record,
+    parse_record,
+    parsed_path,
     read_record,
     record_path,
     start_record,
@@ -117,5 +119,19 @@ def test_a_verify_killed_inside_an_append_or_before_the_slot_advances_keeps_each
         assert path.read_text().splitlines()[1:] == lines  # nothing appended twice
         assert _pending(dsn) == 0
         assert sorted(r["id"] for r in record.snapshot[TABLE]) == [1, 2]
+
+        # With the record's parse kept beside it (by the read above), killed in the middle
+        # of the next append: the next read parses the lines after the kept parse, the cut
+        # transaction read again whole, and reads as a parse of the whole file.
+        assert parsed_path(path).exists()
+        expected.append((_transaction(dsn, *[f"INSERT INTO {TABLE} VALUES ({i}, 'y')"
+                                             for i in range(60, 80)]), 20))
+        (tmp_path / f"{VERIFY_APPEND}.fired").unlink()
+        assert _read_killed_at(dsn, tmp_path, VERIFY_APPEND) == [(VERIFY_APPEND, None)]
+        record = read_record(dsn, tmp_path)
+        assert record is not None
+        assert [(xid, len(changes)) for xid, changes in record.transactions] == expected
+        parsed_path(path).unlink()
+        assert parse_record(path) == record
     finally:
         drop_record(dsn, tmp_path)

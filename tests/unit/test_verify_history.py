@@ -11,19 +11,25 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import marshal
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from txjoin.job import Job, Lookup, Output, Table
 from txjoin.verify.history import (
     DecodedChange,
+    ParsedRecord,
     Record,
     _whole_transactions,
     decode_change,
     expected_as_of,
     parse_array,
+    parse_record,
+    parsed_path,
     row_values,
 )
 from txjoin.verify.verify import _read_logged
@@ -233,3 +239,159 @@ def test_a_record_cut_in_an_append_keeps_its_whole_transactions_and_drops_the_re
         path.write_text(whole + tail)
         assert _whole_transactions(path) == {7, 8}
         assert path.read_text() == whole
+
+
+# -- the parsed record kept beside the record file (issue 73 item 5) -------------------------
+
+_LINE_TABLES = ("public.a", "public.b")
+
+
+def _fresh_parse(path: Path, tables: set[str] | None) -> Record:
+    """The record read as verify read it before it kept its parse: every line of the whole
+    transactions, parsed again."""
+    lines = path.read_text().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    whole = 1
+    for n, line in enumerate(lines[1:], 1):
+        if line.endswith("\n") and json.loads(line)["data"].startswith("COMMIT"):
+            whole = n + 1
+    order: list[int] = []
+    changes: dict[int, list[DecodedChange]] = {}
+    for line in lines[1:whole]:
+        entry = json.loads(line)
+        if entry["data"].startswith("BEGIN"):
+            order.append(entry["xid"])
+            changes[entry["xid"]] = []
+        elif (change := decode_change(entry["data"], tables)) is not None:
+            changes.setdefault(entry["xid"], []).append(change)
+    snapshot = {t: [row_values(r) or {} for r in rows] for t, rows in header["snapshot"].items()}
+    return Record(snapshot, [(x, changes.get(x, [])) for x in order])
+
+
+def _record_lines(transactions: list[tuple[int, list[tuple[str, str, int]]]]) -> str:
+    def line(xid: int, data: str) -> str:
+        return json.dumps({"lsn": "0/1", "xid": xid, "data": data}) + "\n"
+
+    text = ""
+    for xid, changes in transactions:
+        text += line(xid, f"BEGIN {xid}")
+        for table, op, key in changes:
+            text += line(xid, f"table {table}: {op}: id[integer]:{key} "
+                              f"name[text]:'n''{key}'")
+        text += line(xid, f"COMMIT {xid}")
+    return text
+
+
+_CHANGES = st.lists(st.tuples(st.sampled_from(_LINE_TABLES), st.sampled_from(
+    ["INSERT", "UPDATE", "DELETE"]), st.integers(-5, 5)), max_size=4)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(first=st.lists(_CHANGES, max_size=5), then=st.lists(_CHANGES, max_size=5),
+       cut=st.integers(0, 200), tables=st.sampled_from([None, {"public.a"}, set(_LINE_TABLES)]),
+       later_tables=st.sampled_from([None, {"public.b"}, {"public.a"}]))
+def test_the_kept_parse_always_reads_as_a_fresh_parse_of_the_whole_file(
+        tmp_path_factory: pytest.TempPathFactory,
+        first: list[list[tuple[str, str, int]]], then: list[list[tuple[str, str, int]]],
+        cut: int, tables: set[str] | None, later_tables: set[str] | None) -> None:
+    # A verify after the first parses only the lines appended since the last; the record
+    # it returns is the one a parse of the whole file gives: after an append, with a
+    # partial transaction at the end (a killed append), once that is cut off and appended
+    # again, for other tables than the parse kept, and for a record started again.
+    path = tmp_path_factory.mktemp("record") / "record.jsonl"
+    header = json.dumps({"slot": "txjoin_verify", "lsn": "0/0", "snapshot": {
+        "public.a": [{"id": ["integer", "1"], "name": ["text", None]}]}}) + "\n"
+    old = list(enumerate(first, 100))
+    new = list(enumerate(then, 200))
+    path.write_text(header + _record_lines(old))
+    assert parse_record(path, tables) == _fresh_parse(path, tables)
+    assert parsed_path(path).exists()
+    whole_then = _record_lines(new)
+    partial = whole_then[:cut] if cut < len(whole_then) else ""
+    with path.open("a") as out:
+        out.write(partial)  # a verify killed in the middle of its append
+    assert parse_record(path, tables) == _fresh_parse(path, tables)
+    assert _whole_transactions(path, ParsedRecord.load(parsed_path(path), path.read_bytes())
+                               .length) <= {x for x, _ in new}
+    commits = sum(1 for line in partial.splitlines(keepends=True)
+                  if line.endswith("\n") and '"data": "COMMIT' in line)
+    assert path.read_text() == header + _record_lines(old) + _record_lines(new[:commits])
+    path.write_text(header + _record_lines(old) + whole_then)  # appended again, whole
+    assert parse_record(path, tables) == _fresh_parse(path, tables)
+    assert parse_record(path, later_tables) == _fresh_parse(path, later_tables)
+    assert parse_record(path, tables) == _fresh_parse(path, tables)
+    path.write_text(header + _record_lines(new))  # --drop-record, then --record again
+    assert parse_record(path, tables) == _fresh_parse(path, tables)
+
+
+def test_a_torn_or_foreign_kept_parse_is_rebuilt_from_the_record(tmp_path: Path) -> None:
+    path = tmp_path / "record.jsonl"
+    path.write_text(json.dumps({"slot": "txjoin_verify", "lsn": "0/0", "snapshot": {}}) + "\n"
+                    + _record_lines([(7, [("public.a", "INSERT", 1)])]))
+    fresh = _fresh_parse(path, None)
+    assert parse_record(path) == fresh
+    kept = parsed_path(path).read_bytes()
+    for broken in (kept[:len(kept) // 2], b"", b"not marshal", marshal.dumps({"layout": 0})):
+        parsed_path(path).write_bytes(broken)
+        assert parse_record(path) == fresh
+        assert parsed_path(path).read_bytes() == kept
+
+
+def test_the_records_parse_says_how_far_it_got(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 73 item 5: the first verify after a workload parses what it appended, on a
+    # terminal with a line every PROGRESS_SECONDS; a later one only what came since.
+    from txjoin.verify import verify
+
+    monkeypatch.setattr(verify, "PROGRESS_SECONDS", 0.0)
+    path = tmp_path / "record.jsonl"
+    path.write_text(json.dumps({"slot": "txjoin_verify", "lsn": "0/0", "snapshot": {}}) + "\n"
+                    + _record_lines([(7, [("public.a", "INSERT", 1)]), (8, [])]))
+    lines: list[str] = []
+    parse_record(path, None, None, lines.append)
+    assert lines == ["verify: reading the record: 0.0 of 0.0 MB new since the last verify"] * 2
+    lines.clear()
+    parse_record(path, None, None, lines.append)
+    assert lines == []
+
+
+_FAST = Table("public.fast", {"id": "int", "n": "bigint", "s": "text", "b": "bool",
+                              "d": "double", "m": "money"})
+_VALUES = st.one_of(st.none(), st.integers(-3, 3), st.booleans(), st.text(max_size=3),
+                    st.floats(allow_nan=False), st.just("-$1,234.50"))
+
+
+_OF_TYPE = {"id": st.integers(), "n": st.integers(), "s": st.text(max_size=3),
+            "b": st.booleans(), "d": st.floats(allow_nan=False), "m": st.just("-$1,234.50")}
+
+
+@settings(max_examples=200, deadline=None)
+@given(row=st.fixed_dictionaries({c: st.one_of(v, v, v, _VALUES) for c, v in _OF_TYPE.items()},
+                                 optional={"extra": _VALUES}),
+       money=st.booleans(), drop=st.sets(st.sampled_from(sorted(_OF_TYPE)), max_size=1))
+def test_a_row_whose_values_are_already_their_types_reads_as_the_full_reading_reads_it(
+        row: dict[str, object], money: bool, drop: set[str]) -> None:
+    # _read_logged skips its two steps for a row of every declared column with each value
+    # of its type's Python type; the answer is the two steps' (or the same error).
+    from txjoin.verify.verify import Modes, _as_captured
+
+    table = _FAST if money else Table("public.fast", {
+        c: t for c, t in _FAST.columns.items() if c != "m"})
+    row = {c: v for c, v in row.items() if c not in drop and (money or c != "m")}
+    job = Job(name="fast", tables=[table], fact="public.fast", fact_alias="f", lookups=[],
+              output=Output(table="fast", key={"id": "f.id"}, columns={"s": "f.s"}))
+
+    def both_steps() -> object:
+        captured = {c: _as_captured(v, table.columns[c]) if c in table.columns else v
+                    for c, v in row.items()}
+        return table.convert_row(captured, where="w", modes=Modes())
+
+    try:
+        expected = both_steps()
+    except Exception as exc:  # the same error either way
+        with pytest.raises(type(exc)):
+            _read_logged(job, "public.fast", row, "w")
+        return
+    assert _read_logged(job, "public.fast", row, "w") == expected
+    assert list(_read_logged(job, "public.fast", row, "w") or {}) == list(expected or {})

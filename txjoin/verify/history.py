@@ -22,21 +22,31 @@ The record is a JSON-lines file in the stack directory (``<dir>/verify/``), not 
 in the source database: verify writes nothing into the user's database but its slot
 (a table there would be decoded by the slot itself and, with a ``FOR ALL TABLES``
 publication, captured by Debezium too), and the file survives the stack's restarts. The
-raw ``test_decoding`` lines are kept, decoded at each verify, so a decoding fix applies
-to old records too.
+raw ``test_decoding`` lines are kept, so a decoding fix applies to old records too.
+
+Beside it, ``<record>.parsed`` keeps the record as parsed (:class:`ParsedRecord`, plain
+data in :mod:`marshal`) up to its last whole transaction, with that prefix's length and
+SHA-256 and the SHA-256 of this module's source: a later verify parses only the lines
+appended since (parsing the whole file was most of an ``as_of_fact`` verify's time:
+issue 73). It is a cache, never the record: any mismatch (the record rewritten, cut, or
+started again; this module changed; the cache torn or of another version; tables it did
+not decode) and it is rebuilt from the record.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import hashlib
 import json
+import marshal
 import os
 import re
-from collections.abc import Callable, Container, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg2
 import psycopg2.extensions
@@ -70,9 +80,9 @@ _COLUMN = re.compile(r' *(?P<name>"(?:[^"]|"")+"|[^\[\s]+)\[(?P<type>[^\]]+(?:\[
                      r"(?:'(?P<quoted>(?:[^']|'')*)'|(?P<bare>[^ ]*))")
 
 
-@dataclass(frozen=True)
-class DecodedChange:
-    """One row change as test_decoding printed it."""
+class DecodedChange(NamedTuple):
+    """One row change as test_decoding printed it (a tuple: a record holds one per row
+    change, made again from the parsed record at each verify)."""
 
     table: str
     op: str
@@ -100,7 +110,7 @@ def _columns(text: str) -> tuple[dict[str, Column], str]:
     return columns, text[pos:].strip()
 
 
-def decode_change(data: str, tables: Container[str] | None = None) -> DecodedChange | None:
+def decode_change(data: str, tables: Collection[str] | None = None) -> DecodedChange | None:
     """One line of test_decoding's output; None for BEGIN/COMMIT and other lines, and for
     a change of a table not in ``tables`` (given), whose columns are then not parsed."""
     m = _TABLE.match(data)
@@ -248,6 +258,7 @@ def start_record(dsn: str, directory: Path, tables: Sequence[str]) -> Path:
         except BaseException:
             rcur.execute(f"DROP_REPLICATION_SLOT {SLOT}")
             raise
+    parsed_path(path).unlink(missing_ok=True)  # of an earlier record (never read: its digest)
     with path.open("w") as out:
         out.write(json.dumps({"slot": SLOT, "lsn": lsn, "snapshot": snap}) + "\n")
         out.flush()
@@ -255,13 +266,15 @@ def start_record(dsn: str, directory: Path, tables: Sequence[str]) -> Path:
     return path
 
 
-def _whole_transactions(path: Path) -> set[int]:
-    """The xids of the record's whole transactions (BEGIN ... COMMIT), after cutting off
-    what follows its last COMMIT: a verify killed in the middle of an append left there a
+def _whole_transactions(path: Path, start: int | None = None) -> set[int]:
+    """The xids of the record's whole transactions (BEGIN ... COMMIT) from byte ``start``
+    (the end of a whole transaction; default: the header's end), after cutting off what
+    follows its last COMMIT: a verify killed in the middle of an append left there a
     transaction without its COMMIT, or a line cut short. The slot was not advanced past
     that transaction (the advance follows a whole append), so it is read again whole."""
     data = path.read_bytes()
-    whole = data.index(b"\n") + 1  # the header: written whole before the slot is used
+    # the header: written whole before the slot is used
+    whole = data.index(b"\n") + 1 if start is None else start
     seen: set[int] = set()
     pos = whole
     while pos < len(data):
@@ -310,6 +323,7 @@ def drop_record(dsn: str, directory: Path) -> tuple[bool, Path | None]:
         if dropped:
             cur.execute("SELECT pg_drop_replication_slot(%s)", (SLOT,))
             conn.commit()
+    parsed_path(path).unlink(missing_ok=True)
     if path.exists():
         path.unlink()
         return dropped, path
@@ -330,16 +344,151 @@ _OWN_LOGS = tuple(f"table {t}: " for t in (CHANGE_LOG, COMMIT_LOG))
 """How test_decoding starts a line of txjoin's own logs, which a ``txjoin up --job``
 database's triggers write in every transaction: never a job's table, not kept."""
 
+PARSED_LAYOUT = 1
+"""The layout of ``<record>.parsed`` (:class:`ParsedRecord`); another is rebuilt."""
 
-def read_record(dsn: str, directory: Path, tables: Container[str] | None = None
-                ) -> Record | None:
+
+def parsed_path(path: Path) -> Path:
+    """Where the parsed form of the record file ``path`` is kept."""
+    return path.with_suffix(".parsed")
+
+
+_PARSER = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+"""This module's source as imported (it decodes the record): a decoding fix rebuilds the
+parse kept."""
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Without the cyclic collector: a parsed record is hundreds of thousands of acyclic
+    containers, which it would walk again and again while they are made (twice the load's
+    time, issue 73)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@dataclass
+class ParsedRecord:
+    """A record file parsed up to byte ``length`` (the end of its last whole transaction
+    parsed), in plain data: what ``<record>.parsed`` holds."""
+
+    tables: list[str] | None
+    """The tables whose changes were decoded (sorted; None: all)."""
+    length: int = 0
+    digest: str = ""
+    """SHA-256 of the file's first ``length`` bytes."""
+    snapshot: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """The header's snapshot as written: table -> rows of column -> [type, text]."""
+    order: list[int] = field(default_factory=list)
+    """xids, in commit order."""
+    changes: dict[int, list[tuple[str, str, dict[str, Column] | None,
+                                  dict[str, Column] | None]]] = field(default_factory=dict)
+    """xid -> its decoded changes of ``tables``, as (table, op, old, new)."""
+
+    def covers(self, tables: Collection[str] | None) -> bool:
+        return self.tables is None or (tables is not None and set(tables) <= set(self.tables))
+
+    def parse(self, data: bytes, progress: Callable[[str], None] | None = None) -> None:
+        """Parse ``data`` (the record file, whose first ``length`` bytes are parsed) on from
+        ``length``, up to the end of its last whole transaction. ``progress`` gets a line
+        every few seconds."""
+        import time
+
+        from txjoin.verify.verify import PROGRESS_SECONDS
+
+        last_progress = time.monotonic()
+        pos = parsed = self.length
+        if pos == 0:
+            pos = data.index(b"\n") + 1
+            self.snapshot = json.loads(data[:pos])["snapshot"]
+            self.length = pos
+        tables = None if self.tables is None else set(self.tables)
+        # since the last COMMIT: kept once a COMMIT follows (test_decoding prints one
+        # transaction at a time), else left for the verify that cuts them off
+        begun: dict[int, list[tuple[str, str, dict[str, Column] | None,
+                                    dict[str, Column] | None]]] = {}
+        while pos < len(data):
+            end = data.find(b"\n", pos)
+            if end < 0:
+                break  # a line cut short
+            entry = json.loads(data[pos:end])
+            pos = end + 1
+            xid, line = int(entry["xid"]), entry["data"]
+            if line.startswith("BEGIN"):
+                begun[xid] = []
+            elif line.startswith("COMMIT"):
+                self.order.extend(begun)
+                self.changes.update(begun)
+                begun = {}
+                self.length = pos
+                if progress is not None and time.monotonic() - last_progress >= PROGRESS_SECONDS:
+                    last_progress = time.monotonic()
+                    progress(f"verify: reading the record: {(pos - parsed) / 1e6:,.1f} of "
+                             f"{(len(data) - parsed) / 1e6:,.1f} MB new since the last verify")
+            elif (change := decode_change(line, tables)) is not None:
+                (begun if xid in begun else self.changes).setdefault(xid, []).append(
+                    (change.table, change.op, change.old, change.new))
+        if self.length != parsed:
+            self.digest = hashlib.sha256(data[:self.length]).hexdigest()
+
+    def record(self, tables: Collection[str] | None) -> Record:
+        """The record, with the changes of ``tables`` (None: all this holds)."""
+        wanted = None if tables is None else set(tables)
+        with _no_cyclic_gc():
+            snapshot = {t: [row_values(r) or {} for r in rows]
+                        for t, rows in self.snapshot.items()}
+            transactions = [(x, [DecodedChange._make(c) for c in self.changes.get(x, [])
+                                 if wanted is None or c[0] in wanted]) for x in self.order]
+        return Record(snapshot, transactions)
+
+    def save(self, path: Path) -> None:
+        """Write to ``path`` whole or not at all (a torn one would be rebuilt anyway)."""
+        part = path.with_suffix(f".parsed-part-{os.getpid()}")  # two verifies at once
+        with part.open("wb") as out:
+            marshal.dump({"layout": PARSED_LAYOUT, "parser": _PARSER,
+                          "tables": self.tables,
+                          "length": self.length, "digest": self.digest,
+                          "snapshot": self.snapshot, "order": self.order,
+                          "changes": self.changes}, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(part, path)
+
+    @classmethod
+    def load(cls, path: Path, data: bytes) -> ParsedRecord | None:
+        """The parse kept at ``path``, if it is of a prefix of ``data`` (the record file) by
+        this parser in this layout; else None."""
+        try:
+            with _no_cyclic_gc():
+                kept = marshal.loads(path.read_bytes())
+            parsed = cls(kept["tables"], kept["length"], kept["digest"], kept["snapshot"],
+                         kept["order"], kept["changes"])
+            current = (kept["layout"] == PARSED_LAYOUT and kept["parser"] == _PARSER
+                       and 0 < parsed.length <= len(data) and parsed.digest
+                       == hashlib.sha256(data[:parsed.length]).hexdigest())
+        except (OSError, EOFError, ValueError, TypeError, KeyError):
+            return None  # none, torn, or not ours
+        return parsed if current else None
+
+
+def read_record(dsn: str, directory: Path, tables: Collection[str] | None = None,
+                progress: Callable[[str], None] | None = None) -> Record | None:
     """Bring the record of ``dsn`` up to date from verify's slot and read it; None when
     this database is not recorded (no record file in ``directory``). ``tables``: the
-    tables whose changes are read (default: all the record holds)."""
+    tables whose changes are read (default: all the record holds). ``progress`` gets a
+    line every few seconds of the parse."""
     path = record_path(directory, dsn)
     if not path.exists():
         return None
-    seen = _whole_transactions(path)
+    kept = ParsedRecord.load(parsed_path(path), path.read_bytes())
+    seen = _whole_transactions(path, None if kept is None else kept.length)
+    if kept is not None:
+        seen.update(kept.order)
     with _connect(dsn) as conn, conn.cursor() as cur:
         if not _slot_exists(cur):
             raise ConfigError(f"verify's record {path} has no slot {SLOT} on the source "
@@ -369,22 +518,29 @@ def read_record(dsn: str, directory: Path, tables: Container[str] | None = None
             conn.commit()
             cur.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (SLOT, last_commit))
             conn.commit()
-    lines = path.read_text().splitlines()
-    header = json.loads(lines[0])
-    snapshot = {t: [row_values(r) or {} for r in rows] for t, rows in header["snapshot"].items()}
-    order: list[int] = []
-    changes: dict[int, list[DecodedChange]] = {}
-    for line in lines[1:]:
-        entry = json.loads(line)
-        xid = int(entry["xid"])
-        if entry["data"].startswith("BEGIN"):
-            order.append(xid)
-            changes[xid] = []
-            continue
-        change = decode_change(entry["data"], tables)
-        if change is not None:
-            changes.setdefault(xid, []).append(change)
-    return Record(snapshot, [(x, changes.get(x, [])) for x in order])
+    return parse_record(path, tables, kept, progress)
+
+
+def parse_record(path: Path, tables: Collection[str] | None = None,
+                 kept: ParsedRecord | None = None,
+                 progress: Callable[[str], None] | None = None) -> Record:
+    """The record file ``path`` as read (whole transactions only; ``tables``' changes, by
+    default all), from its parse kept beside it (``kept``: already loaded) and the lines
+    after it, the parse then kept for the next verify: always what a parse of the whole
+    file gives."""
+    data = path.read_bytes()
+    if kept is None:
+        kept = ParsedRecord.load(parsed_path(path), data)
+    if kept is not None and kept.covers(tables):
+        parsed, length = kept, kept.length
+    else:  # the tables it decoded and these (jobs on one database share it)
+        held = [] if kept is None else kept.tables
+        parsed, length = ParsedRecord(
+            None if tables is None or held is None else sorted({*held, *tables})), -1
+    parsed.parse(data, progress)
+    if parsed.length != length:
+        parsed.save(parsed_path(path))
+    return parsed.record(tables)
 
 
 # -- the job as of each fact's last commit -----------------------------------------------------

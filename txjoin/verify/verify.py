@@ -55,7 +55,7 @@ import psycopg2.extras
 from txjoin.errors import ConfigError, TxjoinError
 from txjoin.expr import AGGREGATED
 from txjoin.ingest.debezium import Modes
-from txjoin.ingest.types import ColumnValueError, column_kind, convert_value
+from txjoin.ingest.types import FAST_TYPES, ColumnValueError, column_kind, convert_value
 from txjoin.job import Aggregate, Children, Collect, Job, Lookup
 from txjoin.sinks import COMMIT_SEQ, READ_BATCH_ROWS, XID, Sink, without_metadata
 from txjoin.sinks.build import SinkPlaces, build_sinks
@@ -507,12 +507,12 @@ def recorded_answer(job: Job, source_dsn: str, record_dir: str | os.PathLike[str
     """An ``as_of_fact`` job's answer from verify's record of the source's history
     (:mod:`txjoin.verify.history`); None when the generator's ``<fact>_expected``
     answers instead, or the database is not recorded. ``progress``: a line every few
-    seconds of the replay."""
+    seconds of the record's parse and of its replay."""
     with _connect(source_dsn, "source") as conn:
         if _fetch(conn, "SELECT to_regclass(%s) IS NOT NULL AS found",
                   (expected_table(job),))[0]["found"]:
             return None
-    record = read_record(source_dsn, Path(record_dir), set(job.table_names))
+    record = read_record(source_dsn, Path(record_dir), set(job.table_names), progress)
     if record is None:
         return None
     return expected_as_of(job, record, "the source", progress)
@@ -742,8 +742,14 @@ def _read_logged(job: Job, table: str, row: Row | None, where: str) -> Row | Non
     if row is None:
         return None
     declared = job.table(table)
-    captured = {c: _as_captured(v, declared.columns[c]) if c in declared.columns else v
-                for c, v in row.items()}
+    columns = declared.columns
+    # Every column declared, each value already its type's (an int, a text...): what the
+    # two steps below leave (neither changes such a value), without them. The common
+    # case, and a replay reads one row per row change (issue 73).
+    if len(row) == len(columns) and all(type(row.get(c, row)) is FAST_TYPES.get(t)
+                                        for c, t in columns.items()):
+        return {c: row[c] for c in columns}
+    captured = {c: _as_captured(v, columns[c]) if c in columns else v for c, v in row.items()}
     return declared.convert_row(captured, where=where, modes=Modes())
 
 
