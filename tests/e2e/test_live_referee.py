@@ -244,11 +244,12 @@ def test_a_from_sql_job_equals_its_own_sql_text_after_every_commit(
 def test_the_referee_sees_a_wrong_answer(dsn: str, tmp_path: Path) -> None:
     """The comparison can fail: an engine output with one value changed is refused."""
     job = WITH_ARRAY
-    rows: dict[str, list[dict[str, Any]]] = {"public.orders": [{"id": 1, "table_assignment_id": None,
-                               "order_time": "2023-09-24T00:30:00", "pizzas": [1]}],
-            "public.pizzas": [{"id": 1, "name": "Napoli", "price": "9.00"}],
-            "public.order_lines": [{"id": 1, "order_id": 1, "line_no": 1, "pizza_id": 1,
-                                    "quantity": 2, "gift": None}]}
+    rows: dict[str, list[dict[str, Any]]] = {
+        "public.orders": [{"id": 1, "table_assignment_id": None,
+                           "order_time": "2023-09-24T00:30:00", "pizzas": [1]}],
+        "public.pizzas": [{"id": 1, "name": "Napoli", "price": "9.00"}],
+        "public.order_lines": [{"id": 1, "order_id": 1, "line_no": 1, "pizza_id": 1,
+                                "quantity": 2, "gift": None}]}
     _load(dsn, job, rows)
     engine = Engine(job)
     production = produce(job, Workload(rows, []))

@@ -286,8 +286,7 @@ _CHANGES = st.lists(st.tuples(st.sampled_from(_LINE_TABLES), st.sampled_from(
     ["INSERT", "UPDATE", "DELETE"]), st.integers(-5, 5)), max_size=4)
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(first=st.lists(_CHANGES, max_size=5), then=st.lists(_CHANGES, max_size=5),
        cut=st.integers(0, 200), tables=st.sampled_from([None, {"public.a"}, set(_LINE_TABLES)]),
        later_tables=st.sampled_from([None, {"public.b"}, {"public.a"}]))
