@@ -59,8 +59,7 @@ from txjoin.join.spark.shards import OUTPUT_SCHEMA, ShardProcessor, shard_labels
 from txjoin.join.state_log import CONTINUED_LAYOUTS, LAYOUT_VERSION
 from txjoin.pipeline.sink_tasks import SUMMARY_SCHEMA, PartWriter, in_commit_order, summarise
 from txjoin.sequence.assembly import IncompletePolicy
-from txjoin.sinks import Sink, StagedSink
-from txjoin.sinks.build import DEFAULT_RETRY_TIMEOUT_S
+from txjoin.sinks import DEFAULT_RETRY_TIMEOUT_S, Sink, StagedSink
 from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.handoff import (
     DEFAULT_INTERVAL_S,

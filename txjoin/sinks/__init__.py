@@ -35,6 +35,9 @@ OP_DELETE = "d"
 READ_BATCH_ROWS = 10_000
 """Rows a sink hands verify at a time (:meth:`Sink.read_current_batches`)."""
 
+DEFAULT_RETRY_TIMEOUT_S = 60.0
+"""How long a lost PostgreSQL sink is retried (``txjoin run --postgres-retry-timeout``)."""
+
 
 @dataclass
 class Upkeep:

@@ -11,15 +11,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from txjoin.job import Job
 from txjoin.join.output import output_schema
-from txjoin.sinks import Sink
+from txjoin.sinks import DEFAULT_RETRY_TIMEOUT_S, Sink
 from txjoin.sinks.delta import DeltaSink
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-DEFAULT_RETRY_TIMEOUT_S = 60.0
-"""How long a lost PostgreSQL sink is retried (``txjoin run --postgres-retry-timeout``)."""
-
 
 class SinkConfig(Protocol):
     """Where a job's sinks are: what :func:`build_sinks` needs of a run's configuration

@@ -58,6 +58,7 @@ from txjoin.errors import ConfigError, LineageError, ServiceError, SinkSchemaErr
 from txjoin.join.output import PG_TYPE
 from txjoin.sinks import (
     COMMIT_SEQ,
+    DEFAULT_RETRY_TIMEOUT_S,
     OP,
     OP_DELETE,
     READ_BATCH_ROWS,
@@ -259,7 +260,6 @@ def _document_text(value: Any) -> str:
 
 
 MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1
-DEFAULT_RETRY_TIMEOUT_S = 60.0
 RETRY_FIRST_DELAY_S, RETRY_MAX_DELAY_S = 0.5, 5.0
 
 
