@@ -266,6 +266,15 @@ def start_record(dsn: str, directory: Path, tables: Sequence[str]) -> Path:
     return path
 
 
+
+def _entries(data: bytes, pos: int) -> Iterator[tuple[dict[str, Any], int]]:
+    """The record's JSON lines from byte ``pos``, each with the byte after it; a last line
+    cut short (no newline: an append killed in the middle) is not one."""
+    while (end := data.find(b"\n", pos)) >= 0:
+        yield json.loads(data[pos:end]), end + 1
+        pos = end + 1
+
+
 def _whole_transactions(path: Path, start: int | None = None) -> set[int]:
     """The xids of the record's whole transactions (BEGIN ... COMMIT) from byte ``start``
     (the end of a whole transaction; default: the header's end), after cutting off what
@@ -276,13 +285,7 @@ def _whole_transactions(path: Path, start: int | None = None) -> set[int]:
     # the header: written whole before the slot is used
     whole = data.index(b"\n") + 1 if start is None else start
     seen: set[int] = set()
-    pos = whole
-    while pos < len(data):
-        end = data.find(b"\n", pos)
-        if end < 0:
-            break  # a line cut short
-        entry = json.loads(data[pos:end])
-        pos = end + 1
+    for entry, pos in _entries(data, whole):
         if entry["data"].startswith("COMMIT"):
             seen.add(int(entry["xid"]))
             whole = pos
@@ -402,22 +405,17 @@ class ParsedRecord:
         from txjoin.verify.verify import PROGRESS_SECONDS
 
         last_progress = time.monotonic()
-        pos = parsed = self.length
-        if pos == 0:
-            pos = data.index(b"\n") + 1
-            self.snapshot = json.loads(data[:pos])["snapshot"]
-            self.length = pos
+        start = parsed = self.length
+        if start == 0:
+            start = data.index(b"\n") + 1
+            self.snapshot = json.loads(data[:start])["snapshot"]
+            self.length = start
         tables = None if self.tables is None else set(self.tables)
         # since the last COMMIT: kept once a COMMIT follows (test_decoding prints one
         # transaction at a time), else left for the verify that cuts them off
         begun: dict[int, list[tuple[str, str, dict[str, Column] | None,
                                     dict[str, Column] | None]]] = {}
-        while pos < len(data):
-            end = data.find(b"\n", pos)
-            if end < 0:
-                break  # a line cut short
-            entry = json.loads(data[pos:end])
-            pos = end + 1
+        for entry, pos in _entries(data, start):
             xid, line = int(entry["xid"]), entry["data"]
             if line.startswith("BEGIN"):
                 begun[xid] = []
