@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from tests.e2e.test_children_postgres import _element_equal
 from tests.e2e.test_expressions_postgres import REFUSALS, _load, _same
 from tests.fixtures.postgres import new_database
 from tests.unit.strategies import (
@@ -101,14 +102,6 @@ def _statement(cur: Any, job: Job, change: RowChange) -> None:
 
 class _PostgresRefused(Exception):
     """PostgreSQL refused a value of the answer (out of range, not a number)."""
-
-
-def _element_equal(pg: Any, py: Any) -> bool:
-    if pg is None or py is None:
-        return pg is py
-    if isinstance(py, Decimal):
-        return Decimal(str(pg)) == py
-    return bool(pg == py)
 
 
 def _equal_to_postgres(dsn: str, job: Job, sql: str, mine: dict[tuple[Any, ...], Any],
