@@ -81,6 +81,9 @@ def _pickled_by_fields(cls: type[_T]) -> type[_T]:
 
 DATA_OPS = frozenset({"c", "u", "d", "r", "t"})
 SNAPSHOT_CLOSING = frozenset({"last", "last_in_data_collection"})
+INCREMENTAL = "incremental"
+"""``source.snapshot`` of a row an incremental snapshot read (``op: "r"``, no transaction
+block, interleaved with streaming events): Debezium's ``execute-snapshot`` signal."""
 
 
 @_pickled_by_fields

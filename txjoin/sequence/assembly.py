@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from txjoin.errors import IncompleteTransactionError, OrderingError
-from txjoin.ingest.debezium import SNAPSHOT_CLOSING, ChangeEvent, TxMarker
+from txjoin.ingest.debezium import INCREMENTAL, SNAPSHOT_CLOSING, ChangeEvent, TxMarker
 from txjoin.join.state import restore_fields, save_fields
 
 SNAPSHOT_XID = 0
@@ -327,6 +327,13 @@ class SnapshotBuffer:
         but is not buffered: there is nothing to apply, and the shard holding it checks it
         for duplicates and order. A shard thus holds its own snapshot rows, not every
         shard's."""
+        if event.snapshot == INCREMENTAL:
+            # Every shard gets the row (with its image or without): all stop alike.
+            raise OrderingError(
+                f"incremental snapshot row of {event.table} at {event.position} (Debezium's "
+                f"execute-snapshot signal): txjoin does not apply incremental snapshots yet "
+                f"and stops before this row, nothing of it applied; to go on, snapshot the "
+                f"tables into new topics (a new topic prefix) and run with --rebuild")
         rowless = not self.holds(event)
         identity = None if rowless else identity_digest(event.identity)
         if self.done:
