@@ -26,7 +26,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     build_warnings=ignore
     if [ "${TXJOIN_VERBOSE:-0}" != "0" ]; then build_warnings="${PYTHONWARNINGS:-}"; fi
     PYTHONWARNINGS="$build_warnings" .venv/bin/python -m pip install -q --upgrade pip
-    PYTHONWARNINGS="$build_warnings" .venv/bin/python -m pip install -q -e ".[dev,stack]"
+    PYTHONWARNINGS="$build_warnings" .venv/bin/python -m pip install -q -e ".[dev,stack,package]"
     touch "$stamp"
 fi
 bash scripts/jars.sh

@@ -40,6 +40,7 @@ from txjoin.ingest.debezium import (
     DEFAULT_TOPIC_PREFIX,
     TIME_PRECISION_MODES,
 )
+from txjoin.package import DEFAULT_ARCHIVE
 
 if TYPE_CHECKING:
     from txjoin.job import Job, Table
@@ -311,30 +312,16 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
     run_job(job, config)
 
 
-@main.command("submit-line", context_settings={"ignore_unknown_options": True,
-                                               "allow_interspersed_args": False})
-@click.option("--master", required=True,
-              help="The standalone master's URL, spark://HOST:PORT.")
-@click.option("--python", "python", default=sys.executable, show_default="this txjoin's",
-              help="The interpreter of an environment with txjoin, at the same path on every "
-                   "worker (the driver's and the executors').")
-@click.option("--spark-submit", "spark_submit", default="spark-submit", show_default=True,
-              help="The spark-submit to name (e.g. $SPARK_HOME/bin/spark-submit).")
-@click.argument("job_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.argument("run_args", nargs=-1, type=click.UNPROCESSED)
-@cli_errors
-def submit_line(master: str, python: str, spark_submit: str, job_file: Path,
-                run_args: tuple[str, ...]) -> None:
-    """Print the spark-submit command that runs JOB_FILE in cluster mode on a standalone
-    master, its driver restarted by the master if it dies (--supervise).
+_MASTER_HELP = ("The cluster's master: a standalone master's URL (spark://HOST:PORT), yarn, "
+                "or k8s://HOST:PORT (these two with --archive).")
+_PYTHON_HELP = ("The driver's interpreter on a standalone master, of an environment with "
+                "txjoin at the same path on every worker (and the executors' too without "
+                "--archive).")
 
-    RUN_ARGS are `txjoin run`'s options (checked here), without --master; --checkpoint-dir
-    and --output-dir are required, as absolute paths every node reaches (a restarted
-    driver resumes from them). spark-submit refuses a Python application in cluster mode
-    on a standalone master, so the line submits txjoin's JVM launcher (jvm/submit), which
-    starts txjoin/submit.py through Spark's PythonRunner."""
-    import shlex
 
+def _submit_words(master: str, python: str, spark_submit: str, job_file: Path,
+                  run_args: tuple[str, ...], archive: str | None, command: str) -> list[str]:
+    """``txjoin run``'s options checked as the submitted run would, then the line."""
     from txjoin.api import resolve_paths
     from txjoin.pipeline.pipeline import RunConfig
     from txjoin.submit import submit_line as line
@@ -342,17 +329,89 @@ def submit_line(master: str, python: str, spark_submit: str, job_file: Path,
     with run.make_context("txjoin run", [str(job_file), *run_args]) as ctx:
         params = ctx.params
     if ctx.get_parameter_source("master") is not click.core.ParameterSource.DEFAULT:
-        raise ConfigError("submit-line: --master is spark-submit's (give it before JOB_FILE), "
-                          "not one of the run's options")
+        raise ConfigError(f"{command}: --master is spark-submit's (give it before JOB_FILE), "
+                          f"not one of the run's options")
     for name in ("checkpoint_dir", "output_dir"):
         if params[name] is None:
-            raise ConfigError(f"submit-line: give --{name.replace('_', '-')} (an absolute "
+            raise ConfigError(f"{command}: give --{name.replace('_', '-')} (an absolute "
                               f"path every node reaches): the default is under --dir, "
                               f"relative to the driver's working directory")
     resolve_paths(RunConfig(checkpoint_dir=params["checkpoint_dir"],
                             output_dir=params["output_dir"]), "cluster")
-    words = line(master, str(job_file), list(run_args), python, spark_submit)
-    click.echo(shlex.join(words))
+    return line(master, str(job_file), list(run_args), python, spark_submit, archive)
+
+
+@main.command("submit-line", context_settings={"ignore_unknown_options": True,
+                                               "allow_interspersed_args": False})
+@click.option("--master", required=True, help=_MASTER_HELP)
+@click.option("--python", "python", default=sys.executable, show_default="this txjoin's",
+              help=_PYTHON_HELP)
+@click.option("--archive", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The environment archive `txjoin package` built: the executors (and on "
+                   "YARN or Kubernetes the driver) run its interpreter.")
+@click.option("--spark-submit", "spark_submit", default="spark-submit", show_default=True,
+              help="The spark-submit to name (e.g. $SPARK_HOME/bin/spark-submit).")
+@click.argument("job_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("run_args", nargs=-1, type=click.UNPROCESSED)
+@cli_errors
+def submit_line(master: str, python: str, archive: str | None, spark_submit: str,
+                job_file: Path, run_args: tuple[str, ...]) -> None:
+    """Print the spark-submit command that runs JOB_FILE in cluster mode: on a standalone
+    master its driver restarted by the master if it dies (--supervise).
+
+    RUN_ARGS are `txjoin run`'s options (checked here), without --master; --checkpoint-dir
+    and --output-dir are required, as absolute paths every node reaches (a restarted
+    driver resumes from them). spark-submit refuses a Python application in cluster mode
+    on a standalone master, so the line submits txjoin's JVM launcher (jvm/submit), which
+    starts txjoin/submit.py through Spark's PythonRunner. On YARN or Kubernetes the line
+    submits txjoin/submit.py itself, with the job file (--files) and --archive."""
+    import shlex
+
+    click.echo(shlex.join(_submit_words(master, python, spark_submit, job_file, run_args,
+                                        archive, "submit-line")))
+
+
+@main.command("package", context_settings={"ignore_unknown_options": True,
+                                           "allow_interspersed_args": False})
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              default=str(DEFAULT_ARCHIVE), show_default=True,
+              help="Where to write the environment archive.")
+@click.option("--python-prefix", default=None,
+              help="Where the Python the archive's bin/python links to is on the cluster's "
+                   "nodes (default: where it is here; a CPython of this minor version).")
+@click.option("--master", default=None,
+              help=_MASTER_HELP + " With JOB_FILE: print the spark-submit line.")
+@click.option("--python", "python", default=sys.executable, show_default="this txjoin's",
+              help=_PYTHON_HELP)
+@click.option("--spark-submit", "spark_submit", default="spark-submit", show_default=True,
+              help="The spark-submit to name (e.g. $SPARK_HOME/bin/spark-submit).")
+@click.argument("job_file", required=False,
+                type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("run_args", nargs=-1, type=click.UNPROCESSED)
+@cli_errors
+def package(out: Path, python_prefix: str | None, master: str | None, python: str,
+            spark_submit: str, job_file: Path | None, run_args: tuple[str, ...]) -> None:
+    """Build txjoin's environment archive for a cluster (--out), and with --master and
+    JOB_FILE print the spark-submit line that ships it (as `txjoin submit-line --archive`).
+
+    The archive holds txjoin's wheel, built from this checkout, and its dependencies at the
+    versions installed here (pyspark's Python modules without its jars, the JVM being the
+    cluster's); venv-pack2 packs it. spark-submit unpacks it as ./env in each executor's working
+    directory (--archives ARCHIVE#env, spark.pyspark.python=./env/bin/python).
+    Progress goes to stderr, the line alone to stdout."""
+    import shlex
+
+    from txjoin.package import build_archive
+
+    if (master is None) != (job_file is None):
+        raise ConfigError("package: give both --master and JOB_FILE to print the "
+                          "spark-submit line, or neither to build the archive only")
+    if job_file is not None and master is not None:  # checked before minutes of building
+        _submit_words(master, python, spark_submit, job_file, run_args, str(out), "package")
+    built = build_archive(out, python_prefix)
+    if job_file is not None and master is not None:
+        click.echo(shlex.join(_submit_words(master, python, spark_submit, job_file, run_args,
+                                            str(built), "package")))
 
 
 def check_stack_columns(stack: StackInfo, job: Job) -> None:

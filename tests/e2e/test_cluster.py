@@ -1,7 +1,8 @@
 """txjoin on a real Spark standalone cluster (master + 2 workers, separate processes).
 
 The job submitted by ``txjoin submit-line``'s command (cluster mode, ``--supervise``)
-against the local stack while a racing workload writes. Two faults, one after the other,
+against the local stack while a racing workload writes, its executors running txjoin from
+``txjoin package``'s environment archive (``--archives``). Two faults, one after the other,
 in one run (each costs a cluster, a workload and a drain when run apart: ~4 and ~6.5 min
 of one worker on 2 cores, issue 68's suite budget):
 
@@ -45,6 +46,7 @@ from tests.e2e.test_end_to_end import (
 from tests.fixtures.spark_cluster import SPARK_HOME, Cluster, standalone_cluster
 from txjoin.job import load_job
 from txjoin.join.output import output_schema
+from txjoin.package import ENV_PYTHON, build_archive
 from txjoin.sinks.delta import DeltaSink
 from txjoin.stack.demo import wait_until_captured
 from txjoin.submit import submit_line
@@ -93,6 +95,21 @@ def driver_pid(work: Path) -> int | None:
     return None
 
 
+def python_workers(work: Path) -> list[str]:
+    """The interpreter (``argv[0]``) of each Python worker daemon that an executor of the
+    cluster under ``work`` started (Spark's ``python -m pyspark.daemon``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if b"pyspark.daemon" in words and cwd.startswith(str(work)):
+            found.append(words[0].decode())
+    return found
+
+
 def driver_logs(cluster: Cluster, lines: int = 30) -> str:
     """The tail of every driver's output (each start has its own folder on its worker)."""
     out = []
@@ -131,6 +148,10 @@ def test_a_supervised_driver_survives_losing_a_worker_then_its_own_kill_exactly_
         history.append((version, -1 if frontier is None else frontier))
         return version
 
+    # txjoin shipped to the executors the Spark way: txjoin package's environment archive,
+    # unpacked in each executor's folder (the driver runs this interpreter: a standalone
+    # worker unpacks archives for executors only)
+    archive = build_archive(tmp_path / "txjoin-env.tar.gz", progress=False)
     # Two cores a worker (they share the machine's two): the driver takes one of its worker's,
     # so each worker also runs an executor, and one is left once the other worker is lost.
     with standalone_cluster(tmp_path / "cluster", cores=2) as cluster:
@@ -140,7 +161,8 @@ def test_a_supervised_driver_survives_losing_a_worker_then_its_own_kill_exactly_
         for option in ("--master", "--spark-conf"):
             del run_args[run_args.index(option):run_args.index(option) + 2]
         line = submit_line(cluster.master_url, str(ORDERS), run_args, sys.executable,
-                           spark_submit=str(SPARK_HOME / "bin" / "spark-submit"))
+                           spark_submit=str(SPARK_HOME / "bin" / "spark-submit"),
+                           archive=str(archive))
         line[1:1] = ["--conf", "spark.executor.memory=1g", "--driver-memory", "1g"]
         workload = Workload(e2e_stack, rate=20, duration=600, seed=70)
         workload.start()
@@ -160,6 +182,8 @@ def test_a_supervised_driver_survives_losing_a_worker_then_its_own_kill_exactly_
                 time.sleep(0.3)
             pid = driver_pid(tmp_path)
             assert pid is not None, f"no driver running:\n{driver_logs(cluster)}"
+            workers = python_workers(tmp_path / "cluster")
+            assert workers and set(workers) == {ENV_PYTHON}, workers  # the archive's
             lost = 1 - driver_worker(cluster, pid)
             cluster.kill_worker(lost)
             version = committed()

@@ -1,5 +1,5 @@
 """Where a job's files may live (``txjoin.api.resolve_paths``) and the spark-submit line that
-runs it on a standalone master (``txjoin submit-line``); the line itself runs in
+runs it (``txjoin submit-line``, ``txjoin package``); the line itself, with the archive, runs in
 tests/e2e/test_cluster.py, whose driver the master restarts."""
 
 from __future__ import annotations
@@ -88,11 +88,68 @@ def test_submit_line_refuses_what_the_submitted_run_would(args: list[str], error
     assert error in done.output
 
 
-def test_submit_line_is_for_a_standalone_master() -> None:
+def test_submit_line_on_yarn_needs_the_environment_archive() -> None:
     done = CliRunner().invoke(main, ["submit-line", "--master", "yarn", str(ORDERS),
                                      "--checkpoint-dir", "/c", "--output-dir", "/o"])
     assert done.exit_code == 2
     assert "on YARN or Kubernetes spark-submit runs txjoin/submit.py itself" in done.output
+    assert "`txjoin package` and pass --archive" in done.output
+
+
+def _conf(words: list[str]) -> dict[str, str]:
+    return dict(words[i + 1].split("=", 1) for i, w in enumerate(words) if w == "--conf")
+
+
+def test_with_an_archive_the_standalone_executors_run_its_interpreter(tmp_path: Path) -> None:
+    archive = tmp_path / "txjoin-env.tar.gz"
+    archive.write_bytes(b"")
+    done = CliRunner().invoke(main, [
+        "submit-line", "--master", "spark://h:7077", "--archive", str(archive),
+        "--python", "/opt/txjoin/bin/python", str(ORDERS),
+        "--checkpoint-dir", "/mnt/c", "--output-dir", "/mnt/o"])
+    assert done.exit_code == 0, done.output
+    words = shlex.split(done.output)
+    assert words[words.index("--archives") + 1] == f"{archive}#env"
+    conf = _conf(words)
+    assert conf["spark.pyspark.python"] == "./env/bin/python"  # unpacked in an executor's cwd
+    assert conf["spark.pyspark.driver.python"] == "/opt/txjoin/bin/python"
+    assert "--supervise" in words
+    assert words[words.index("--class") + 1] == LAUNCHER_CLASS
+
+
+def test_on_yarn_the_application_is_the_launcher_file_and_the_job_goes_with_files(
+        tmp_path: Path) -> None:
+    archive = tmp_path / "env.tgz"
+    archive.write_bytes(b"")
+    done = CliRunner().invoke(main, [
+        "submit-line", "--master", "yarn", "--archive", str(archive), str(ORDERS),
+        "--checkpoint-dir", "/mnt/c", "--output-dir", "/mnt/o", "--shards", "4"])
+    assert done.exit_code == 0, done.output
+    words = shlex.split(done.output)
+    assert words[:6] == ["spark-submit", "--master", "yarn", "--deploy-mode", "cluster",
+                         "--name"]
+    assert "--supervise" not in words and "--class" not in words  # standalone's only
+    assert words[words.index("--files") + 1] == str(ORDERS)
+    conf = _conf(words)
+    assert conf["spark.pyspark.python"] == "./env/bin/python"  # the driver's too
+    assert "spark.pyspark.driver.python" not in conf
+    assert words[-8:] == [str(SUBMIT_PY), "orders.py", "--checkpoint-dir", "/mnt/c",
+                          "--output-dir", "/mnt/o", "--shards", "4"]
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--master", "yarn"], "package: give both --master and JOB_FILE"),
+    ([str(ORDERS), "--checkpoint-dir", "/c", "--output-dir", "/o"],
+     "package: give both --master and JOB_FILE"),
+    (["--master", "yarn", str(ORDERS), "--output-dir", "/o"],
+     "package: give --checkpoint-dir (an absolute path"),
+    (["--out", "env.rar"], "--out env.rar: an archive's name ends with one of .tar.gz, .tgz"),
+])
+def test_package_refuses_before_building(args: list[str], error: str) -> None:
+    done = CliRunner().invoke(main, ["package", *args])
+    assert done.exit_code == 2, done.output
+    assert error in done.output
+    assert "\n" not in done.output.strip()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -128,3 +185,18 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_the_driver_of_a_standalone_cluster_finds_env_as_its_own_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark starts Python processes beside the driver too (a query's pre-init runner) with
+    the executors' ``./env/bin/python``; a standalone worker unpacks no archive there."""
+    from txjoin.submit import _env_beside_the_driver
+
+    monkeypatch.chdir(tmp_path)
+    _env_beside_the_driver(sys.executable)  # no archive: nothing made
+    assert not (tmp_path / "env").exists()
+    _env_beside_the_driver("./env/bin/python")
+    assert (tmp_path / "env").resolve() == Path(sys.prefix).resolve()
+    assert (tmp_path / "env" / "bin" / "python").exists()
+    _env_beside_the_driver("./env/bin/python")  # there already (YARN unpacked it): kept
