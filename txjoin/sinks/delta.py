@@ -64,6 +64,7 @@ from txjoin.sinks import (
     last_change_per_key,
     sort_rows,
 )
+from txjoin.sinks.columns import ArrowColumns
 from txjoin.sinks.delta_commit import (
     CHECKPOINT_INTERVAL_PROPERTY,
     SPARK_CHECKPOINTS_OFF,
@@ -582,6 +583,15 @@ class DeltaSink:
         table = table.sort_by([(k, "ascending") for k in self.key_columns])
         for batch in table.to_batches(max_chunksize=rows):
             yield batch.to_pylist()
+
+    def read_current_columns(self, rows: int = READ_BATCH_ROWS) -> Iterator[ArrowColumns]:
+        """What :meth:`read_current_batches` gives, a batch at a time as Arrow."""
+        if not DeltaTable.is_deltatable(self.current_path):
+            return
+        table = read_table(self.current_path)
+        table = table.sort_by([(k, "ascending") for k in self.key_columns])
+        for batch in table.to_batches(max_chunksize=rows):
+            yield ArrowColumns(batch)
 
     def changelog_repeats(self) -> tuple[int, list[tuple[Any, ...]]]:
         """The changelog's rows, and its (key..., ``_commit_seq``) held more than once,

@@ -70,6 +70,7 @@ from txjoin.sinks import (
     current_schema,
     sort_rows,
 )
+from txjoin.sinks.columns import TupleColumns
 from txjoin.sinks.lineage import Held, Lineage, short
 
 PROGRESS_TABLE = "txjoin_progress"
@@ -193,14 +194,22 @@ def _json_encoder(t: pa.DataType) -> Callable[[Any], str]:
     return lambda v: "null" if v is None else _scalar_json(v)
 
 
+def _exact(t: pa.DataType) -> type | None:
+    """The Python type psycopg2's values of a column of Arrow type ``t`` have when they are
+    already what :func:`_reader` gives (None: every value is read)."""
+    if _is_nested(t):
+        return None
+    return (int if pa.types.is_integer(t) else str if pa.types.is_string(t)
+            or pa.types.is_large_string(t) else None)
+
+
 def _reader(t: pa.DataType) -> Callable[[Any], Any]:
     """:func:`_from_pg` (or :func:`_from_json`) for one column's type, chosen once: a
     million-row read (verify's) otherwise spends most of its time choosing per value.
     psycopg2's own int and str values are already what Arrow would give."""
     if _is_nested(t):
         return partial(_from_json, t=t)
-    exact = (int if pa.types.is_integer(t) else str if pa.types.is_string(t)
-             or pa.types.is_large_string(t) else None)
+    exact = _exact(t)
     if exact is None:
         return partial(_from_pg, t=t)
     return lambda v: v if v is None or type(v) is exact else _from_pg(v, t)
@@ -948,9 +957,8 @@ class PostgresSink:
         return [{name: read(v) for name, read, v in zip(names, readers, row, strict=True)}
                 for row in rows]
 
-    def read_current_batches(self, rows: int = READ_BATCH_ROWS) -> Iterator[list[dict]]:
-        """Current rows in key order (text by code point, NULLs last), ``rows`` at a time
-        from a server-side cursor: the table never sits whole in Python."""
+    def _current_tuples(self, rows: int) -> Iterator[list[tuple[Any, ...]]]:
+        """The current table's rows in key order, as psycopg2 returns them."""
         order = sql.SQL(", ").join(
             sql.SQL("{} COLLATE \"C\"" if field_pg_type(self.current.field(k)) == "text"
                     else "{}").format(sql.Identifier(k)) for k in self.key_columns)
@@ -965,9 +973,21 @@ class PostgresSink:
                         sql.SQL(", ").join(sql.Identifier(c) for c in self.current.names),
                         self._id(self._home, self.table), order))
                     while batch := cur.fetchmany(rows):
-                        yield self._rows_of(self.current, batch)
+                        yield batch
         except psycopg2.OperationalError as exc:
             raise self._service_error(f"cannot read {self.table!r}", exc) from None
+
+    def read_current_batches(self, rows: int = READ_BATCH_ROWS) -> Iterator[list[dict]]:
+        """Current rows in key order (text by code point, NULLs last), ``rows`` at a time
+        from a server-side cursor: the table never sits whole in Python."""
+        for batch in self._current_tuples(rows):
+            yield self._rows_of(self.current, batch)
+
+    def read_current_columns(self, rows: int = READ_BATCH_ROWS) -> Iterator[TupleColumns]:
+        """What :meth:`read_current_batches` gives, a batch at a time column by column."""
+        readers = [(_exact(f.type), _reader(f.type)) for f in self.current]
+        for batch in self._current_tuples(rows):
+            yield TupleColumns(list(self.current.names), batch, readers)
 
     def changelog_repeats(self) -> tuple[int, list[tuple[Any, ...]]]:
         """The changelog's rows, and its (key..., ``_commit_seq``) held more than once,

@@ -59,6 +59,7 @@ from txjoin.ingest.types import FAST_TYPES, ColumnValueError, column_kind, conve
 from txjoin.job import Aggregate, Children, Collect, Job, Lookup
 from txjoin.sinks import COMMIT_SEQ, READ_BATCH_ROWS, XID, Sink, without_metadata
 from txjoin.sinks.build import SinkPlaces, build_sinks
+from txjoin.sinks.columns import TupleColumns
 from txjoin.verify.diff import RowDiff, diff_rows, row_key, rows_match, show
 from txjoin.verify.history import SLOT, AsOfAnswer, expected_as_of, read_record
 from txjoin.verify.own_query import OwnQuery, OwnQueryCheck, check_own_query
@@ -464,13 +465,10 @@ class StreamedAnswer:
     absent: int = 0
 
 
-def answer_in_key_order(job: Job, conn: psycopg2.extensions.connection,
-                        answer: StreamedAnswer | None = None,
-                        rows: int = READ_BATCH_ROWS) -> Generator[list[Row], None, None]:
-    """PostgreSQL's answer in output key order (text by code point, NULLs last, as the
-    sinks read theirs: :meth:`~txjoin.sinks.Sink.read_current_batches`), ``rows`` at a
-    time from a server-side cursor; an ``as_of_fact`` job's absent keys are counted in
-    ``answer``, not yielded. One transaction: one snapshot of the source."""
+def _answer_tuples(job: Job, conn: psycopg2.extensions.connection,
+                   answer: StreamedAnswer | None = None, rows: int = READ_BATCH_ROWS
+                   ) -> Generator[tuple[list[str], list[tuple[Any, ...]]], None, None]:
+    """What :func:`answer_in_key_order` yields, as (column names, psycopg2's tuples)."""
     types = job.output_types()
     keys = list(job.output.key)
     def by(key: str) -> str:
@@ -491,15 +489,31 @@ def answer_in_key_order(job: Job, conn: psycopg2.extensions.connection,
             cur.execute(f"SELECT * FROM ({query}) AS q ORDER BY {order}")
             while batch := cur.fetchmany(rows):
                 names = [d[0] for d in cur.description or ()]
-                found = [dict(zip(names, row, strict=True)) for row in batch]
                 if job.semantics == "as_of_fact":
-                    kept = [{c: r[c] for c in columns} for r in found if r[PRESENT_COLUMN]]
-                    answer.absent += len(found) - len(kept)
-                    found = kept
-                answer.present += len(found)
-                yield found
+                    at = [names.index(c) for c in columns]
+                    present = names.index(PRESENT_COLUMN)
+                    kept = [tuple(row[i] for i in at) for row in batch if row[present]]
+                    answer.absent += len(batch) - len(kept)
+                    names, batch = list(columns), kept
+                answer.present += len(batch)
+                yield names, batch
     except psycopg2.Error as exc:
         raise _query_failed(job, exc) from None
+
+
+def answer_in_key_order(job: Job, conn: psycopg2.extensions.connection,
+                        answer: StreamedAnswer | None = None,
+                        rows: int = READ_BATCH_ROWS) -> Generator[list[Row], None, None]:
+    """PostgreSQL's answer in output key order (text by code point, NULLs last, as the
+    sinks read theirs: :meth:`~txjoin.sinks.Sink.read_current_batches`), ``rows`` at a
+    time from a server-side cursor; an ``as_of_fact`` job's absent keys are counted in
+    ``answer``, not yielded. One transaction: one snapshot of the source."""
+    batches = _answer_tuples(job, conn, answer, rows)
+    try:
+        for names, batch in batches:
+            yield [dict(zip(names, row, strict=True)) for row in batch]
+    finally:
+        batches.close()
 
 
 def recorded_answer(job: Job, source_dsn: str, record_dir: str | os.PathLike[str],
@@ -1055,6 +1069,12 @@ def comparable_rows(job: Job, rows: Sequence[Row]) -> list[Row]:
 
 def comparable_reader(job: Job) -> Callable[[Row], Row]:
     """What :func:`comparable_rows` does to one row, the job's output types looked up once."""
+    one = comparable_value_reader(job)
+    return lambda row: {c: one(c, v) for c, v in row.items()}
+
+
+def comparable_value_reader(job: Job) -> Callable[[str, Any], Any]:
+    """What :func:`comparable_reader` does to one column's value."""
     types = job.output_types()
 
     def one(name: str, value: Any) -> Any:
@@ -1064,7 +1084,7 @@ def comparable_reader(job: Job) -> Callable[[Row], Row]:
                     if isinstance(item, dict) else item for item in value]
         return comparable(value, typ) if isinstance(typ, str) else value
 
-    return lambda row: {c: one(c, v) for c, v in row.items()}
+    return one
 
 
 def check_sink(sink: Sink, where: str, keys: Sequence[str], expected: Sequence[Row],
@@ -1187,6 +1207,9 @@ def streamed_checks(job: Job, source_dsn: str, sinks: Sequence[tuple[Sink, str, 
     where, note). A side whose keys do not come in ascending order (a key type the two
     orders disagree on, a repeated key) is compared in memory instead, as before.
     ``progress`` gets a line every :data:`PROGRESS_SECONDS` (rows compared, per sink)."""
+    columnar = _columnar_checks(job, source_dsn, sinks, progress)
+    if columnar is not None:
+        return columnar
     keys = list(job.output.key)
     read = comparable_reader(job)
     merges: dict[int, SinkMerge | None] = {}
@@ -1247,6 +1270,58 @@ def streamed_checks(job: Job, source_dsn: str, sinks: Sequence[tuple[Sink, str, 
             diff, rows = diff_rows(fallback, current, keys), len(current)
         else:
             diff, rows = merge.diff, merge.rows.count
+        checks.append(SinkCheck(sink.name, where, rows, diff, total, repeats, note))
+    return answer, checks
+
+
+COLUMNAR_BATCH_ROWS = 50_000
+"""Rows of each side compared at a time column by column (:func:`_columnar_checks`)."""
+
+
+def _columnar_checks(job: Job, source_dsn: str, sinks: Sequence[tuple[Sink, str, str | None]],
+                     progress: Callable[[str], None] | None = None
+                     ) -> tuple[StreamedAnswer, list[SinkCheck]] | None:
+    """:func:`streamed_checks`' answer, with the rows compared column by column in Arrow
+    (:mod:`txjoin.verify.columnar`); None where that cannot promise the same diff (a key
+    of several columns or of another type, a NULL key, a text key that may read as a
+    timestamp, keys that do not ascend): then verify compares row by row."""
+    from txjoin.verify.columnar import KEY_KINDS, ChunkComparer, NotColumnar, _plain, merge_columns
+
+    keys = list(job.output.key)
+    types = job.output_types()
+    key_type = types.get(keys[0]) if len(keys) == 1 else None
+    if not isinstance(key_type, str) or _kind_of(key_type) not in KEY_KINDS:
+        return None
+    readers = [getattr(sink, "read_current_columns", None) for sink, _, _ in sinks]
+    if any(r is None for r in readers):
+        return None
+    answer = StreamedAnswer("")
+    comparer = ChunkComparer(comparable_reader(job), comparable_value_reader(job),
+                             lambda name: _plain(types, name, _RETYPED))
+
+    def said(expected: int, counts: list[int]) -> None:
+        if progress is not None:
+            progress(f"verify: {expected:,} expected rows compared; " + ", ".join(
+                f"{sink.name} {n:,} rows" for (sink, _, _), n in zip(sinks, counts,
+                                                                     strict=True)))
+
+    streams = [r(COLUMNAR_BATCH_ROWS) for r in readers]  # type: ignore[misc]
+    with _connect(source_dsn, "source") as conn:
+        tuples = _answer_tuples(job, conn, answer, COLUMNAR_BATCH_ROWS)
+        expected = (TupleColumns(names, batch) for names, batch in tuples)
+        try:
+            _, merged = merge_columns(keys[0], expected, streams, comparer,
+                                      said if progress is not None else None,
+                                      PROGRESS_SECONDS)
+        except NotColumnar:
+            return None
+        finally:
+            tuples.close()
+            for stream in streams:
+                stream.close()
+    checks = []
+    for (sink, where, note), (diff, rows) in zip(sinks, merged, strict=True):
+        total, repeats = sink.changelog_repeats()
         checks.append(SinkCheck(sink.name, where, rows, diff, total, repeats, note))
     return answer, checks
 
