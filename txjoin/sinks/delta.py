@@ -607,7 +607,7 @@ class DeltaSink:
     def _drop_orphans(self) -> Upkeep | None:
         """Delete the staged files nothing will commit (``delta_stage.orphans``: of batches
         their table holds, left by a kill between a commit and its clean-up, or older than
-        ``STAGED_MAX_AGE_S``), counted (``None``: no staged folder)."""
+        ``STAGED_MAX_AGE_S``), counted (``None``: none found)."""
         root = str(self.root / STAGED_DIR)
         if not Path(root).is_dir():
             return None
@@ -615,6 +615,8 @@ class DeltaSink:
         found = [file for kind, path in ((CHANGELOG, self.changelog_path),
                                          (CURRENT, self.current_path))
                  for file in delta_stage.orphans(root, kind, _position(self._held(path, kind)))]
+        if not found:
+            return None
         for file in found:
             file.unlink(missing_ok=True)
         return Upkeep(root, 0, 0, len(found), 0, time.monotonic() - before,
