@@ -696,7 +696,10 @@ def sink_figures(commits: list[GroupCommit]) -> dict[str, Any]:
             "seconds_total": round(sum(seconds), 3),
             "seconds_p50": round(quantile(seconds, 0.5), 3),
             "seconds_max": round(max(seconds, default=0.0), 3),
-            "ms_per_row": round(1000 * sum(seconds) / rows, 4) if rows else None}
+            "ms_per_row": round(1000 * sum(seconds) / rows, 4) if rows else None,
+            # where they went (Delta: changelog, current, maintain; PostgreSQL: commit)
+            "seconds_by_part": {part: round(sum(c.seconds.get(part, 0.0) for c in mine), 3)
+                                for part in sorted({p for c in mine for p in c.seconds})}}
         if sink == "delta":
             lags = [c.lag_seconds for c in mine]
             figures["delta_lag_s"] = {"p50": round(quantile(lags, 0.5), 3),

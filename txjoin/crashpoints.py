@@ -21,6 +21,8 @@ Points (in a micro-batch's order):
 - ``postgres_applied``: inside the PostgreSQL transaction that applies the staged batch,
   after its changelog append, delete and upsert, before the progress row moves and the
   transaction commits (one transaction: the kill rolls it all back);
+- ``delta_staged``: the tasks holding the batch's output have written its Delta data files
+  (``txjoin.sinks.delta_stage``), the driver has neither committed nor handed them off;
 - ``first_sink``: the first sink to finish has committed the batch, the other has not
   (the sinks write at the same time: whichever finishes first);
 - ``handoff_store``: in the middle of handing the batch off to Delta: the parcel is
@@ -31,6 +33,8 @@ Points (in a micro-batch's order):
 On the Delta committer's thread, in a group commit of batches already handed off (the
 point fires at any batch of the group):
 
+- ``delta_published``: the group's staged changelog files are linked into the changelog's
+  folder, not committed (files no version references);
 - ``delta_between_tables``: inside the Delta sink's write, after the changelog append
   and before the commit to the current table (only a group with changes appends);
 - ``delta_group_committed``: both tables committed the group, its hand-off files are not
@@ -67,6 +71,8 @@ SHARD_APPLY = "shard_apply"
 POSTGRES_STAGED = "postgres_staged"
 POSTGRES_APPLIED = "postgres_applied"
 FIRST_SINK = "first_sink"
+DELTA_STAGED = "delta_staged"
+DELTA_PUBLISHED = "delta_published"
 DELTA_BETWEEN_TABLES = "delta_between_tables"
 HANDOFF_STORE = "handoff_store"
 SINKS_COMMITTED = "sinks_committed"
@@ -74,9 +80,9 @@ DELTA_GROUP_COMMITTED = "delta_group_committed"
 DELTA_RECOVERED = "delta_recovered"
 VERIFY_APPEND = "verify_append"
 VERIFY_APPENDED = "verify_appended"
-POINTS = (SHARD_APPLY, POSTGRES_STAGED, POSTGRES_APPLIED, FIRST_SINK, DELTA_BETWEEN_TABLES,
-          HANDOFF_STORE, SINKS_COMMITTED, DELTA_GROUP_COMMITTED, DELTA_RECOVERED, VERIFY_APPEND,
-          VERIFY_APPENDED)
+POINTS = (SHARD_APPLY, POSTGRES_STAGED, POSTGRES_APPLIED, DELTA_STAGED, FIRST_SINK,
+          DELTA_PUBLISHED, DELTA_BETWEEN_TABLES, HANDOFF_STORE, SINKS_COMMITTED,
+          DELTA_GROUP_COMMITTED, DELTA_RECOVERED, VERIFY_APPEND, VERIFY_APPENDED)
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 """The local property Spark's micro-batch execution sets on a batch's jobs (its tasks see it)."""

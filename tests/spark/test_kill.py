@@ -33,7 +33,9 @@ from txjoin.crashpoints import (
     CRASH_ENV,
     DELTA_BETWEEN_TABLES,
     DELTA_GROUP_COMMITTED,
+    DELTA_PUBLISHED,
     DELTA_RECOVERED,
+    DELTA_STAGED,
     FIRST_SINK,
     HANDOFF_STORE,
     RECORD_ENV,
@@ -283,9 +285,10 @@ def _check_every_version(sink: DeltaSink, outputs: list[dict]) -> int:
 
 
 # Where each run dies: (crash point, the micro-batch it is armed at; AFTER: the batch a run
-# started after the last death dies in once it finished one; ANY: the first time it is
-# reached).
-AFTER, ANY = -1, -2
+# started after the last death dies in once it finished one; CHANGES: the first such batch
+# that changes the output (a Delta group commit writes files of it); ANY: the first time it
+# is reached).
+AFTER, ANY, CHANGES = -1, -2, -3
 STOP = "kill_test_stop"
 """The CHECK constraint that makes a Delta write fail in a live query."""
 
@@ -307,18 +310,24 @@ def test_kill_9_at_each_crash_point_and_restart_loses_nothing_and_applies_nothin
     handoff = Handoff(work / "ckpt" / job.name)
     cmd = [sys.executable, "-m", "tests.spark.kill_target", str(schedule), str(work), pg_dsn,
            str(ORDERS), f"--shards={shards}"]
-    delta_batch = _first_batch_with_changes(outputs, 5)
     # The Delta committer's points come after a batch or more: it dies inside a group
     # commit while the stream is up to --delta-max-pending-batches batches further on.
     points: list[tuple[str, int]] = [
         (SINKS_COMMITTED, 2), (FIRST_SINK, 4), (HANDOFF_STORE, AFTER),
-        (DELTA_BETWEEN_TABLES, delta_batch),
+        # the tasks wrote the batch's Delta files, the driver neither committed nor
+        # handed them off
+        (DELTA_STAGED, AFTER),
+        (DELTA_BETWEEN_TABLES, CHANGES),
         # the next run's start commits what the committer's death left, and dies there
         (DELTA_RECOVERED, ANY),
-        (DELTA_GROUP_COMMITTED, AFTER), (SHARD_APPLY, AFTER)]
+        (DELTA_GROUP_COMMITTED, AFTER),
+        # a group's changelog files linked into the table, not committed
+        (DELTA_PUBLISHED, CHANGES), (SHARD_APPLY, AFTER)]
     deaths: list[Death] = []
     for run, (point, planned) in enumerate(points):
-        batch = None if planned == ANY else _after(deaths[-1]) if planned == AFTER else planned
+        batch = (None if planned == ANY else _after(deaths[-1]) if planned == AFTER
+                 else _first_batch_with_changes(outputs, _after(deaths[-1]) - 1)
+                 if planned == CHANGES else planned)
         assert batch is None or WHOLE_TX_PER_BATCH * (batch + 2) <= whole, \
             "the points need whole batches"
         log = tmp_path / f"run{run}.log"
@@ -354,6 +363,12 @@ def test_kill_9_at_each_crash_point_and_restart_loses_nothing_and_applies_nothin
             # changelog committed, its current table not; the stream anywhere after it
             assert death.delta_changelog >= batch > death.held["delta"], death
             assert batch in death.handed_off and death.commits >= batch - 1, (point, death)
+        elif point == DELTA_PUBLISHED:
+            # the group's changelog files are in the table's folder, no version has them
+            assert death.delta_changelog < batch and death.held["delta"] < batch, death
+            assert batch in death.handed_off and death.commits >= batch - 1, (point, death)
+            linked = list((work / "out").glob(f"*/changelog/part-*-b{batch:012d}-p*.parquet"))
+            assert linked, list((work / "out").rglob("*.parquet"))
         elif point == DELTA_GROUP_COMMITTED:
             # both tables hold the group, whose hand-off files were not removed
             assert death.held["delta"] >= batch, death
@@ -372,6 +387,9 @@ def test_kill_9_at_each_crash_point_and_restart_loses_nothing_and_applies_nothin
                 assert handoff.partial_path(batch).exists(), list(handoff.directory.iterdir())
             else:
                 assert (death.delta, death.pg) == (batch - 1, batch - 1), death
+            if point == DELTA_STAGED:  # the tasks' files of the batch, nothing else of it
+                staged = list((work / "out").glob(f"*/_staged/*/*-b{batch:012d}-p*.parquet"))
+                assert staged and batch not in death.handed_off, (death, staged)
         deaths.append(death)
     assert batch is not None
 

@@ -7,9 +7,10 @@ Shape of the query::
       -> groupBy(shard).transformWithStateInPandas(ShardProcessor)   # n shards in parallel:
                                                        # decode (once) + sequence + join
       -> foreachBatch: the tasks holding the output COPY it into PostgreSQL's staging table
-         and the driver applies it with the progress in one transaction
-         (txjoin.pipeline.sink_tasks); Delta gets it handed off durably and commits many
-         batches at once on a thread of its own (txjoin.sinks.handoff)
+         and write Delta's data files (txjoin.pipeline.sink_tasks); the driver applies
+         PostgreSQL's stage with the progress in one transaction, and hands what the tasks
+         wrote for Delta off durably; Delta commits many batches' files at once on a
+         thread of its own (txjoin.sinks.handoff)
 
 A record enters Python once, in the shard task that reads it
 (``txjoin/join/spark/routing.py``).
@@ -418,11 +419,20 @@ class Pipeline:
             prepare[staged_sink.name] = time.monotonic() - before
             if stage is not None:
                 stages[staged_sink.name] = stage
-        keep_rows = self.committer is not None or bool(direct)
+        delta = None if self.committer is None else self.committer.sink
+        if isinstance(delta, DeltaSink):  # the tasks write its data files too
+            before = time.monotonic()
+            delta_stage = delta.stage(batch_id, checkpoint)
+            prepare[delta.name] = time.monotonic() - before
+            if delta_stage is not None:
+                stages[delta.name] = delta_stage
+        keep_rows = bool(direct)
         computing = time.monotonic()
         summary = summarise(df.mapInArrow(PartWriter(self.schema, stages, keep_rows),
                                           SUMMARY_SCHEMA).toArrow(), self.schema, keep_rows)
         computed = time.monotonic()
+        if DeltaSink.name in stages:  # tests only: Delta's files written, neither committed
+            crashpoints.reached(crashpoints.DELTA_STAGED, batch_id)  # nor handed off
         info = merge_infos(summary.infos)
         breakdown = stage_seconds(computed - computing, info)
         breakdown["output_decode"] = time.monotonic() - computed
@@ -458,13 +468,16 @@ class Pipeline:
                 self._sink_committed(name, batch_id, summary.rows, commit_ts_ms,
                                      breakdown[f"sink_{name}"], written[name])
         if self.committer is not None:
-            assert summary.changes is not None
-            # Durable before foreachBatch returns (Spark then records the batch as done);
-            # waits only when the hand-off is full (Delta behind: backpressure).
+            # What the tasks wrote (none: the sink held the batch), durable before
+            # foreachBatch returns (Spark then records the batch as done); waits only when
+            # the hand-off is full (Delta behind: backpressure).
             before = time.monotonic()
-            breakdown["delta_backpressure"] = self.committer.put(
-                Parcel(batch_id, summary.changes, lineage, time.time()))
-            breakdown["delta_handoff"] = time.monotonic() - before
+            breakdown["delta_backpressure"] = self.committer.put(Parcel(
+                batch_id, pa.table({}), lineage, time.time(),
+                tuple(summary.staged.get(DeltaSink.name, ())),
+                tuple(commit_ts_ms) if DeltaSink.name in stages else ()))
+            breakdown["delta_handoff"] = time.monotonic() - before + prepare.get(
+                DeltaSink.name, 0.0)
             written["delta"] = True  # handed off; the committer reports its commits
         every = self.config.maintain_every
         if self.inline and every is not None and (batch_id + 1) % every == 0:

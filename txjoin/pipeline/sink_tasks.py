@@ -4,11 +4,11 @@ The shards' output (``shards.OUTPUT_SCHEMA``: per shard its changes as Arrow IPC
 progress) stays in the Spark tasks that computed it. Each task puts its part of the batch
 in commit order and COPYs it into every staged sink's stage (the PostgreSQL sink's
 staging table, ``txjoin.sinks.postgres.Stage``), then returns one small summary row
-(:data:`SUMMARY_SCHEMA`): the shards' progress, what it staged per sink, the source commit
-times of its changes (the sinks' latency figures) and, only when a sink needs them on the
-driver (the Delta hand-off, a sink without a stage), the rows themselves. The driver
-applies each stage with the sink's progress in one transaction (:func:`summarise` reads
-the summaries back).
+(:data:`SUMMARY_SCHEMA`): the shards' progress, what it staged per sink (the Delta sink's
+data files: ``txjoin.sinks.delta_stage``), the source commit times of its changes (the
+sinks' latency figures) and, only when a sink without a stage needs them on the driver, the
+rows themselves. The driver applies each stage with the sink's progress in one transaction,
+and hands Delta's off to its group commits (:func:`summarise` reads the summaries back).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class PartWriter:
 
     schema: pa.Schema  # the changes' schema (``join.output.output_schema``)
     stages: dict[str, TaskStage]  # sink name -> its stage of this batch
-    keep_rows: bool  # the driver needs the rows (Delta's hand-off)
+    keep_rows: bool  # the driver needs the rows (a sink without a stage)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext

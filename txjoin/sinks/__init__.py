@@ -131,12 +131,15 @@ class Sink(Protocol):
 @dataclass(frozen=True)
 class StagedPart:
     """What one task wrote of a micro-batch into a sink's stage: its part number, rows, and
-    the commit sequence and xid of its last change (commit order), for the progress."""
+    the commit sequence and xid of its last change (commit order), for the progress;
+    ``files``: what it wrote where the sink's commit takes files (Delta: the data file's
+    name, size and statistics, ``txjoin.sinks.delta_stage``), plain JSON values."""
 
     part: int
     rows: int
     last_commit_seq: int | None
     last_xid: int | None
+    files: dict[str, Any] | None = None
 
 
 class TaskStage(Protocol):

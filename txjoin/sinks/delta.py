@@ -1,13 +1,17 @@
 """Delta Lake sink: ``<output_dir>/<table>/current`` (merged by key) and ``.../changelog``.
 
-Written by delta-spark in group commits (``txjoin.sinks.handoff``): the
-micro-batches handed off since the last commit become one Spark DataFrame per
-table (from their Arrow tables), appended to the changelog (every change, in
-commit order) and applied to the current table (the last change per key over
-the whole range; a delete removes the row), one commit per table. A current
-table of at most ``REWRITE_MAX_ROWS`` rows is rewritten whole from the rows the
-sink keeps (read once, then kept as it commits: one overwrite commit); a larger
-one is MERGEd. A commit
+Written in group commits (``txjoin.sinks.handoff``) through delta-spark's
+transaction: the Spark tasks that hold a micro-batch's output write its data
+files (``txjoin.sinks.delta_stage``: per task, its changes for the changelog and
+its last change per key), the hand-off records what they wrote, and a group
+commit appends the changelog files of the micro-batches handed off since the
+last commit (linked into the table's folder, their add actions in one commit:
+every change, in commit order) and applies the last change per key over the
+whole range, read from the tasks' files, to the current table (a delete removes
+the row), one commit per table. The driver never holds the changelog's rows. A
+current table of at most ``REWRITE_MAX_ROWS`` rows is rewritten whole from the
+rows the sink keeps (read once, then kept as it commits: one overwrite commit);
+a larger one is MERGEd. A commit
 always ends at a micro-batch boundary, and carries its lineage as JSON in its
 ``userMetadata`` (``txjoin.checkpoint``, ``txjoin.batch_id`` (the last batch),
 ``txjoin.first_batch_id``, ``txjoin.frontier_commit_seq``,
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -45,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from txjoin import crashpoints
@@ -55,12 +61,12 @@ from txjoin.sinks import (
     OP,
     OP_DELETE,
     READ_BATCH_ROWS,
-    XID,
+    StagedPart,
     Upkeep,
     apply_changes,
     check_changes_schema,
-    conform,
     current_schema,
+    delta_stage,
     last_change_per_key,
     sort_rows,
 )
@@ -71,6 +77,7 @@ from txjoin.sinks.delta_commit import (
     DeltaCommitter,
     checkpoint_if_due,
 )
+from txjoin.sinks.delta_stage import CHANGELOG, CURRENT, STAGED_DIR, DeltaStage
 from txjoin.sinks.handoff import Parcel, still_needed
 from txjoin.sinks.lineage import Held, Lineage, short
 
@@ -228,6 +235,10 @@ class DeltaSink:
         # Current table path -> its rows (stored schema), kept while the table is small
         # enough to rewrite whole (REWRITE_MAX_ROWS); None: too large, MERGE it.
         self._rows: dict[str, pa.Table | None] = {}
+        # Staged batches (stage(), foreachBatch's thread): (the current table's path, the
+        # checkpoint) -> the batch it held when the first stage looked (None: none of it).
+        self._stage_floor: dict[tuple[str, str | None], int | None] = {}
+        self._stage_lock = threading.Lock()
 
     def app_id(self, kind: str, checkpoint_id: str | None) -> str:
         """The app transaction id of one table (``changelog``/``current``) for a checkpoint."""
@@ -250,6 +261,33 @@ class DeltaSink:
         if self._rebuild_id is None:
             return self.changelog_path, self.current_path
         return str(self.rebuild_root / "changelog"), str(self.rebuild_root / "current")
+
+    def _staged_root(self) -> str:
+        """Where the tasks write the batches' files for the tables written now."""
+        base = self.root if self._rebuild_id is None else self.rebuild_root
+        return str(base / STAGED_DIR)
+
+    def stage(self, batch_id: int, checkpoint_id: str | None) -> DeltaStage | None:
+        """Where the tasks write micro-batch ``batch_id``'s files (the tables created first,
+        empty); ``None`` when the current table (the sink's progress) holds the batch
+        already (Spark re-ran it after a crash the hand-off's recovery committed). A sink
+        of another checkpoint raises ``LineageError``."""
+        changelog_path, current_path = self._targets()
+        key = (current_path, checkpoint_id)
+        with self._stage_lock:
+            if key not in self._stage_floor:
+                self._check_lineage(current_path, Lineage(checkpoint_id))
+                self._create(changelog_path, self.stored)
+                self._create(current_path, current_schema(self.stored))
+                held = self._held(current_path, "current")
+                self._stage_floor[key] = (
+                    held.last_batch_id if held is not None
+                    and held.checkpoint_id == checkpoint_id else None)
+            floor = self._stage_floor[key]
+        if floor is not None and batch_id <= floor:
+            return None
+        return DeltaStage(self._staged_root(), checkpoint_id, batch_id, self.table, self.schema,
+                          self.stored, tuple(self.key_columns))
 
     def _held(self, path: str, kind: str) -> Held | None:
         if not DeltaTable.is_deltatable(path):
@@ -372,37 +410,45 @@ class DeltaSink:
         last = parcels[-1]
         changelog_path, current_path = self._targets()
         self._check_lineage(current_path, last.lineage)
+        root = self._staged_root()
         seconds: dict[str, float] = {}
         try:
             # The changelog first: the current table's commit is the sink's progress.
+            # A parcel of rows (``write``, an older hand-off) is written as files once.
+            needed = {p.batch_id for kind, path in (("changelog", changelog_path),
+                                                    ("current", current_path))
+                      for p in still_needed(parcels, *_position(self._progress(path, kind)))}
+            staged = {p.batch_id: p for p in self._as_staged(
+                [p for p in parcels if p.batch_id in needed], root)}
             held = self._progress(changelog_path, "changelog")
-            todo = self._conformed(still_needed(parcels, *_position(held)))
-            rows = [changes for _, changes in todo if changes.num_rows]
-            if rows:
+            todo = [staged[p.batch_id] for p in still_needed(parcels, *_position(held))]
+            parts = [part for p in todo for part in p.staged or () if part.files]
+            if parts:
                 before = time.monotonic()
-                appended = pa.concat_tables(rows)
-                xid = appended.column(XID)[appended.num_rows - 1].as_py()
-                metadata = self._metadata(last.batch_id, last.lineage, xid, todo[0][0])
+                xid = max(parts, key=lambda part: part.last_commit_seq or 0).last_xid
+                metadata = self._metadata(last.batch_id, last.lineage, xid, todo[0].batch_id)
                 self._create(changelog_path, self.stored)
-                self._commit_rows(changelog_path, appended, self.stored, "append", metadata)
+                self._append_files(changelog_path, root, parts, metadata)
                 self._known[changelog_path] = _after(last, xid)
+                delta_stage.remove(root, CHANGELOG, [part.files["name"] for part in parts
+                                                     if part.files])
                 seconds["changelog"] = time.monotonic() - before
-                for batch_id, _ in todo:  # tests only: a kill between the two tables' commits
-                    crashpoints.reached(crashpoints.DELTA_BETWEEN_TABLES, batch_id)
+                for p in todo:  # tests only: a kill between the two tables' commits
+                    crashpoints.reached(crashpoints.DELTA_BETWEEN_TABLES, p.batch_id)
             held = self._progress(current_path, "current")
-            todo = self._conformed(still_needed(parcels, *_position(held)))
+            todo = [staged[p.batch_id] for p in still_needed(parcels, *_position(held))]
             if todo:
                 before = time.monotonic()
-                changes = pa.concat_tables([c for _, c in todo])
-                n = changes.num_rows
+                parts = [part for p in todo for part in p.staged or () if part.files]
                 # A range without changes keeps the last change's xid.
-                xid = (changes.column(XID)[n - 1].as_py() if n
+                xid = (max(parts, key=lambda part: part.last_commit_seq or 0).last_xid if parts
                        else None if held is None else held.last_change_xid)
-                metadata = self._metadata(last.batch_id, last.lineage, xid, todo[0][0])
+                metadata = self._metadata(last.batch_id, last.lineage, xid, todo[0].batch_id)
                 self._create(current_path, current_schema(self.stored))
-                self._merge_current(current_path, metadata,
-                                    last_change_per_key(changes, self.key_columns))
+                self._merge_current(current_path, metadata, self._last_changes(root, parts))
                 self._known[current_path] = _after(last, xid)
+                delta_stage.remove(root, CURRENT, [part.files["name"] for part in parts
+                                                   if part.files])
                 seconds["current"] = time.monotonic() - before
         except BaseException:
             # A commit may or may not have happened: read the tables again.
@@ -413,11 +459,52 @@ class DeltaSink:
             raise
         return seconds
 
-    def _conformed(self, parcels: Sequence[Parcel]) -> list[tuple[int, pa.Table]]:
-        return [(p.batch_id, conform(p.changes, self.schema, f"delta sink {self.table!r}",
-                                     p.batch_id).cast(self.stored) if p.changes.num_rows
-                 else self.stored.empty_table())  # Spark refuses a table of no chunk
-                for p in parcels]
+    def _as_staged(self, parcels: Sequence[Parcel], root: str) -> list[Parcel]:
+        """``parcels`` with their rows written as staged files here, for a parcel that holds
+        rows (``write``, or a hand-off an earlier txjoin left): then every parcel is
+        committed from its files."""
+        staged = []
+        for p in parcels:
+            if p.staged is None:
+                stage = DeltaStage(root, p.lineage.checkpoint_id, p.batch_id, self.table,
+                                   self.schema, self.stored, tuple(self.key_columns))
+                p = Parcel(p.batch_id, p.changes, p.lineage, p.handed_at,
+                           (stage.copy(0, p.changes),), tuple(p.commit_times_ms()))
+            staged.append(p)
+        return staged
+
+    def _append_files(self, path: str, root: str, parts: list[StagedPart],
+                      metadata: str) -> None:
+        """One commit appending the parts' staged changelog files, linked into the table's
+        folder first (a kill between the two leaves files no version references)."""
+        files = []
+        for part in parts:
+            assert part.files is not None
+            name, mtime = delta_stage.publish(root, part.files["name"], path)
+            files.append({"path": name, "size": part.files["size"], "modificationTime": mtime,
+                          "stats": part.files["stats"]})
+        if crashpoints.armed(crashpoints.DELTA_PUBLISHED):  # tests only
+            batches = {delta_stage.parse_name(part.files["name"]) for part in parts
+                       if part.files}
+            for _, batch_id in sorted(b for b in batches if b is not None):
+                crashpoints.reached(crashpoints.DELTA_PUBLISHED, batch_id)
+        if self._committer is None:
+            self._committer = DeltaCommitter(self.spark)
+        version = self._committer.commit_files(path, files, _spark_schema(self.stored).jsonValue(),
+                                               metadata)
+        if version is None:  # a table this cannot commit files to: a DataFrame write
+            rows = pa.concat_tables([pq.read_table(f"{path}/{f['path']}") for f in files])
+            self._save(self._frame(rows.cast(self.stored)), path, "append", metadata)
+        checkpoint_if_due(path, version)
+
+    def _last_changes(self, root: str, parts: list[StagedPart]) -> pa.Table:
+        """The last change per key over ``parts`` (in batch order; a batch's parts hold
+        disjoint keys), from the tasks' staged last changes of each part."""
+        tables = [pq.read_table(f"{root}/{CURRENT}/{part.files['name']}")
+                  for part in parts if part.files]
+        if not tables:
+            return self.stored.empty_table()
+        return last_change_per_key(pa.concat_tables(tables).cast(self.stored), self.key_columns)
 
     def _merge_current(self, path: str, metadata: str, last: pa.Table) -> None:
         if last.num_rows == 0:
@@ -515,7 +602,26 @@ class DeltaSink:
                 table.vacuum(retention_hours)
             done.append(Upkeep(path, files_before, len(DeltaTable(path).file_uris()),
                                on_disk_before, _data_files(path), time.monotonic() - before))
-        return done
+        staged = self._drop_orphans()
+        return done if staged is None else [*done, staged]
+
+    def _drop_orphans(self) -> Upkeep | None:
+        """Delete the staged files nothing will commit (``delta_stage.orphans``: of batches
+        their table holds, left by a kill between a commit and its clean-up, or older than
+        ``STAGED_MAX_AGE_S``), counted (``None``: none found)."""
+        root = str(self.root / STAGED_DIR)
+        if not Path(root).is_dir():
+            return None
+        before = time.monotonic()
+        found = [file for kind, path in ((CHANGELOG, self.changelog_path),
+                                         (CURRENT, self.current_path))
+                 for file in delta_stage.orphans(root, kind, _position(self._held(path, kind)))]
+        if not found:
+            return None
+        for file in found:
+            file.unlink(missing_ok=True)
+        return Upkeep(root, 0, 0, len(found), 0, time.monotonic() - before,
+                      kind="staged data files")
 
     def _set_properties(self, path: str, config: dict[str, str],
                         wanted: dict[str, str]) -> None:

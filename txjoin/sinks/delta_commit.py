@@ -61,7 +61,7 @@ CHECKPOINT_INTERVAL_PROPERTY = "delta.checkpointInterval"
 
 PLAIN_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "timestampNtz"})
 """Table features of a table this module writes: the ones delta-spark gives a table created
-from the sink's schema (``invariants``: NOT NULL key columns, which :func:`_check_not_null`
+from the sink's schema (``invariants``: NOT NULL key columns, which :func:`check_not_null`
 enforces here as delta-spark's writer would)."""
 PLAIN_READER_FEATURES = frozenset({"timestampNtz"})
 _PLAIN_WRITER_VERSION = 2  # legacy protocol: 2 = appendOnly + invariants, 3+ = constraints...
@@ -107,7 +107,7 @@ def plain(metadata: dict[str, Any], protocol: dict[str, Any], schema: dict[str, 
 
 def _nullable_inside(kind: Any) -> bool:
     """Whether everything nested in a Delta type may be NULL (only top-level columns are
-    checked for NOT NULL here, as :func:`_check_not_null` does)."""
+    checked for NOT NULL here, as :func:`check_not_null` does)."""
     if not isinstance(kind, dict):
         return True
     if kind.get("type") == "struct":
@@ -146,7 +146,7 @@ def file_stats(rows: pa.Table) -> str:
     return json.dumps(stats)
 
 
-def _check_not_null(rows: pa.Table) -> None:
+def check_not_null(rows: pa.Table) -> None:
     """Delta's NOT NULL invariant, as delta-spark's writer enforces it (top-level columns)."""
     for field in rows.schema:
         if not field.nullable and rows.column(field.name).null_count:
@@ -197,7 +197,7 @@ class DeltaCommitter:
                 for name, size in self._live_files(path, table.version)]
         added: list[tuple[str, int]] = []
         if rows.num_rows:
-            _check_not_null(rows)
+            check_not_null(rows)
             name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
             file = Path(path) / name
             # Spark reads microseconds: Delta has no finer timestamp.
@@ -209,14 +209,40 @@ class DeltaCommitter:
                 "path": name, "partitionValues": {}, "size": size,
                 "modificationTime": int(os.path.getmtime(file) * 1000), "dataChange": True,
                 "stats": file_stats(rows)}}))
-        action = java("org.apache.spark.sql.delta.actions.Action")
-        version = txn.commit(self._seq([action.fromJson(a) for a in actions]),
-                             self._operation(overwrite, metadata))
+        version = self._commit(txn, actions, overwrite, metadata)
         if overwrite:
-            self._files[path] = (int(version), added)
+            self._files[path] = (version, added)
         elif path in self._files and self._files[path][0] == table.version:
-            self._files[path] = (int(version), self._files[path][1] + added)
-        return int(version)
+            self._files[path] = (version, self._files[path][1] + added)
+        return version
+
+    def commit_files(self, path: str, files: list[dict[str, Any]], spark_schema: dict[str, Any],
+                     metadata: str) -> int | None:
+        """One commit appending data files already in the table's folder (the tasks wrote
+        them: ``txjoin.sinks.delta_stage``), each ``{"path", "size", "modificationTime",
+        "stats"}`` (``path`` relative to the table); ``metadata`` its ``userMetadata``. The
+        version committed; ``None``, with nothing committed, if the table is not plain."""
+        java = self._java
+        session = self._spark._jsparkSession
+        java("org.apache.spark.sql.SparkSession").setActiveSession(session)
+        txn = java("org.apache.spark.sql.delta.DeltaLog").forTable(session, path).startTransaction()
+        table = self._table(txn, spark_schema)
+        if not table.plain:
+            return None
+        actions = [json.dumps({"add": {
+            "path": f["path"], "partitionValues": {}, "size": f["size"],
+            "modificationTime": f["modificationTime"], "dataChange": True,
+            "stats": f["stats"]}}) for f in files]
+        version = self._commit(txn, actions, False, metadata)
+        if path in self._files and self._files[path][0] == table.version:
+            self._files[path] = (version, self._files[path][1]
+                                 + [(f["path"], f["size"]) for f in files])
+        return version
+
+    def _commit(self, txn: Any, actions: list[str], overwrite: bool, metadata: str) -> int:
+        action = self._java("org.apache.spark.sql.delta.actions.Action")
+        return int(txn.commit(self._seq([action.fromJson(a) for a in actions]),
+                              self._operation(overwrite, metadata)))
 
     def _table(self, txn: Any, spark_schema: dict[str, Any]) -> _Table:
         meta = json.loads(txn.metadata().json())["metaData"]

@@ -7,10 +7,14 @@ commits in the batch); a committer thread on the driver writes everything
 pending as one commit per Delta table, at most every ``interval_s`` seconds.
 
 - **Durable before Spark commits the batch.** ``<checkpoint>/delta-handoff/
-  <batch_id>.arrow`` holds the batch's changes (Arrow IPC, schema metadata: its
-  lineage and when it was handed off), written under a temporary name, fsynced,
-  renamed, and the folder fsynced. A batch Spark re-runs after a crash rewrites
-  the same content (the shards are deterministic).
+  <batch_id>.arrow`` holds what the batch's tasks wrote (the data files of each
+  part, ``txjoin.sinks.delta_stage``, as JSON in the schema metadata) and its
+  changes' commit times (Arrow IPC; also in the metadata: its lineage and when it
+  was handed off), written under a temporary name, fsynced, renamed, and the folder
+  fsynced. A batch Spark re-runs after a crash rewrites the same content (the
+  shards are deterministic, the files' names are the batch's and the part's). A
+  parcel of a run before the tasks wrote files holds the batch's rows instead: it
+  is read and committed the same way.
 - **A commit ends at a micro-batch boundary.** The committer takes the pending
   batches in batch order, each whole; each table skips the batches its last
   txjoin commit already covers (its ``userMetadata`` lineage: checkpoint and
@@ -46,12 +50,15 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from txjoin import crashpoints
+from txjoin.sinks import StagedPart
 from txjoin.sinks.lineage import Lineage
 
 HANDOFF_DIR = "delta-handoff"
 _SUFFIX = ".arrow"
 _LINEAGE_KEY = b"txjoin.lineage"
 _HANDED_KEY = b"txjoin.handed_at"
+_STAGED_KEY = b"txjoin.staged"
+_COMMIT_TS = "commit_ts_ms"
 DEFAULT_INTERVAL_S = 10.0
 DEFAULT_MAX_BATCHES = 1000
 DEFAULT_MAX_BYTES = 256 << 20
@@ -59,12 +66,31 @@ DEFAULT_MAX_BYTES = 256 << 20
 
 @dataclass(frozen=True)
 class Parcel:
-    """One micro-batch's output on its way to Delta."""
+    """One micro-batch's output on its way to Delta: its rows (``changes``), or (``staged``
+    not ``None``) the files the tasks wrote of it (``txjoin.sinks.delta_stage``: one
+    :class:`StagedPart` per task, ``changes`` then empty) and its changes' source commit
+    times (``commit_ts_ms``)."""
 
     batch_id: int
     changes: pa.Table
     lineage: Lineage
     handed_at: float  # unix time of the hand-off (Delta's lag behind the batch)
+    staged: tuple[StagedPart, ...] | None = None
+    commit_ts_ms: tuple[int, ...] = ()
+
+    @property
+    def rows(self) -> int:
+        """The batch's changes."""
+        if self.staged is None:
+            return int(self.changes.num_rows)
+        return sum(part.rows for part in self.staged)
+
+    def commit_times_ms(self) -> list[int]:
+        """The source commit times of the batch's changes (ms since the epoch)."""
+        if self.staged is not None:
+            return list(self.commit_ts_ms)
+        return [int(v.timestamp() * 1000) for v in self.changes.column("_commit_ts").to_pylist()
+                if v is not None]
 
 
 @dataclass
@@ -161,10 +187,15 @@ class Handoff:
         self.directory.mkdir(parents=True, exist_ok=True)
         lineage = {"checkpoint_id": parcel.lineage.checkpoint_id,
                    "frontier_commit_seq": parcel.lineage.frontier_commit_seq}
-        metadata = {**(parcel.changes.schema.metadata or {}),
+        content = parcel.changes
+        metadata = {**(content.schema.metadata or {}),
                     _LINEAGE_KEY: json.dumps(lineage).encode(),
                     _HANDED_KEY: repr(parcel.handed_at).encode()}
-        table = parcel.changes.replace_schema_metadata(metadata)
+        if parcel.staged is not None:
+            # The tasks wrote the rows: the parcel is what they wrote and its commit times.
+            content = pa.table({_COMMIT_TS: pa.array(parcel.commit_ts_ms, pa.int64())})
+            metadata[_STAGED_KEY] = json.dumps([p.__dict__ for p in parcel.staged]).encode()
+        table = content.replace_schema_metadata(metadata)
         final, partial = self.path(parcel.batch_id), self.partial_path(parcel.batch_id)
         with open(partial, "wb") as out:
             with pa.ipc.new_file(out, table.schema) as writer:
@@ -182,10 +213,14 @@ class Handoff:
         if table.num_rows == 0:  # read back with no chunk at all, which Spark refuses
             table = table.schema.empty_table()
         metadata = dict(table.schema.metadata or {})
-        lineage = json.loads(metadata.pop(_LINEAGE_KEY))
+        lineage = Lineage(**json.loads(metadata.pop(_LINEAGE_KEY)))
         handed_at = float(metadata.pop(_HANDED_KEY, b"0"))
-        return Parcel(batch_id, table.replace_schema_metadata(metadata or None),
-                      Lineage(lineage["checkpoint_id"], lineage["frontier_commit_seq"]),
+        staged = metadata.pop(_STAGED_KEY, None)
+        if staged is not None:
+            return Parcel(batch_id, pa.table({}), lineage, handed_at,
+                          tuple(StagedPart(**p) for p in json.loads(staged)),
+                          tuple(table.column(_COMMIT_TS).to_pylist()))
+        return Parcel(batch_id, table.replace_schema_metadata(metadata or None), lineage,
                       handed_at)
 
     def remove(self, batch_ids: Sequence[int]) -> None:
@@ -363,9 +398,8 @@ class GroupCommitter:
             self._cond.notify_all()
         commit = GroupCommit(
             first_batch=ids[0], last_batch=ids[-1], batches=len(ids),
-            changes=sum(p.changes.num_rows for p in parcels),
-            commit_ts_ms=[int(v.timestamp() * 1000) for p in parcels
-                          for v in p.changes.column("_commit_ts").to_pylist() if v is not None],
+            changes=sum(p.rows for p in parcels),
+            commit_ts_ms=[t for p in parcels for t in p.commit_times_ms()],
             started_at=started_at, finished_at=finished_at, seconds=dict(seconds),
             oldest_handed_at=min((p.handed_at for p in parcels), default=finished_at),
             recovered=recovered, wrote=bool(seconds))
