@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from txjoin.errors import ConfigError
 from txjoin.sinks import COMMIT_SEQ, XID, StagedPart, conform, last_change_per_key
 from txjoin.sinks.delta_commit import check_not_null, file_stats
+from txjoin.sinks.handoff import fsync_path
 
 STAGED_DIR = "_staged"
 CHANGELOG, CURRENT = "changelog", "current"
@@ -66,14 +67,6 @@ def parse_name(name: str) -> tuple[str, int] | None:
     return None if match is None else (match["checkpoint"], int(match["batch"]))
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_parquet(rows: pa.Table, file: Path) -> int:
     """``rows`` as Parquet at ``file`` (written under a temporary name, fsynced, renamed over
     whatever an earlier attempt left, the folder fsynced): its size."""
@@ -82,9 +75,9 @@ def write_parquet(rows: pa.Table, file: Path) -> int:
     # Spark reads microseconds: Delta has no finer timestamp.
     pq.write_table(rows, partial, compression="snappy", coerce_timestamps="us",
                    allow_truncated_timestamps=True)
-    _fsync(partial)
+    fsync_path(partial)
     partial.replace(file)
-    _fsync(file.parent)
+    fsync_path(file.parent)
     return file.stat().st_size
 
 

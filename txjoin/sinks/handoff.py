@@ -145,8 +145,9 @@ def still_needed(parcels: Sequence[Parcel], held_checkpoint: str | None,
             if p.lineage.checkpoint_id != held_checkpoint or p.batch_id > held_batch]
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder (a rename in it is durable once the folder is)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -204,7 +205,7 @@ class Handoff:
             os.fsync(out.fileno())
         crashpoints.reached(crashpoints.HANDOFF_STORE, parcel.batch_id)  # tests only
         partial.replace(final)
-        _fsync_dir(self.directory)
+        fsync_path(self.directory)
         return final.stat().st_size
 
     def load(self, batch_id: int) -> Parcel:
@@ -227,7 +228,7 @@ class Handoff:
         for batch_id in batch_ids:
             self.path(batch_id).unlink(missing_ok=True)
         if batch_ids and self.directory.is_dir():
-            _fsync_dir(self.directory)
+            fsync_path(self.directory)
 
 
 class GroupCommitter:
