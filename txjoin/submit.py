@@ -132,12 +132,16 @@ def _env_beside_the_driver(executors_python: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """``txjoin run`` with ``argv`` (JOB.py and its options) on spark-submit's session."""
-    from pyspark import SparkConf
+    from pyspark import SparkConf, SparkContext
 
     from txjoin.cli import main as cli
 
     _die_with_parent()
-    conf = SparkConf()  # spark-submit's settings, read from its JVM; no SparkContext yet
+    # spark-submit's settings are its JVM's: connect to it (PythonRunner's gateway) first,
+    # or SparkConf is an empty one of its own (master None, deploy mode client). No
+    # SparkContext yet: the run makes its session once its checks passed.
+    SparkContext._ensure_initialized()
+    conf = SparkConf()
     submitted = Submitted(str(conf.get("spark.master")),
                           str(conf.get("spark.submit.deployMode", "client")))
     _env_beside_the_driver(os.environ.get("PYSPARK_PYTHON"))  # spark.pyspark.python's
