@@ -87,7 +87,7 @@ class TxjoinCommands(click.Group):
 
 
 COMMAND_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("The job", ("job", "run", "submit-line", "verify", "maintain", "export")),
+    ("The job", ("job", "run", "submit-line", "package", "verify", "maintain", "export")),
     ("The local stack", ("up", "status", "generate", "demo", "down")),
     ("Tools", ("replay", "bench", "soak")),
 )

@@ -194,7 +194,8 @@ def check_command(argv: list[str]) -> None:
                 path.append(word)
                 args = args[i + 1:]
                 break
-            if path == ["txjoin", "submit-line"]:  # JOB_FILE, then `txjoin run`'s options
+            if path in (["txjoin", "submit-line"], ["txjoin", "package"]):
+                # JOB_FILE, then `txjoin run`'s options
                 check_command(["run", *args[i:]])
                 return
             positional.append(word)
