@@ -406,12 +406,15 @@ def package(out: Path, python_prefix: str | None, master: str | None, python: st
     if (master is None) != (job_file is None):
         raise ConfigError("package: give both --master and JOB_FILE to print the "
                           "spark-submit line, or neither to build the archive only")
-    if job_file is not None and master is not None:  # checked before minutes of building
-        _submit_words(master, python, spark_submit, job_file, run_args, str(out), "package")
-    built = build_archive(out, python_prefix)
+    # The line is made (and the run's options checked) before minutes of building; its
+    # archive path is the one build_archive resolves and writes.
+    words = None
     if job_file is not None and master is not None:
-        click.echo(shlex.join(_submit_words(master, python, spark_submit, job_file, run_args,
-                                            str(built), "package")))
+        words = _submit_words(master, python, spark_submit, job_file, run_args,
+                              str(out.resolve()), "package")
+    build_archive(out, python_prefix)
+    if words is not None:
+        click.echo(shlex.join(words))
 
 
 def check_stack_columns(stack: StackInfo, job: Job) -> None:

@@ -47,9 +47,6 @@ ARCHIVE_FORMATS = (".tar.gz", ".tgz")
 """The names of archives that Spark unpacks as tar (``Utils.unpack``) and venv-pack writes
 compressed, keeping ``bin/python``'s link (a zip would not)."""
 
-BUILD_ONLY = frozenset({"uv", "venv-pack2"})
-"""The ``package`` extra: tools that build the archive, not needed in it."""
-_NOT_PACKED = BUILD_ONLY | {"txjoin"}
 JVM_PARTS = ("pyspark/jars",)
 """What of the installed pyspark the archive leaves out: Spark's jars, the cluster's."""
 
@@ -67,10 +64,10 @@ def _canonical(name: str) -> str:
 
 
 def runtime_requirements() -> list[str]:
-    """txjoin's own runtime requirements (no extras)."""
+    """txjoin's own runtime requirements: not its extras (the build tools, uv and
+    venv-pack2, are the ``package`` extra)."""
     requires = importlib.metadata.requires("txjoin") or []
-    names = [_name(r) for r in requires if "extra ==" not in r]
-    return [n for n in names if _canonical(n) not in _NOT_PACKED]
+    return [_name(r) for r in requires if "extra ==" not in r]
 
 
 def constraints() -> list[str]:
