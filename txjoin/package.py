@@ -25,6 +25,7 @@ The build tools are the ``package`` extra (``pip install 'txjoin[package]'``).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import re
 import shutil
@@ -51,8 +52,13 @@ JVM_PARTS = ("pyspark/jars",)
 """What of the installed pyspark the archive leaves out: Spark's jars, the cluster's."""
 
 COMPRESS_LEVEL = 1
-"""gzip level of the archive: venv-pack's default, 4, made it 8 % smaller (159 against 173
-MB) in 1.5x the time (17.8 against 11.5 s, 2 cores); a cluster unpacks it once per node."""
+"""gzip level of the archive (``--compress-level``): venv-pack's default, 4, made it 8 %
+smaller (159 against 173 MB) in 1.5x the time (17.8 against 11.5 s, 2 cores); a cluster
+unpacks it once per executor. 0 stores it uncompressed in gzip's frame (~480 MB): no
+deflate to pack, and each unpack's gunzip only checks it (~3.5 -> ~0.5 s of CPU here),
+for a cluster whose network is no bound. A plain ``.tar`` Spark unpacks in Java
+(Hadoop's ``unTarUsingJava``), which refuses the archive: its ``bin/python`` links out
+of it ("would create entry outside of" the folder)."""
 
 
 def _name(requirement: str) -> str:
@@ -94,6 +100,27 @@ def source_root() -> Path:
     return root
 
 
+def inputs_digest(python_prefix: str | None = None, suffix: str = ".tar.gz",
+                  compress_level: int = COMPRESS_LEVEL) -> str:
+    """A digest of everything :func:`build_archive` builds from: txjoin's source checkout
+    (every file of its package, this module's build steps with them, and pyproject.toml),
+    the versions installed here (:func:`constraints`), this interpreter, ``python_prefix``,
+    the format and its gzip level. Equal digests, equal archives' contents: a cache of archives keys
+    them by it (the tests build one per digest)."""
+    root = source_root()
+    digest = hashlib.sha256()
+    for part in (sys.version, str(python_prefix), suffix, str(compress_level), *JVM_PARTS,
+                 *constraints()):
+        digest.update(part.encode() + b"\0")
+    files = [root / "pyproject.toml",
+             *(p for p in (root / "txjoin").rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts)]
+    for path in sorted(files):
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
 def _tools() -> tuple[str, Any]:
     try:
         import uv
@@ -113,8 +140,8 @@ def _run(command: list[str], what: str) -> None:
                           f"{last[0]}; run `{' '.join(command)}` to see why")
 
 
-def build_archive(out: Path, python_prefix: str | None = None,
-                  progress: bool = True) -> Path:
+def build_archive(out: Path, python_prefix: str | None = None, progress: bool = True,
+                  compress_level: int = COMPRESS_LEVEL) -> Path:
     """Build the environment archive at ``out`` (replacing one there); its absolute path."""
     if not out.name.endswith(ARCHIVE_FORMATS):
         raise ConfigError(f"--out {out}: an archive's name ends with one of "
@@ -151,7 +178,7 @@ def build_archive(out: Path, python_prefix: str | None = None,
         partial = out.with_name(f".partial-{out.name}")  # the format is the name's
         partial.unlink(missing_ok=True)
         venv_pack.pack(prefix=str(env), output=str(partial), python_prefix=python_prefix,
-                       compress_level=COMPRESS_LEVEL, force=True)
+                       compress_level=compress_level, force=True)
         partial.chmod(0o644)  # venv-pack writes it for its owner only
         partial.replace(out)
     say(f"{out} ({out.stat().st_size / 2**20:.0f} MiB) in {time.monotonic() - started:.0f} s")
