@@ -43,10 +43,11 @@ from tests.e2e.test_end_to_end import (
     run_until_idle,
     tail,
 )
+from tests.fixtures.env_archive import CACHE_KEY, cached_archive
 from tests.fixtures.spark_cluster import SPARK_HOME, Cluster, standalone_cluster
 from txjoin.job import load_job
 from txjoin.join.output import output_schema
-from txjoin.package import ENV_PYTHON, build_archive
+from txjoin.package import ENV_PYTHON
 from txjoin.sinks.delta import DeltaSink
 from txjoin.stack.demo import wait_until_captured
 from txjoin.submit import submit_line
@@ -127,7 +128,7 @@ def driver_worker(cluster: Cluster, pid: int) -> int:
 
 
 def test_a_supervised_driver_survives_losing_a_worker_then_its_own_kill_exactly_once(
-        e2e_stack: E2EStack, tmp_path: Path) -> None:
+        e2e_stack: E2EStack, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     sink_dsn = fresh_sink_database(e2e_stack, "sink_supervised")
     job = load_job(ORDERS)
     output = tmp_path / "output"
@@ -150,8 +151,9 @@ def test_a_supervised_driver_survives_losing_a_worker_then_its_own_kill_exactly_
 
     # txjoin shipped to the executors the Spark way: txjoin package's environment archive,
     # unpacked in each executor's folder (the driver runs this interpreter: a standalone
-    # worker unpacks archives for executors only)
-    archive = build_archive(tmp_path / "txjoin-env.tar.gz", progress=False)
+    # worker unpacks archives for executors only), built once per digest of its inputs
+    cache = getattr(request.config, "cache", None)  # None: pytest's cache is disabled
+    archive = cached_archive(tmp_path if cache is None else cache.mkdir(CACHE_KEY))
     # Two cores a worker (they share the machine's two): the driver takes one of its worker's,
     # so each worker also runs an executor, and one is left once the other worker is lost.
     with standalone_cluster(tmp_path / "cluster", cores=2) as cluster:
