@@ -538,9 +538,10 @@ class DeltaSink:
         checkpoint_if_due(path)
 
     def maintain(self, retention_hours: float | None = None) -> list[Upkeep]:
-        """Compact both tables' small files, then (``retention_hours``) VACUUM them.
+        """Compact the changelog's small files, then (``retention_hours``) VACUUM both tables.
 
-        Compaction (delta-spark's OPTIMIZE) rewrites small files into larger ones in one
+        Compaction (delta-spark's OPTIMIZE; the current table's commits keep its files
+        clustered, ``txjoin.sinks.delta_current``) rewrites small files into larger ones in one
         commit that changes no row (``dataChange=false``): a reader sees the same state
         before and after, and every earlier version stays readable. VACUUM deletes the
         files no version of the last ``retention_hours`` hours needs: time travel keeps
@@ -580,7 +581,12 @@ class DeltaSink:
             on_disk_before = _data_files(path)
             self._set_properties(path, existing.metadata().configuration, wanted)
             table = SparkDeltaTable.forPath(self.spark, path)
-            table.optimize().executeCompaction()
+            if path == self.changelog_path:
+                # Not the current table: its commits keep it in files of at most
+                # CLUSTER_FILE_ROWS rows clustered by key, which OPTIMIZE's bin-packing
+                # (into files of up to 1 GB) would merge into a few files of wide ranges,
+                # every one of them then touched by every commit.
+                table.optimize().executeCompaction()
             if retention_hours is not None:
                 table.vacuum(retention_hours)
             done.append(Upkeep(path, files_before, len(DeltaTable(path).file_uris()),
