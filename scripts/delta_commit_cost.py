@@ -23,7 +23,6 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from txjoin.pipeline.session import get_session
-from txjoin.sinks import delta as delta_sink
 from txjoin.sinks.delta import DeltaSink
 from txjoin.sinks.lineage import Lineage
 
@@ -53,8 +52,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="100,25000",
                         help="changes per commit, comma-separated")
     parser.add_argument("--merge", action="store_true",
-                        help="MERGE into the current table even when it is small enough to "
-                             "rewrite whole (the sink's way before REWRITE_MAX_ROWS)")
+                        help="MERGE into the current table instead of rewriting the files "
+                             "holding the changed keys (the sink's way for tables it cannot "
+                             "commit files to)")
     parser.add_argument("--dataframe", action="store_true",
                         help="write every commit as a delta-spark DataFrame write (the sink's "
                              "way before txjoin.sinks.delta_commit)")
@@ -64,7 +64,10 @@ def main() -> None:
 
         delta_commit.DeltaCommitter.commit = lambda *a, **k: False  # type: ignore[method-assign]
     if args.merge:
-        delta_sink.REWRITE_MAX_ROWS = -1
+        from txjoin.sinks import delta_commit
+
+        delta_commit.DeltaCommitter.commit_rewrite = (  # type: ignore[method-assign]
+            lambda *a, **k: None)
     spark = get_session(args.master, app_name="delta-commit-cost")
     sc = spark.sparkContext
     tracker = sc.statusTracker()

@@ -193,7 +193,7 @@ def _env(name: str) -> str:
                                  "a checkpoint). Default: Spark's default parallelism.")
 @click.option("--maintain-every", envvar=_env("MAINTAIN_EVERY"), show_envvar=True,
               type=click.IntRange(min=1), default=None,
-              help="Compact the Delta tables' small files once N micro-batches were "
+              help="Compact the Delta changelog's small files once N micro-batches were "
                    "committed to Delta since the last time (and VACUUM them with "
                    "--vacuum-retention-hours), from the Delta committer between two group "
                    "commits, so no writer runs beside it. Default: never (`txjoin maintain` "
@@ -583,7 +583,8 @@ def replay(files: tuple[Path, ...], as_json: bool, postgres_dsn: str | None,
 @cli_errors
 def maintain(job_file: Path, output_dir: str | None, retention_hours: float | None,
              master: str, directory: Path, postgres_dsn: str | None) -> None:
-    """Compact JOB_FILE's Delta tables (and VACUUM with --retention-hours); drop the
+    """Compact JOB_FILE's Delta changelogs (and VACUUM both tables with --retention-hours);
+    the current tables' commits keep them in clustered files of their own. Drop the
     PostgreSQL sink's staging tables that killed runs left.
 
     Compaction commits no row change: readers see the same state, earlier versions stay

@@ -37,6 +37,9 @@ point fires at any batch of the group):
   folder, not committed (files no version references);
 - ``delta_between_tables``: inside the Delta sink's write, after the changelog append
   and before the commit to the current table (only a group with changes appends);
+- ``delta_current_written``: the current table's new data files (those replacing the files
+  the group's changed keys touch, ``txjoin.sinks.delta_current``) are in its folder, not
+  committed (files no version references);
 - ``delta_group_committed``: both tables committed the group, its hand-off files are not
   removed yet;
 - ``delta_recovered``: the same moment in the group commit a run's start makes of what an
@@ -74,6 +77,7 @@ FIRST_SINK = "first_sink"
 DELTA_STAGED = "delta_staged"
 DELTA_PUBLISHED = "delta_published"
 DELTA_BETWEEN_TABLES = "delta_between_tables"
+DELTA_CURRENT_WRITTEN = "delta_current_written"
 HANDOFF_STORE = "handoff_store"
 SINKS_COMMITTED = "sinks_committed"
 DELTA_GROUP_COMMITTED = "delta_group_committed"
@@ -81,8 +85,8 @@ DELTA_RECOVERED = "delta_recovered"
 VERIFY_APPEND = "verify_append"
 VERIFY_APPENDED = "verify_appended"
 POINTS = (SHARD_APPLY, POSTGRES_STAGED, POSTGRES_APPLIED, DELTA_STAGED, FIRST_SINK,
-          DELTA_PUBLISHED, DELTA_BETWEEN_TABLES, HANDOFF_STORE, SINKS_COMMITTED,
-          DELTA_GROUP_COMMITTED, DELTA_RECOVERED, VERIFY_APPEND, VERIFY_APPENDED)
+          DELTA_PUBLISHED, DELTA_BETWEEN_TABLES, DELTA_CURRENT_WRITTEN, HANDOFF_STORE,
+          SINKS_COMMITTED, DELTA_GROUP_COMMITTED, DELTA_RECOVERED, VERIFY_APPEND, VERIFY_APPENDED)
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 """The local property Spark's micro-batch execution sets on a batch's jobs (its tasks see it)."""

@@ -32,6 +32,7 @@ from txjoin.bench import spread
 from txjoin.crashpoints import (
     CRASH_ENV,
     DELTA_BETWEEN_TABLES,
+    DELTA_CURRENT_WRITTEN,
     DELTA_GROUP_COMMITTED,
     DELTA_PUBLISHED,
     DELTA_RECOVERED,
@@ -318,6 +319,8 @@ def test_kill_9_at_each_crash_point_and_restart_loses_nothing_and_applies_nothin
         # handed them off
         (DELTA_STAGED, AFTER),
         (DELTA_BETWEEN_TABLES, CHANGES),
+        # the current table's new files written in its folder, not committed
+        (DELTA_CURRENT_WRITTEN, CHANGES),
         # the next run's start commits what the committer's death left, and dies there
         (DELTA_RECOVERED, ANY),
         (DELTA_GROUP_COMMITTED, AFTER),
@@ -358,11 +361,17 @@ def test_kill_9_at_each_crash_point_and_restart_loses_nothing_and_applies_nothin
         assert batch is not None
         if deaths:
             _check_replay(deaths[-1], lines)
-        if point == DELTA_BETWEEN_TABLES:
+        if point in (DELTA_BETWEEN_TABLES, DELTA_CURRENT_WRITTEN):
             # the Delta committer died inside a group commit holding the batch: its
             # changelog committed, its current table not; the stream anywhere after it
             assert death.delta_changelog >= batch > death.held["delta"], death
             assert batch in death.handed_off and death.commits >= batch - 1, (point, death)
+            if point == DELTA_CURRENT_WRITTEN:
+                # files in the current table's folder that no version references
+                current = next((work / "out").glob("*/current"))
+                live = {Path(u.removeprefix("file://")).name
+                        for u in DeltaTable(str(current)).file_uris()}
+                assert {f.name for f in current.glob("part-*.parquet")} - live, death
         elif point == DELTA_PUBLISHED:
             # the group's changelog files are in the table's folder, no version has them
             assert death.delta_changelog < batch and death.held["delta"] < batch, death

@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg2
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
@@ -25,9 +26,9 @@ from pyspark.sql import SparkSession
 from tests.fixtures import restartable_postgres
 from tests.fixtures.postgres import free_port, new_database
 from txjoin.errors import ConfigError, LineageError, ServiceError, SinkSchemaError
-from txjoin.sinks import Sink, delta_commit
+from txjoin.sinks import Sink, current_schema, delta_commit, delta_current
 from txjoin.sinks import delta as delta_sink
-from txjoin.sinks.delta import DeltaSink
+from txjoin.sinks.delta import DeltaSink, stored_schema
 from txjoin.sinks.delta_commit import CHECKPOINT_INTERVAL, SPARK_CHECKPOINTS_OFF
 from txjoin.sinks.lineage import Checkpoint, Lineage, check_lineage
 from txjoin.sinks.postgres import PostgresSink, mask_dsn
@@ -135,35 +136,79 @@ def test_current_holds_the_last_change_per_key_and_the_changelog_everything(
     assert sink.read_changelog() == changes_0 + changes_1
 
 
-def test_a_current_table_grown_past_the_rewrite_limit_is_merged_from_then_on(
+def _last_commit(path: str) -> tuple[set[str], set[str]]:
+    """(removed, added) data files of the table's last commit, as its log names them."""
+    log = sorted((Path(path) / "_delta_log").glob("*.json"))[-1]
+    actions = [json.loads(line) for line in log.read_text().splitlines()]
+    return ({a["remove"]["path"] for a in actions if "remove" in a},
+            {a["add"]["path"] for a in actions if "add" in a})
+
+
+def _file_keys(path: str) -> list[list[int]]:
+    """The keys of each live data file of a Delta table, files in key order."""
+    table = DeltaTable(path)
+    return sorted(pq.read_table(uri.removeprefix("file://"), columns=["order_id"])
+                  .column("order_id").to_pylist() for uri in table.file_uris())
+
+
+def test_a_group_commit_rewrites_only_the_files_holding_its_changed_keys(
         spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Small current tables are rewritten whole from the rows the sink keeps (an overwrite:
-    # WRITE in the history); once past REWRITE_MAX_ROWS the sink MERGEs them (the large
-    # tables' way); a sink opened on a table back under the limit rewrites it again.
-    monkeypatch.setattr(delta_sink, "REWRITE_MAX_ROWS", 2)
+    # The current table's files are clustered by key, CLUSTER_FILE_ROWS rows at most; a
+    # commit replaces the files holding a changed key, new keys above every file's range
+    # fill the last file, other new keys go to a file of their own.
+    monkeypatch.setattr(delta_current, "CLUSTER_FILE_ROWS", 3)
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
+    sink.write(0, batch(*(change("c", k, k) for k in (9, 3, 7, 1, 5, 2, 8, 4, 6))))
+    assert _file_keys(sink.current_path) == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
 
-    def sink() -> DeltaSink:
-        return DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
+    first_files = _last_commit(sink.current_path)[1]
+    sink.write(1, batch(change("u", 5, 10, customer="zoe"), change("d", 8, 11)))
+    removed, added = _last_commit(sink.current_path)
+    assert len(removed) == 2 and len(added) == 2 and len(removed & first_files) == 2
+    assert _file_keys(sink.current_path) == [[1, 2, 3], [4, 5, 6], [7, 9]]
 
-    def last_operation() -> str:
-        return str(DeltaTable(first.current_path).history(1)[0]["operation"])
+    sink.write(2, batch(change("c", 11, 12), change("c", 10, 13)))  # into the last file
+    assert len(_last_commit(sink.current_path)[0]) == 1
+    assert _file_keys(sink.current_path) == [[1, 2, 3], [4, 5, 6], [7, 9], [10, 11]]
+    sink.write(3, batch(change("c", 0, 14)))  # below every range: a file of its own
+    assert _last_commit(sink.current_path)[0] == set()
+    assert _file_keys(sink.current_path) == [[0], [1, 2, 3], [4, 5, 6], [7, 9], [10, 11]]
 
-    first, operations = sink(), []
-    for batch_id, changes in enumerate([
-            [change("c", 1, 1), change("c", 2, 2)],  # 2 rows
-            [change("c", 3, 3), change("u", 1, 4, total="5.00")],  # 3: past the limit
-            [change("d", 2, 5), change("c", 4, 6)]]):  # 3
-        first.write(batch_id, batch(*changes))
-        operations.append(last_operation())
-    second = sink()  # reopened on 3 rows
-    second.write(3, batch(change("d", 4, 7), change("d", 3, 8)))  # 1 row
-    operations.append(last_operation())
-    third = sink()  # reopened on 1 row
-    third.write(4, batch(change("u", 1, 9, customer="zoe")))
-    operations.append(last_operation())
-    assert operations == ["WRITE", "WRITE", "MERGE", "MERGE", "WRITE"]
-    assert third.read_current() == [current_of(change("u", 1, 9, customer="zoe"))]
-    assert [c["_commit_seq"] for c in third.read_changelog()] == list(range(1, 10))
+    expected = sorted([0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11])
+    assert [r["order_id"] for r in sink.read_current()] == expected
+    assert next(r for r in sink.read_current() if r["order_id"] == 5)["customer"] == "zoe"
+    # What other engines read: a plain deltalake read and a plain Spark read.
+    assert sorted(DeltaTable(sink.current_path).to_pyarrow_table()["order_id"].to_pylist()) \
+        == expected
+    spark_rows = spark.read.format("delta").load(sink.current_path).collect()
+    assert sorted(r["order_id"] for r in spark_rows) == expected
+
+
+def test_a_current_table_of_overlapping_files_is_continued_without_a_key_twice(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An older layout (files whose key ranges overlap, as a MERGE or a bin-packing leaves
+    # them): a new key inside two files' ranges goes to one of them, a changed key is
+    # replaced in the file that holds it.
+    monkeypatch.setattr(delta_current, "CLUSTER_FILE_ROWS", 3)
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
+    sink.write(0, batch(change("c", 1, 1), change("c", 5, 2), change("c", 9, 3)))
+    schema = current_schema(stored_schema(SCHEMA))
+    other = pa.Table.from_pylist([current_of(change("c", k, 3 + k)) for k in (2, 6, 10)],
+                                 schema=schema)
+    delta_commit.DeltaCommitter(spark).commit(  # a second file, range [2, 10]
+        sink.current_path, other, delta_sink._spark_schema(schema).jsonValue(),
+        sink._metadata(0, None, None), overwrite=False)
+    assert _file_keys(sink.current_path) == [[1, 5, 9], [2, 6, 10]]
+
+    sink.write(1, batch(change("c", 7, 20), change("u", 5, 21, customer="zoe"),
+                        change("d", 6, 22), change("c", 11, 23)))
+    expected = [1, 2, 5, 7, 9, 10, 11]
+    assert [r["order_id"] for r in sink.read_current()] == expected
+    assert sorted(DeltaTable(sink.current_path).to_pyarrow_table()["order_id"].to_pylist()) \
+        == expected
+    assert sorted(r["order_id"] for r in
+                  spark.read.format("delta").load(sink.current_path).collect()) == expected
+    assert next(r for r in sink.read_current() if r["order_id"] == 5)["customer"] == "zoe"
 
 
 def test_a_key_created_and_deleted_in_one_batch_leaves_no_row(
@@ -288,7 +333,7 @@ def test_delta_maintenance_compacts_without_changing_a_state_or_the_progress(
     # Six appends left six files, compacted into one (1 h keeps the old files).
     assert appended.files_before == 6 and appended.files_after == 1, appended.line()
     assert appended.on_disk_after == appended.on_disk_before + 1
-    # The current table is rewritten whole at each commit (small): one file, nothing to do.
+    # The current table (a few keys) stays one file as its commits rewrite it: nothing to do.
     assert rewritten.files_before == rewritten.files_after == 1, rewritten.line()
     assert rewritten.on_disk_after == rewritten.on_disk_before
     assert sink.read_current() == current and sink.read_changelog() == changelog

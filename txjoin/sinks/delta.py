@@ -8,10 +8,11 @@ commit appends the changelog files of the micro-batches handed off since the
 last commit (linked into the table's folder, their add actions in one commit:
 every change, in commit order) and applies the last change per key over the
 whole range, read from the tasks' files, to the current table (a delete removes
-the row), one commit per table. The driver never holds the changelog's rows. A
-current table of at most ``REWRITE_MAX_ROWS`` rows is rewritten whole from the
-rows the sink keeps (read once, then kept as it commits: one overwrite commit);
-a larger one is MERGEd. A commit
+the row), one commit per table. The driver never holds the changelog's rows, nor the
+current table's: its data files are clustered by key (``txjoin.sinks.delta_current``), and
+a group commit rewrites, one file at a time, only the files that hold a changed key (or
+take a new one), then commits their replacement in one commit. A table delta-spark's
+transaction cannot be written to file by file (altered by hand) is MERGEd. A commit
 always ends at a micro-batch boundary, and carries its lineage as JSON in its
 ``userMetadata`` (``txjoin.checkpoint``, ``txjoin.batch_id`` (the last batch),
 ``txjoin.first_batch_id``, ``txjoin.frontier_commit_seq``,
@@ -63,9 +64,9 @@ from txjoin.sinks import (
     READ_BATCH_ROWS,
     StagedPart,
     Upkeep,
-    apply_changes,
     check_changes_schema,
     current_schema,
+    delta_current,
     delta_stage,
     last_change_per_key,
     sort_rows,
@@ -86,16 +87,6 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 _HISTORY = 50  # commits searched for the last txjoin commit (others: OPTIMIZE, VACUUM...)
-REWRITE_MAX_ROWS = 1_000_000
-"""A current table of at most this many rows is rewritten whole at each group commit from
-the rows the sink keeps (in the committer's memory: Arrow, about the table's size in
-Parquet uncompressed), in one overwrite commit without a Spark job
-(``txjoin.sinks.delta_commit``); a larger one is MERGEd by delta-spark, which rewrites only
-the files holding a changed key. ``txjoin bench --source kafka -n 100000`` (a 263k-row
-table, ~38k changes per commit): 9,855 events/s with this limit, Delta 0.028 ms per row,
-against 7,211 events/s and 0.21 ms per row MERGEing (the 50,000 limit before). Each
-rewrite leaves the table's previous file for VACUUM (``txjoin maintain``,
-``--maintain-every``): a MERGE of changes spread over every file leaves as much."""
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _LOG_RETENTION = "delta.logRetentionDuration"
 _FILE_RETENTION = "delta.deletedFileRetentionDuration"
@@ -232,9 +223,6 @@ class DeltaSink:
         self._rebuild_id: str | None = None
         self._checked: str | None = None  # checkpoint id already compared with the tables
         self._known: dict[str, Held | None] = {}  # table path -> what it holds (_progress)
-        # Current table path -> its rows (stored schema), kept while the table is small
-        # enough to rewrite whole (REWRITE_MAX_ROWS); None: too large, MERGE it.
-        self._rows: dict[str, pa.Table | None] = {}
         # Staged batches (stage(), foreachBatch's thread): (the current table's path, the
         # checkpoint) -> the batch it held when the first stage looked (None: none of it).
         self._stage_floor: dict[tuple[str, str | None], int | None] = {}
@@ -375,7 +363,8 @@ class DeltaSink:
         """One commit of ``frame`` to ``path`` with ``metadata`` (the lineage); ``new_schema``
         (an overwrite): the table takes the frame's schema (a rebuild may follow a change of
         the job's columns), else it keeps its own (key columns NOT NULL among them)."""
-        writer = frame.write.format("delta").mode(mode).option("userMetadata", metadata)
+        writer = (frame.write.format("delta").mode(mode).option("userMetadata", metadata)
+                  .option("maxRecordsPerFile", delta_current.CLUSTER_FILE_ROWS))
         if new_schema:
             writer = writer.option("overwriteSchema", "true")
         writer.save(path)
@@ -445,7 +434,8 @@ class DeltaSink:
                        else None if held is None else held.last_change_xid)
                 metadata = self._metadata(last.batch_id, last.lineage, xid, todo[0].batch_id)
                 self._create(current_path, current_schema(self.stored))
-                self._merge_current(current_path, metadata, self._last_changes(root, parts))
+                self._merge_current(current_path, metadata, self._last_changes(root, parts),
+                                    [p.batch_id for p in todo])
                 self._known[current_path] = _after(last, xid)
                 delta_stage.remove(root, CURRENT, [part.files["name"] for part in parts
                                                    if part.files])
@@ -453,7 +443,6 @@ class DeltaSink:
         except BaseException:
             # A commit may or may not have happened: read the tables again.
             self._known.clear()
-            self._rows.clear()
             if self._committer is not None:
                 self._committer.forget()
             raise
@@ -506,22 +495,29 @@ class DeltaSink:
             return self.stored.empty_table()
         return last_change_per_key(pa.concat_tables(tables).cast(self.stored), self.key_columns)
 
-    def _merge_current(self, path: str, metadata: str, last: pa.Table) -> None:
+    def _merge_current(self, path: str, metadata: str, last: pa.Table,
+                       batches: Sequence[int] = ()) -> None:
         if last.num_rows == 0:
             # Still one commit, so the progress moves with the (empty) batches.
             self._commit_rows(path, last.drop_columns([OP]), current_schema(self.stored), "append",
                               metadata)
             return
-        rows = self._current_rows(path)
-        if rows is not None:
-            # Small enough to rewrite whole: the new state from the rows kept, written in
-            # one overwrite commit (readers see the old state or the new one). Delta's
-            # MERGE costs two jobs (find the files holding a changed key, rewrite them)
-            # and, with keys spread over every file, rewrites the whole table anyway.
-            after = apply_changes(rows, last, self.key_columns)
-            self._commit_rows(path, after, current_schema(self.stored), "overwrite", metadata)
-            self._rows[path] = after if after.num_rows <= REWRITE_MAX_ROWS else None
+        if self._committer is None:
+            self._committer = DeltaCommitter(self.spark)
+        schema = current_schema(self.stored)
+
+        def rewrite(version: int) -> tuple[list[tuple[str, int]], list[dict[str, Any]]]:
+            done = delta_current.rewrite(path, version, last, self.key_columns, schema)
+            for batch_id in batches:  # tests only: a kill before the commit
+                crashpoints.reached(crashpoints.DELTA_CURRENT_WRITTEN, batch_id)
+            return done.removed, done.added
+
+        version = self._committer.commit_rewrite(path, _spark_schema(schema).jsonValue(),
+                                                 metadata, rewrite)
+        if version is not None:
+            checkpoint_if_due(path, version)
             return
+        # A table this cannot commit files to (altered by hand): delta-spark's MERGE.
         from delta.tables import DeltaTable as SparkDeltaTable
 
         on = " AND ".join(f"t.{_quoted(c)} = s.{_quoted(c)}" for c in self.key_columns)
@@ -541,23 +537,11 @@ class DeltaSink:
             conf.unset(_USER_METADATA)
         checkpoint_if_due(path)
 
-    def _current_rows(self, path: str) -> pa.Table | None:
-        """The current table's rows, read once and then kept as the sink commits; ``None``
-        when it holds more than ``REWRITE_MAX_ROWS`` rows."""
-        if path not in self._rows:
-            table = DeltaTable(path)
-            # Rows from the log's file statistics (a file without them: too large to tell).
-            counts = pa.table(table.get_add_actions(flatten=True)).column("num_records")
-            small = counts.null_count == 0 and (pc.sum(counts).as_py() or 0) <= REWRITE_MAX_ROWS
-            schema = current_schema(self.stored)
-            self._rows[path] = (read_table(table).select(schema.names).cast(schema)
-                                if small else None)
-        return self._rows[path]
-
     def maintain(self, retention_hours: float | None = None) -> list[Upkeep]:
-        """Compact both tables' small files, then (``retention_hours``) VACUUM them.
+        """Compact the changelog's small files, then (``retention_hours``) VACUUM both tables.
 
-        Compaction (delta-spark's OPTIMIZE) rewrites small files into larger ones in one
+        Compaction (delta-spark's OPTIMIZE; the current table's commits keep its files
+        clustered, ``txjoin.sinks.delta_current``) rewrites small files into larger ones in one
         commit that changes no row (``dataChange=false``): a reader sees the same state
         before and after, and every earlier version stays readable. VACUUM deletes the
         files no version of the last ``retention_hours`` hours needs: time travel keeps
@@ -597,7 +581,12 @@ class DeltaSink:
             on_disk_before = _data_files(path)
             self._set_properties(path, existing.metadata().configuration, wanted)
             table = SparkDeltaTable.forPath(self.spark, path)
-            table.optimize().executeCompaction()
+            if path == self.changelog_path:
+                # Not the current table: its commits keep it in files of at most
+                # CLUSTER_FILE_ROWS rows clustered by key, which OPTIMIZE's bin-packing
+                # (into files of up to 1 GB) would merge into a few files of wide ranges,
+                # every one of them then touched by every commit.
+                table.optimize().executeCompaction()
             if retention_hours is not None:
                 table.vacuum(retention_hours)
             done.append(Upkeep(path, files_before, len(DeltaTable(path).file_uris()),
@@ -639,7 +628,6 @@ class DeltaSink:
         shutil.rmtree(self.rebuild_root, ignore_errors=True)
         self._rebuild_id, self._checked = checkpoint_id, None
         self._known.clear()
-        self._rows.clear()
 
     def finish_rebuild(self) -> None:
         """One overwrite commit per table with the rebuilt contents and lineage."""
@@ -653,6 +641,10 @@ class DeltaSink:
             held = self._held(shadow, kind)
             rows = (self.spark.read.format("delta").load(shadow)
                     if DeltaTable.is_deltatable(shadow) else self._frame(schema.empty_table()))
+            if kind == "current":
+                # Kept clustered by key (delta_current): Spark's sort by range writes
+                # files of disjoint key ranges, cut at CLUSTER_FILE_ROWS rows.
+                rows = rows.orderBy(*self.key_columns)
             batch = -1 if held is None else held.last_batch_id  # -1: nothing applied yet
             lineage = Lineage(self._rebuild_id,
                               None if held is None else held.frontier_commit_seq)
@@ -663,7 +655,6 @@ class DeltaSink:
         shutil.rmtree(self.rebuild_root, ignore_errors=True)
         self._rebuild_id, self._checked = None, None
         self._known.clear()
-        self._rows.clear()
 
     def read_current(self) -> list[dict]:
         """Current rows ordered by key."""

@@ -34,6 +34,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -237,6 +238,31 @@ class DeltaCommitter:
         if path in self._files and self._files[path][0] == table.version:
             self._files[path] = (version, self._files[path][1]
                                  + [(f["path"], f["size"]) for f in files])
+        return version
+
+    def commit_rewrite(self, path: str, spark_schema: dict[str, Any], metadata: str,
+                       rewrite: Callable[[int], tuple[list[tuple[str, int]],
+                                                      list[dict[str, Any]]]]) -> int | None:
+        """One commit replacing some of the table's data files: ``rewrite(version)`` (the
+        version the transaction read) writes the new files in the table's folder and says
+        which files go (``(path, size)``) and the new files' add actions. The version
+        committed; ``None``, with ``rewrite`` not called, if the table is not plain."""
+        java = self._java
+        session = self._spark._jsparkSession
+        java("org.apache.spark.sql.SparkSession").setActiveSession(session)
+        txn = java("org.apache.spark.sql.delta.DeltaLog").forTable(session, path).startTransaction()
+        table = self._table(txn, spark_schema)
+        if not table.plain or table.append_only:
+            return None
+        txn.readWholeTable()  # it rewrites files: conflicts with any concurrent change
+        removed, added = rewrite(table.version)
+        now = int(time.time() * 1000)
+        actions = [json.dumps({"remove": {
+            "path": name, "deletionTimestamp": now, "dataChange": True,
+            "extendedFileMetadata": True, "partitionValues": {}, "size": size}})
+            for name, size in removed] + [json.dumps({"add": add}) for add in added]
+        version = self._commit(txn, actions, True, metadata)
+        self._files.pop(path, None)
         return version
 
     def _commit(self, txn: Any, actions: list[str], overwrite: bool, metadata: str) -> int:
