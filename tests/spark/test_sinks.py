@@ -184,6 +184,24 @@ def test_a_group_commit_rewrites_only_the_files_holding_its_changed_keys(
     assert sorted(r["order_id"] for r in spark_rows) == expected
 
 
+def test_a_group_commit_that_deletes_every_row_of_a_file_removes_it_and_adds_none(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A touched file left empty is replaced by no file (CI found a commit that stopped here).
+    monkeypatch.setattr(delta_current, "CLUSTER_FILE_ROWS", 3)
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
+    sink.write(0, batch(*(change("c", k, k) for k in (1, 2, 3, 4, 5, 6))))
+    sink.write(1, batch(change("d", 4, 7), change("d", 5, 8), change("d", 6, 9)))
+    removed, added = _last_commit(sink.current_path)
+    assert len(removed) == 1 and added == set()
+    assert _file_keys(sink.current_path) == [[1, 2, 3]]
+    sink.write(2, batch(*(change("d", k, 9 + k) for k in (1, 2, 3))))
+    assert _file_keys(sink.current_path) == []
+    assert sink.read_current() == []
+    assert DeltaTable(sink.current_path).to_pyarrow_table().num_rows == 0
+    sink.write(3, batch(change("c", 8, 20)))
+    assert [r["order_id"] for r in sink.read_current()] == [8]
+
+
 def test_a_current_table_of_overlapping_files_is_continued_without_a_key_twice(
         spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # An older layout (files whose key ranges overlap, as a MERGE or a bin-packing leaves

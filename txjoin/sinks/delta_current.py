@@ -105,6 +105,8 @@ def _in_range(keys: pa.Table, file: _File) -> pa.Array:
 
 def _chunks(rows: pa.Table, key_columns: list[str]) -> Iterator[pa.Table]:
     """``rows`` sorted by key, cut into files of at most ``CLUSTER_FILE_ROWS`` rows."""
+    if rows.num_rows == 0:  # every row of the touched files deleted: no file replaces them
+        return
     rows = rows.sort_by([(k, "ascending") for k in key_columns])
     pieces = -(-rows.num_rows // CLUSTER_FILE_ROWS)
     step = -(-rows.num_rows // max(1, pieces))
