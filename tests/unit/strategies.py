@@ -62,6 +62,20 @@ class Workload:
     resends: dict[int, int] = field(default_factory=dict)  # tx index -> resend last n records
     key_changes: list[tuple[int, str, int, int]] = field(default_factory=list)
     """(tx index, table, old id, new id): primary-key updates (:func:`key_change`)."""
+    incremental: dict[int, list[Chunk]] = field(default_factory=dict)
+    """tx index -> incremental snapshot chunks written right after it (-1: right after the
+    initial snapshot), in that order (:func:`incremental_snapshots`)."""
+
+
+@dataclass
+class Chunk:
+    """Rows of one incremental snapshot chunk of ``table`` (Debezium's ``execute-snapshot``),
+    each with whether it differs from the source's row as the captured events left it (a
+    correction: a change the capture missed)."""
+
+    table: str
+    rows: list[dict[str, Any]]
+    differs: list[bool]
 
 
 def key_change(table: str, row: dict[str, Any], new_id: int) -> list[RowChange]:
@@ -150,6 +164,44 @@ def workloads(draw: Any, rows: dict[str, Any], max_tx: int = 12,
     return Workload(snapshot, txs, restarts, resends, key_changes)
 
 
+def touches(tx: SourceTransaction, table: str) -> bool:
+    return any(c.table == table for c in tx.changes)
+
+
+@st.composite
+def incremental_snapshots(draw: Any, workload: Workload, rows: dict[str, Any]) -> Workload:
+    """``workload`` with incremental snapshot chunks of random tables after random
+    transactions: the rows the source holds there (equal to what the events say), some of
+    them changed (corrections, standing for changes the capture missed; the source's rows
+    from then on). Only rows the source holds are snapshotted (Debezium reads the table)."""
+    db: dict[str, dict[Any, dict[str, Any]]] = {
+        t: {r["id"]: dict(r) for r in workload.snapshot.get(t, [])} for t in rows}
+    chunks: dict[int, list[Chunk]] = {}
+    for n in range(-1, len(workload.transactions)):
+        if n >= 0:
+            for change in workload.transactions[n].changes:
+                if change.op == "delete":
+                    db[change.table].pop(change.row["id"], None)
+                else:
+                    db[change.table][change.row["id"]] = dict(change.row)
+        for _ in range(draw(st.integers(0, 2), label=f"chunks after {n}")):
+            table = draw(st.sampled_from(sorted(rows)), label="chunk table")
+            ids = sorted(db[table])
+            if not ids:
+                continue
+            picked = draw(st.lists(st.sampled_from(ids), min_size=1, max_size=3, unique=True))
+            chunk = Chunk(table, [], [])
+            for i in sorted(picked):
+                row = dict(db[table][i])
+                if draw(st.integers(0, 2), label="correction") == 0:
+                    row = rows[table](draw, i)
+                chunk.rows.append(row)
+                chunk.differs.append(row != db[table][i])
+                db[table][i] = row
+            chunks.setdefault(n, []).append(chunk)
+    return replace(workload, incremental=chunks)
+
+
 @dataclass
 class Production:
     records: list[Produced]  # in production order
@@ -162,6 +214,8 @@ def produce(job: Job, workload: Workload) -> Production:
         SourcesSynthesizer(job, job.source_prefixes("shop")) if job.sources else Synthesizer(job))
     records = list(synth.snapshot(workload.snapshot))
     constraints: list[tuple[Produced, Produced]] = []
+    for chunk in workload.incremental.get(-1, []):
+        records.extend(synth.incremental(chunk.table, chunk.rows))
     for n, tx in enumerate(workload.transactions):
         out = synth.transaction(tx, restart=workload.restarts.get(n))
         records.extend(out)
@@ -170,6 +224,8 @@ def produce(job: Job, workload: Workload) -> Production:
             constraints.extend((r, out[-1]) for r in out[:second_begin])
         if n in workload.resends:
             records.extend(synth.resend(out[-workload.resends[n]:]))
+        for chunk in workload.incremental.get(n, []):
+            records.extend(synth.incremental(chunk.table, chunk.rows))
     return Production(records, constraints, list(synth.topics))
 
 

@@ -20,6 +20,7 @@ from txjoin.join.state_log import SEGMENT, ShardLog, _pack, _unpack
 from txjoin.join.temporal import TemporalJoin
 from txjoin.sequence.assembly import Assembler, SnapshotBuffer, identity_digest
 from txjoin.sequence.frontier import Frontier
+from txjoin.sequence.incremental import IncrementalRows
 
 # What each object holds besides the fields it saves, and why it need not be saved.
 NOT_SAVED = {
@@ -29,10 +30,11 @@ NOT_SAVED = {
     ShardEngine: {"shard", "n_shards", "max_transaction_bytes",  # constructor, run config
                   "last_effects", "batch_snapshot_rows", "batch_wire_s",  # the last batch
                   "log_version", "log_token"},  # set by the state log
-    Assembler: {"tables", "snapshot",
+    Assembler: {"tables", "snapshot", "incremental",  # the two saved on their own
                 # the last batch's changes to the open transactions
                 "touched", "gone", "born", "added"},
     SnapshotBuffer: {"tables"},
+    IncrementalRows: set(),
     Frontier: set(),
     # _where, _lookup_where, _computed: the job's expressions, compiled (txjoin/expr.py)
     # _aggregates: the job's Aggregate columns, compiled; _nested, _having: the aggregates
@@ -64,7 +66,8 @@ def test_every_attribute_is_saved_or_declared_not_to_be() -> None:
     assembler = shard.assembler
     objects = [(shard, NOT_SAVED[Engine] | NOT_SAVED[ShardEngine]), (assembler,
                NOT_SAVED[Assembler]), (assembler.snapshot, NOT_SAVED[SnapshotBuffer]),
-               (shard.frontier, NOT_SAVED[Frontier]), (shard.join, NOT_SAVED[TemporalJoin])]
+               (shard.frontier, NOT_SAVED[Frontier]), (shard.join, NOT_SAVED[TemporalJoin]),
+               (assembler.incremental, NOT_SAVED[IncrementalRows])]
     for obj, not_saved in objects:
         assert set(vars(obj)) == saved_fields(obj) | not_saved, type(obj).__name__
 
@@ -88,7 +91,7 @@ def test_a_version_2_state_with_output_rows_is_packed_as_it_is_read() -> None:
     original = engine.engines()[0]
     job = original.job
     version, state = pickle.loads(original.state_bytes())
-    assert version == 3 and original.join.outputs
+    assert version == ENGINE_STATE_VERSION and original.join.outputs
     assert all(isinstance(v, tuple) for v in state["join"]["outputs"].values())
     unpack = original.join.unpack
     state["join"]["outputs"] = {k: unpack(v) for k, v in state["join"]["outputs"].items()}
@@ -117,7 +120,7 @@ def test_a_state_of_another_version_or_lacking_a_field_is_refused_with_what_to_d
     version, state = pickle.loads(original.state_bytes())
     assert version == ENGINE_STATE_VERSION
     with pytest.raises(ConfigError, match=r"engine state has version 1, this txjoin reads "
-                                          r"versions 2 and 3; .*txjoin run --rebuild"):
+                                          r"versions 2, 3 and 4; .*txjoin run --rebuild"):
         Engine.from_state(job, pickle.dumps((1, state)))
     del state["sources"]["default"]["frontier"]["commit_seq"]
     with pytest.raises(ConfigError, match=r"saved Frontier state lacks commit_seq: .*--rebuild"):

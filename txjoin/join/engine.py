@@ -19,19 +19,27 @@ the second, ... (each in its commit order): a deterministic interleaving of the
 sources' commit orders, the same in every shard, so every observable state is
 the job on (S1 after some T1_k, S2 after some T2_m), k and m never decreasing.
 ``commit_seq`` numbers the applied transactions across sources.
+
+**Incremental snapshots** (``sequence/incremental.py``): each source's frontier hands out
+its rows as corrections placed in its commit order; the engine drops the rows equal to
+what it holds and numbers a correction like a transaction unless nothing is left of it.
+Every shard must number alike, and only a fact row's owner can compare it, so a
+correction with a fact row is always numbered (with no output change when the row is
+equal); one of looked-up rows only (every shard holds those) is dropped when all are equal.
 """
 
 from __future__ import annotations
 
 import pickle
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from txjoin import crashpoints
 from txjoin.errors import DecodeError, JobError
 from txjoin.ingest.debezium import (
+    INCREMENTAL,
     ChangeEvent,
     Position,
     TxMarker,
@@ -186,6 +194,12 @@ class Engine:
         # this shard's events of the transactions ``foreign`` has events of, in topic order:
         # added with them (their order decides what the numbering says)
         held: dict[int, list[ChangeEvent]] = {}
+        # with ``foreign``: the fact table's incremental rows, placed once the batch's facts
+        # are in (their anchor may be among them), and the streamed facts' (offset, xid)
+        deferred: list[ChangeEvent] = []
+        fact_positions: list[tuple[int, int]] = []
+        fact_tail = None if fact is None else self.assemblers[
+            table_sources.get(fact, first)].incremental.tail.get(fact)
         for item in items:
             if item.position.partition and (isinstance(item, TxMarker) or
                                             item.position.partition >= counts.get(item.table, 1)):
@@ -208,13 +222,20 @@ class Engine:
                     frontier.on_end(item)
             else:
                 self.stats.events += 1
-                if item.table == fact and item.xid in runs and not item.is_snapshot:
-                    held.setdefault(item.xid, []).append(item)
-                    continue
+                if item.table == fact:
+                    if item.snapshot == INCREMENTAL:
+                        deferred.append(item)
+                        continue
+                    if not item.is_snapshot and item.xid is not None:
+                        fact_positions.append((item.position.offset, item.xid))
+                    if item.xid in runs and not item.is_snapshot:
+                        held.setdefault(item.xid, []).append(item)
+                        continue
                 self.assemblers[source].add_event(item, self.frontiers[source].released,
                                                   counts.get(item.table, 1))
         if foreign is not None:
             self._add_foreign(foreign, runs, held)
+            self._place_incremental(foreign, deferred, fact_positions, fact_tail)
         caught = set(caught_up)
         parts = partitions.caught_up if partitions is not None else {}
         for assembler in self.assemblers.values():
@@ -272,13 +293,48 @@ class Engine:
             for r in order:
                 assembler.add_event(foreign.event(r) if isinstance(r, int) else r, released)
 
-    def release(self) -> list[Transaction]:
+    def _place_incremental(self, foreign: ForeignFacts, rows: list[ChangeEvent],
+                           positions: list[tuple[int, int]],
+                           before: tuple[int, int] | None) -> None:
+        """Place the batch's incremental rows of the fact table (``rows``), whose anchors
+        are among this shard's streamed facts of the batch (``positions``) or ``foreign``'s,
+        added after them, or else the table's tail before the batch (``before``); and
+        record the last of those as the table's tail."""
+        table = foreign.table
+        source = self._table_sources.get(table, self.job.source_names[0])
+        assembler = self.assemblers[source]
+        incremental = assembler.incremental
+        positions = sorted([*positions, *zip(foreign.offsets, foreign.xids, strict=True)])
+        for row in sorted(rows, key=lambda e: e.position.offset):
+            offset = row.position.offset
+            anchor = before
+            for position in positions:  # in offset order: the last one before the row
+                if position[0] >= offset:
+                    break
+                anchor = position
+            assembler.add_incremental(row, self.partition_counts.get(table, 1), anchor)
+        if positions:
+            incremental.streamed(table, *positions[-1])
+
+    def _correction(self, tx: Transaction) -> Transaction | None:
+        """A correction without the rows equal to what the join holds; None when nothing is
+        left to apply or to number (see the module docstring for fact rows)."""
+        fact = self.job.fact
+        events = self.join.changing(tx.events)
+        if not events and all(e.table != fact for e in tx.events):
+            return None
+        tx.events = events
+        return tx
+
+    def release(self) -> Iterator[Transaction]:
         """What can be applied now: the snapshots (once all are complete), then each source's
-        releasable transactions in declared source order, numbered by ``commit_seq``."""
-        out: list[Transaction] = []
+        releasable transactions in declared source order, numbered by ``commit_seq``.
+
+        One at a time: a correction is compared with what the releases before it left, so
+        apply each before taking the next."""
         if not self.snapshot_done:
             if not all(a.snapshot.is_complete() for a in self.assemblers.values()):
-                return out
+                return
             events = []
             for assembler in self.assemblers.values():
                 if assembler.snapshot.rows:
@@ -286,14 +342,18 @@ class Engine:
                 assembler.snapshot.done = True
             if events:
                 ts = max((e.commit_ts_ms or 0 for e in events), default=None)
-                out.append(Transaction(SNAPSHOT_XID, 0, ts, events))
+                yield Transaction(SNAPSHOT_XID, 0, ts, events)
         for source, frontier in self.frontiers.items():
             for tx in frontier.release_streaming(self.assemblers[source]):
+                if tx.correction:
+                    correction = self._correction(tx)
+                    if correction is None:
+                        continue
+                    tx = correction
                 self.applied_seq += 1
                 tx.commit_seq = self.applied_seq
-                tx.source = source
-                out.append(tx)
-        return out
+                tx.source = None if tx.correction else source
+                yield tx
 
     def source_clock(self, caught_up: set[str], source: str | None = None) -> int | None:
         """How far every input stream of ``source`` has provably been read, in its commit time.
@@ -323,7 +383,7 @@ class Engine:
         return min(times)
 
     def _apply(self, tx: Transaction) -> list[OutputChange]:
-        if tx.xid == 0:
+        if tx.xid == SNAPSHOT_XID and not tx.correction:
             self.snapshot_released = True
         self.stats.transactions_released += 1
         started = time.perf_counter()

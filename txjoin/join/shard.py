@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from txjoin.errors import TransactionTooLargeError
-from txjoin.ingest.debezium import ChangeEvent, TxMarker
+from txjoin.ingest.debezium import INCREMENTAL, ChangeEvent, TxMarker
 from txjoin.job import Job
 from txjoin.join.engine import Engine
 from txjoin.join.routing import METADATA_SIZE, ForeignFacts, Routed
@@ -116,7 +116,9 @@ class ShardEngine(Engine):
             items.extend(f.event(i) for f in foreign for i in range(len(f)))
         items.sort(key=_position_key)
         self.batch_wire_s = time.perf_counter() - started
-        snapshot_events = [it for it in items if isinstance(it, ChangeEvent) and it.is_snapshot]
+        # (an incremental snapshot's rows are not the snapshot's: the sequencer state holds them)
+        snapshot_events = [it for it in items if isinstance(it, ChangeEvent) and it.is_snapshot
+                           and it.snapshot != INCREMENTAL]
         # every shard sees every snapshot row (with its image or without): the batch's count
         self.batch_snapshot_rows = len(snapshot_events)
         # what the buffer keeps of them: the rows this shard holds

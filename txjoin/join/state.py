@@ -18,13 +18,15 @@ from typing import Any
 
 from txjoin.errors import RECOVER, ConfigError
 
-ENGINE_STATE_VERSION = 3
+ENGINE_STATE_VERSION = 4
 """1: every object's attribute dictionary, pickled (up to layout 2); 2: named fields;
 3: the join's last outputs packed as tuples (``TemporalJoin.pack``), the snapshot's
-row identities as digests (``assembly.identity_digest``)."""
+row identities as digests (``assembly.identity_digest``); 4: each assembler's incremental
+snapshot rows (``sequence/incremental.py``)."""
 
-READABLE_VERSIONS = (2, 3)
-"""Versions this txjoin restores: a version-2 state is converted as it is read."""
+READABLE_VERSIONS = (2, 3, 4)
+"""Versions this txjoin restores: a version-2 state is converted as it is read; one of 2
+or 3 has no incremental snapshot rows (txjoin refused them then)."""
 
 
 def save_fields(obj: object, names: Iterable[str]) -> dict[str, Any]:
@@ -48,5 +50,6 @@ def check_version(version: object, where: str) -> None:
     """Refuse a state of another version, naming it and what to do."""
     if version not in READABLE_VERSIONS:
         raise ConfigError(f"{where}: the checkpoint's engine state has version {version}, this "
-                          f"txjoin reads versions {' and '.join(map(str, READABLE_VERSIONS))}; "
+                          f"txjoin reads versions {', '.join(map(str, READABLE_VERSIONS[:-1]))} "
+                          f"and {READABLE_VERSIONS[-1]}; "
                           f"{RECOVER}")

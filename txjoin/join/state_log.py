@@ -52,7 +52,7 @@ from txjoin.join.shard import Effects, ShardEngine
 from txjoin.join.temporal import OutputChange
 from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
 
-LAYOUT_VERSION = 8
+LAYOUT_VERSION = 9
 """1: the whole engine as one pickled value (txjoin 0.1); 2: per-shard log + snapshots;
 3: the same, with the engine's state in named fields (``join/state.py``); 4: a segment
 carries only the open transactions its batch changed; 5: routed in the JVM (a fact event's
@@ -60,12 +60,15 @@ digest and owner come from its JSON text; events say ``after_elsewhere``); 6: th
 packages (class paths in the saved state moved); 7: of a transaction open before its batch,
 a segment carries only the events the batch added (``Assembler.state``), not all of them;
 8: other shards' facts are counted per transaction (``assembly.FactRun`` among the events a
-segment adds), and an open transaction keeps only the events whose rows its shard holds."""
+segment adds), and an open transaction keeps only the events whose rows its shard holds;
+9: the assembly state carries an incremental snapshot's rows not yet released
+(``sequence/incremental.py``)."""
 
-CONTINUED_LAYOUTS = (6, 7, LAYOUT_VERSION)
-"""Layouts this txjoin continues: a layout-6 or -7 log reads as it is (a layout-6 segment
-carries whole transactions, a layout-7 one every foreign fact as an event) and is layout 8
-from its next segment on (a txjoin before 8 then refuses it in one line)."""
+CONTINUED_LAYOUTS = (6, 7, 8, LAYOUT_VERSION)
+"""Layouts this txjoin continues: a layout-6, -7 or -8 log reads as it is (a layout-6
+segment carries whole transactions, a layout-7 one every foreign fact as an event; none
+holds incremental snapshot rows, which txjoin before 9 refused) and is layout 9 from its
+next segment on (a txjoin before 9 then refuses it in one line)."""
 
 CHUNK_BYTES = 8 << 20
 SNAPSHOT_MIN_ROWS = 200_000  # below this, segments are cheap to re-apply: no compaction

@@ -184,6 +184,31 @@ class TemporalJoin:
 
     # -- applying changes ---------------------------------------------------
 
+    def changing(self, events: Iterable[ChangeEvent]) -> list[ChangeEvent]:
+        """The rows among ``events`` (an incremental snapshot's, applied in this order) that
+        change what the tables hold: each compared with the row the ones before it leave.
+        A row this shard does not hold (metadata only) changes nothing here."""
+        left: dict[tuple[str, Key], Row | None] = {}
+        out = []
+        for event in events:
+            if event.after is None:
+                continue
+            table = self.job.table(event.table)
+            where = f"{event.position}:"
+            try:
+                after = table.convert_row(event.after, where=where, complete=True)
+            except JobError as exc:
+                raise DecodeError(str(exc).removeprefix(where).strip(),
+                                  topic=event.position.topic,
+                                  partition=event.position.partition,
+                                  offset=event.position.offset) from None
+            key = (event.table, table.key_of(after))
+            old = left[key] if key in left else self.rows[event.table].get(key[1])
+            if old != after:
+                out.append(event)
+            left[key] = after
+        return out
+
     def apply(self, tx: Transaction) -> list[OutputChange]:
         """Apply one complete transaction; return the output changes it causes."""
         changed = self._apply_rows(tx)

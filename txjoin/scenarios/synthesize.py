@@ -238,6 +238,24 @@ class Synthesizer:
         self.now_ms += 1000
         return out
 
+    def incremental(self, table: str, rows: Sequence[Mapping[str, Any]]) -> list[Produced]:
+        """Rows of an incremental snapshot chunk (Debezium's ``execute-snapshot``), written
+        now into ``table``'s topic: ``op: "r"``, ``source.snapshot: "incremental"``, no
+        transaction block. They are the source's rows from now on (a row that differs from
+        what the events said stands for a change the capture missed)."""
+        out: list[Produced] = []
+        for i, row in enumerate(rows):
+            encoded = self._encode_row(table, row)
+            self.db[table][self._key(table, row)] = encoded
+            payload = {"before": None, "after": encoded,
+                       "source": self._source(table, self.now_ms, "incremental", None,
+                                              self.lsn),
+                       "transaction": None, "op": "r", "ts_ms": self.now_ms}
+            key = _json({k: encoded.get(k) for k in self.job.table(table).key})
+            out.append(self._append(Produced(self.topic(table), key, self._wrap(payload, table),
+                                             "incremental", "snapshot", table, i)))
+        return out
+
     # -- streaming ----------------------------------------------------------------
 
     def transaction(self, tx: SourceTransaction,
@@ -358,6 +376,10 @@ class SourcesSynthesizer:
                     restart: tuple[int, int] | None = None) -> list[Produced]:
         """Commit ``tx`` in its source (``tx.source``)."""
         return self.sources[tx.source or self.job.source_names[0]].transaction(tx, restart)
+
+    def incremental(self, table: str, rows: Sequence[Mapping[str, Any]]) -> list[Produced]:
+        """``Synthesizer.incremental`` in the table's source."""
+        return self.sources[self.job.source_of(table)].incremental(table, rows)
 
     def resend(self, records: Sequence[Produced]) -> list[Produced]:
         out: list[Produced] = []

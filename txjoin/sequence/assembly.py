@@ -77,8 +77,11 @@ from typing import Any, Literal
 from txjoin.errors import IncompleteTransactionError, OrderingError
 from txjoin.ingest.debezium import INCREMENTAL, SNAPSHOT_CLOSING, ChangeEvent, TxMarker
 from txjoin.join.state import restore_fields, save_fields
+from txjoin.sequence.incremental import IncrementalRows
 
 SNAPSHOT_XID = 0
+"""The xid of a release that is no source transaction: the initial snapshot (commit 0) and
+an incremental snapshot's correction (``sequence/incremental.py``)."""
 
 
 @dataclass
@@ -90,6 +93,7 @@ class Transaction:
     commit_ts_ms: int | None
     events: list[ChangeEvent]
     source: str | None = None  # the source database (None: the initial snapshot)
+    correction: bool = False  # incremental snapshot rows (``sequence/incremental.py``)
 
 
 @dataclass(frozen=True)
@@ -327,13 +331,6 @@ class SnapshotBuffer:
         but is not buffered: there is nothing to apply, and the shard holding it checks it
         for duplicates and order. A shard thus holds its own snapshot rows, not every
         shard's."""
-        if event.snapshot == INCREMENTAL:
-            # Every shard gets the row (with its image or without): all stop alike.
-            raise OrderingError(
-                f"incremental snapshot row of {event.table} at {event.position} (Debezium's "
-                f"execute-snapshot signal): txjoin does not apply incremental snapshots yet "
-                f"and stops before this row, nothing of it applied; to go on, snapshot the "
-                f"tables into new topics (a new topic prefix) and run with --rebuild")
         rowless = not self.holds(event)
         identity = None if rowless else identity_digest(event.identity)
         if self.done:
@@ -393,6 +390,7 @@ class Assembler:
         self.tables = tables
         self.pending: dict[int, PendingTransaction] = {}
         self.snapshot = SnapshotBuffer(tables)
+        self.incremental = IncrementalRows()
         self.duplicates = 0
         # Since begin_batch: the open transactions changed, those that left (taken or
         # skipped), those that began, and the events added to the others. Not saved: what a
@@ -420,7 +418,8 @@ class Assembler:
         (whole), and of the others that changed only what changed (``grown``: a transaction
         open over many batches is not recorded whole in each)."""
         if rows:
-            return {**save_fields(self, self.FIELDS), "snapshot": self.snapshot.state()}
+            return {**save_fields(self, self.FIELDS), "snapshot": self.snapshot.state(),
+                    "incremental": self.incremental.state()}
         changed: dict[int, PendingTransaction] = {}
         grown: dict[int, tuple[dict[str, Any], list]] = {}
         for xid in sorted(self.touched):
@@ -432,7 +431,8 @@ class Assembler:
             else:
                 grown[xid] = tx.grown(self.added.get(xid, []))
         return {"changed": changed, "grown": grown, "gone": sorted(self.gone),
-                "duplicates": self.duplicates, "snapshot": self.snapshot.state(rows=False)}
+                "duplicates": self.duplicates, "snapshot": self.snapshot.state(rows=False),
+                "incremental": self.incremental.state()}
 
     def restore(self, state: Mapping[str, Any], rows: bool = True) -> None:
         """Set a state of :meth:`state`; without ``rows``, apply the batch's changes to
@@ -447,6 +447,7 @@ class Assembler:
             for xid, grown in state.get("grown", {}).items():  # none in layout 6's records
                 self.pending[xid].regrow(grown)
         self.snapshot.restore(state["snapshot"], rows)
+        self.incremental.restore(state.get("incremental"))  # none before layout 9
 
     def drop(self, xid: int) -> PendingTransaction | None:
         """Remove an open transaction (taken, or skipped by the policy)."""
@@ -457,11 +458,15 @@ class Assembler:
         """Buffer an event; ``partitions``: of its table's topic."""
         if event.table not in self.tables:
             return
+        if event.snapshot == INCREMENTAL:
+            self.add_incremental(event, partitions, self.incremental.tail.get(event.table))
+            return
         if event.is_snapshot:
             self.snapshot.add(event, partitions)
             return
         self.snapshot.streaming_seen(event.table, event.position.partition, partitions)
         assert event.xid is not None
+        self.incremental.streamed(event.table, event.position.offset, event.xid)
         if event.xid in released:
             self.duplicates += 1
             return
@@ -471,6 +476,21 @@ class Assembler:
             self.added.setdefault(event.xid, []).append((event, partitions))
         if not tx.add(event, partitions):
             self.duplicates += 1
+
+    def add_incremental(self, event: ChangeEvent, partitions: int,
+                        anchor: tuple[int, int] | None) -> None:
+        """Place an incremental snapshot row (``sequence/incremental.py``); ``anchor``:
+        (offset, xid) of the streamed event of its table just before it (None: none)."""
+        if event.table not in self.snapshot.settled:
+            # Every shard gets the row (with its image or without): all stop alike.
+            raise OrderingError(
+                f"incremental snapshot row of {event.table} at {event.position} (Debezium's "
+                f"execute-snapshot signal) before txjoin has the table's initial snapshot: "
+                f"a table added to a running capture is not applied yet (releases would "
+                f"have to wait for its incremental snapshot to complete); nothing of it "
+                f"applied; snapshot the tables into new topics (a new topic prefix) and run "
+                f"with --rebuild")
+        self.incremental.add(event, self.pending, partitions, anchor)
 
     def add_run(self, xid: int, run: FactRun, released: set[int]) -> bool:
         """Buffer a transaction's events of one table of an unpartitioned topic at once

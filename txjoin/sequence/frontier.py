@@ -9,6 +9,10 @@ captured table) is complete at once and advances the frontier.
 Released xids are remembered (the most recent ``memory`` of them) so that a
 redelivered BEGIN, END or data event of an already applied transaction is
 recognised and dropped instead of opening a new buffer.
+
+An incremental snapshot's rows (``sequence/incremental.py``) are released as corrections
+of their own, right after the transaction they follow, or first when that one was
+released before.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from txjoin.ingest.debezium import TxMarker
+from txjoin.ingest.debezium import ChangeEvent, TxMarker
 from txjoin.join.state import restore_fields, save_fields
-from txjoin.sequence.assembly import Assembler, IncompletePolicy, Transaction
+from txjoin.sequence.assembly import SNAPSHOT_XID, Assembler, IncompletePolicy, Transaction
 
 
 class Frontier:
@@ -75,13 +79,23 @@ class Frontier:
         sources renumbers them into one sequence of applied transactions.
         """
         out: list[Transaction] = []
+        incremental = assembler.incremental
+        self._correct(out, incremental.take_ready())
         while self.queue and assembler.is_complete(self.queue[0]):
             xid = self.queue.popleft()
             self.commit_seq += 1
             out.append(assembler.take(xid, self.commit_seq))
             self.last_xid = xid
             self._remember(xid)
+            self._correct(out, incremental.after(xid))
         return out
+
+    @staticmethod
+    def _correct(out: list[Transaction], rows: list[ChangeEvent]) -> None:
+        """Append incremental snapshot rows as one correction (numbered by the engine)."""
+        if rows:
+            ts = max((e.commit_ts_ms or 0 for e in rows), default=None)
+            out.append(Transaction(SNAPSHOT_XID, 0, ts, rows, correction=True))
 
     def enforce(self, assembler: Assembler, now_ms: int | None, policy: IncompletePolicy) -> None:
         """Apply the incomplete-transaction policy to overdue transactions."""
@@ -98,3 +112,5 @@ class Frontier:
                 self.queue.remove(tx.xid)
             self.skipped.append(tx.xid)
             self._remember(tx.xid)
+            # rows that follow it follow what was released before it
+            assembler.incremental.ready.extend(assembler.incremental.after(tx.xid))
