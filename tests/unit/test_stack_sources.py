@@ -129,3 +129,30 @@ def test_source_dsn_without_a_job_is_a_usage_error(tmp_path: Path) -> None:
                                        "postgresql://me@db/app"])
     assert result.exit_code == 2, result.output
     assert "--source-dsn captures a job's tables: add --job FILE" in result.output
+
+
+def test_the_stack_creates_and_publishes_the_signal_table_the_connector_reads() -> None:
+    """schema.sql creates the table signal.data.collection names, with Debezium's columns,
+    and puts it in the publication (else Debezium never reads a signal from the WAL)."""
+    import re
+
+    from txjoin.stack.postgres import SCHEMA_SQL
+
+    table = debezium.signal_table()
+    assert table == "public.debezium_signal"
+    schema = " ".join(SCHEMA_SQL.read_text().split())
+    columns = [c.strip() for c in debezium.SIGNAL_COLUMNS.split(",")]
+    assert f"CREATE TABLE IF NOT EXISTS {table} ( {', '.join(columns)} );" in schema
+    publication = re.search(r"CREATE PUBLICATION dbz_publication FOR TABLE ([^;]+);", schema)
+    assert publication is not None and table in publication.group(1).replace(" ", "").split(",")
+    assert debezium.signal_ddl().startswith(f"CREATE TABLE IF NOT EXISTS {table} (")
+
+
+def test_the_execute_snapshot_line_is_one_insert_of_debeziums_signal() -> None:
+    import json
+
+    line = debezium.execute_snapshot_sql(["public.pizzas"])
+    assert "\n" not in line and line.startswith("INSERT INTO public.debezium_signal (id, type, "
+                                                "data) VALUES (")
+    data = line.split("'execute-snapshot', '")[1].removesuffix("');")
+    assert json.loads(data) == {"data-collections": ["public.pizzas"], "type": "incremental"}

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from txjoin.errors import ConfigError, ServiceError, cli_errors
 from txjoin.sinks.postgres import mask_dsn, read_progress
+from txjoin.stack import debezium as debezium_mod
 from txjoin.stack import stack as stack_mod
 from txjoin.stack.generate import generate as generate_workload
 
@@ -92,6 +93,12 @@ def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: f
     for source in info.sources:
         _console.print(f"  source {source.name!r}: {mask_dsn(source.dsn)} "
                        f"(prefix {source.prefix})", highlight=False)
+    example = (info.tables or [t for s in info.sources for t in s.tables])[:1]
+    if example:
+        # (docs/production.md, "Incremental snapshots": what it changes in the output)
+        _console.print(f"  re-read a table (Debezium's incremental snapshot), in its source "
+                       f"database:\n    {debezium_mod.execute_snapshot_sql(list(example))}",
+                       highlight=False, soft_wrap=True)
     fresh = not (result.already_running or result.resumed)
     stale = stack_mod.stale_checkpoints(directory) if fresh else []
     if stale:

@@ -60,6 +60,28 @@ def parse_properties(text: str) -> dict[str, str]:
     return props
 
 
+SIGNAL_COLUMNS = "id varchar(64) PRIMARY KEY, type varchar(32) NOT NULL, data varchar(2048)"
+"""Debezium's signal table's columns (id, type, data; as schema.sql creates them)."""
+
+
+def signal_table(path: Path = CONNECTOR_PROPERTIES) -> str:
+    """The signal table the shipped connector reads (``signal.data.collection``)."""
+    return parse_properties(path.read_text())["signal.data.collection"]
+
+
+def signal_ddl(table: str | None = None) -> str:
+    """``CREATE TABLE`` of the signal table (a job's source database: schema.sql has its
+    own)."""
+    return f"CREATE TABLE IF NOT EXISTS {table or signal_table()} ({SIGNAL_COLUMNS})"
+
+
+def execute_snapshot_sql(tables: list[str], signal: str | None = None) -> str:
+    """The one SQL line that asks Debezium for an incremental snapshot of ``tables``."""
+    collections = json.dumps({"data-collections": tables, "type": "incremental"})
+    return (f"INSERT INTO {signal or signal_table()} (id, type, data) VALUES "
+            f"(gen_random_uuid()::text, 'execute-snapshot', '{collections}');")
+
+
 def connector_config(values: dict[str, str], path: Path = CONNECTOR_PROPERTIES) -> dict[str, str]:
     """The connector settings from ``path`` with their ``${NAME}`` placeholders filled."""
     if not path.exists():

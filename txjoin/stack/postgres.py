@@ -22,6 +22,7 @@ from typing import IO, TYPE_CHECKING
 import psycopg2
 
 from txjoin.errors import ConfigError, ServiceError
+from txjoin.stack.debezium import signal_ddl
 from txjoin.stack.processes import ProcessId, stop, wait_until
 from txjoin.verify.source_tables import CHANGE_LOG, COMMIT_LOG, pg_type  # verify reads them
 
@@ -289,7 +290,8 @@ def table_ddl(table: Table) -> str:
 
 def create_source_database(port: int, database: str, tables: Sequence[Table],
                            schema: SchemaFile | None = None) -> str:
-    """Create ``database`` with ``tables``, the commit log and the change log; return its DSN.
+    """Create ``database`` with ``tables``, the commit log, the change log and Debezium's
+    signal table; return its DSN.
 
     A second source of a multi-source job: one logical database per source in the one
     cluster (each with its own WAL stream position, slot and publication). ``schema``: the
@@ -307,6 +309,7 @@ def create_source_database(port: int, database: str, tables: Sequence[Table],
         with conn, conn.cursor() as cur:
             cur.execute(_CHANGE_LOG_SQL)
             cur.execute(_COMMIT_LOG_SQL)
+            cur.execute(signal_ddl())  # Debezium's signal table (docs/production.md)
             for table in tables:
                 cur.execute(table_ddl(table) if schema is None else
                             f"ALTER TABLE {table.name} REPLICA IDENTITY FULL")

@@ -108,13 +108,24 @@ LANGUAGE sql AS $$
         commit_seq_hint = EXCLUDED.commit_seq_hint;
 $$;
 
--- Pre-created so Debezium (publication.autocreate.mode=filtered) finds exactly these tables.
+-- Debezium's signal table (signal.data.collection in config/debezium-postgres.properties):
+-- insert an `execute-snapshot` row to start an incremental snapshot; Debezium writes its
+-- chunks' low and high watermarks here too. The columns are Debezium's: id, type, data.
+CREATE TABLE IF NOT EXISTS public.debezium_signal (
+    id   varchar(64) PRIMARY KEY,
+    type varchar(32) NOT NULL,
+    data varchar(2048)
+);
+
+-- Pre-created so Debezium (publication.autocreate.mode=filtered) finds exactly these tables;
+-- the signal table among them, or Debezium never reads a signal from the WAL.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = 'dbz_publication') THEN
         CREATE PUBLICATION dbz_publication FOR TABLE
             public.clients, public.pizzas, public.tables, public.table_assignment,
-            public.orders, public.users, public.users_favorite_color;
+            public.orders, public.users, public.users_favorite_color,
+            public.debezium_signal;
     END IF;
 END
 $$;

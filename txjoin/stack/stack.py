@@ -576,6 +576,12 @@ def _start_broker(directory: Path, state: dict[str, Any], timeout: float,
     broker_mod.create_topics(info.bootstrap_servers,
                              [t for t in info.topics if t not in transaction_topics], timeout,
                              partitions=state.get("partitions", 1))
+    # Debezium captures its signal table too (the watermarks of an incremental snapshot):
+    # without its topic (no auto-creation) the connector's producer waits for it forever.
+    prefixes = [s.prefix for s in info.sources] or [info.topic_prefix]
+    broker_mod.create_topics(info.bootstrap_servers,
+                             [table_topic(p, debezium_mod.signal_table()) for p in prefixes],
+                             timeout)
 
 
 def _start_debezium(directory: Path, state: dict[str, Any], name: str,
