@@ -41,7 +41,10 @@ arrive in that table's topic order, so a table's snapshot part is complete
 
 The snapshot is complete when every table of the job is settled; no streaming
 transaction is released before that. This holds when rows of different tables
-arrive in any order relative to each other and to the ``last`` row.
+arrive in any order relative to each other and to the ``last`` row. Rows of an
+*incremental* snapshot (``source.snapshot`` = ``incremental``, Debezium's
+``execute-snapshot``) are not transaction 0: they arrive among streaming events and are
+placed in commit order by ``sequence/incremental.py``.
 
 **Table topics with several partitions** (declared by the source with their
 partition count, see :class:`TopicPartitions`): Kafka keeps order only within a
