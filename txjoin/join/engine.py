@@ -304,6 +304,14 @@ class Engine:
         source = self._table_sources.get(table, self.job.source_names[0])
         assembler = self.assemblers[source]
         incremental = assembler.incremental
+        if not rows:  # the common case: only the tail, without sorting the batch's facts
+            offsets = foreign.offsets
+            if offsets:
+                i = max(range(len(offsets)), key=offsets.__getitem__)
+                positions = [*positions, (offsets[i], foreign.xids[i])]
+            if positions:
+                incremental.streamed(table, *max(positions))
+            return
         positions = sorted([*positions, *zip(foreign.offsets, foreign.xids, strict=True)])
         for row in sorted(rows, key=lambda e: e.position.offset):
             offset = row.position.offset
