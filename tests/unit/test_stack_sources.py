@@ -156,3 +156,16 @@ def test_the_execute_snapshot_line_is_one_insert_of_debeziums_signal() -> None:
                                                 "data) VALUES (")
     data = line.split("'execute-snapshot', '")[1].removesuffix("');")
     assert json.loads(data) == {"data-collections": ["public.pizzas"], "type": "incremental"}
+
+
+def test_a_database_the_user_runs_gets_no_signal_settings() -> None:
+    """``up --source-dsn``: txjoin created no signal table there (Debezium would put the
+    missing table in its publication), so the connector is configured without one."""
+    base = debezium.connector_config({"PG_HOST": "h", "PG_PORT": "1", "PG_USER": "u",
+                                      "PG_PASSWORD": "p"})
+    assert base["signal.data.collection"] == debezium.signal_table()
+    theirs = debezium.apply_overrides(base, {**debezium.source_overrides(
+        "shop", "theirs", "theirs", ["public.orders"]), **debezium.NO_SIGNAL})
+    assert not {k for k in theirs if k.startswith("signal.")}
+    assert theirs["table.include.list"] == "public.orders"
+    assert debezium.apply_overrides(base, None) == base

@@ -94,7 +94,7 @@ def up(directory: Path, pg_port: int | None, broker_port: int | None, timeout: f
         _console.print(f"  source {source.name!r}: {mask_dsn(source.dsn)} "
                        f"(prefix {source.prefix})", highlight=False)
     example = (info.tables or [t for s in info.sources for t in s.tables])[:1]
-    if example:
+    if example and not any(s.external_dsn for s in sources):  # (no signal table there)
         # (docs/production.md, "Incremental snapshots": what it changes in the output)
         _console.print(f"  re-read a table (Debezium's incremental snapshot), in its source "
                        f"database:\n    {debezium_mod.execute_snapshot_sql(list(example))}",

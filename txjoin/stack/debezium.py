@@ -60,8 +60,22 @@ def parse_properties(text: str) -> dict[str, str]:
     return props
 
 
+UNSET = "\0unset"
+"""An override that leaves a setting out of the connector's configuration."""
+
+NO_SIGNAL = {"signal.data.collection": UNSET, "signal.enabled.channels": UNSET}
+"""The overrides of a database the user runs (``up --source-dsn``): txjoin did not create
+the signal table there, and Debezium would put the missing table in its publication."""
+
 SIGNAL_COLUMNS = "id varchar(64) PRIMARY KEY, type varchar(32) NOT NULL, data varchar(2048)"
 """Debezium's signal table's columns (id, type, data; as schema.sql creates them)."""
+
+
+def apply_overrides(connector: dict[str, str], overrides: dict[str, str] | None
+                    ) -> dict[str, str]:
+    """``connector`` with ``overrides`` replacing its settings; one set to :data:`UNSET`
+    left out."""
+    return {k: v for k, v in {**connector, **(overrides or {})}.items() if v != UNSET}
 
 
 def signal_table(path: Path = CONNECTOR_PROPERTIES) -> str:
@@ -197,7 +211,8 @@ def start_debezium(work_dir: Path, bootstrap_servers: str, pg_port: int, pg_user
     answers; the worker keeps them, and the connector's offsets, in its Kafka topics, so
     starting again resumes from its offsets (and the connector's replication slot).
     ``overrides`` replace settings of ``config_path`` (a second source database's
-    connector: its name, database, topic prefix, slot, publication and tables).
+    connector: its name, database, topic prefix, slot, publication and tables); one set
+    to :data:`UNSET` is left out.
     ``rest_port`` None: a free one. The caller registers the connector and waits for
     health (``task_state`` and the replication slot); this returns as soon as the JVM runs.
     """
@@ -205,7 +220,7 @@ def start_debezium(work_dir: Path, bootstrap_servers: str, pg_port: int, pg_user
     classpath = jvm.classpath("connect")
     connector = connector_config({"PG_HOST": "127.0.0.1", "PG_PORT": str(pg_port),
                                   "PG_USER": pg_user, "PG_PASSWORD": pg_password}, config_path)
-    connector.update(overrides or {})
+    connector = apply_overrides(connector, overrides)
     if (work_dir / STANDALONE_OFFSETS_FILE).exists():
         raise ServiceError(
             f"{work_dir} holds a Kafka Connect standalone worker's offsets file from an older "

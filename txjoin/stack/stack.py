@@ -594,6 +594,7 @@ def _start_debezium(directory: Path, state: dict[str, Any], name: str,
     if source is not None and source.get("external"):
         assert overrides is not None
         overrides.update(external_mod.connection_settings(source["dsn"]))
+        overrides.update(debezium_mod.NO_SIGNAL)
     what = "" if source is None else f" for source {source['name']!r} (prefix {source['prefix']})"
     progress(f"{name}: starting Kafka Connect{what}, REST on 127.0.0.1:{entry['rest_port']}")
     ensure_port_free(entry["rest_port"], f"{name}'s Kafka Connect REST API",
