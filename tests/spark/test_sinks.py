@@ -6,8 +6,10 @@ Integration tests: the Delta sink writes through the shared local Spark session
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -200,6 +202,37 @@ def test_a_group_commit_that_deletes_every_row_of_a_file_removes_it_and_adds_non
     assert DeltaTable(sink.current_path).to_pyarrow_table().num_rows == 0
     sink.write(3, batch(change("c", 8, 20)))
     assert [r["order_id"] for r in sink.read_current()] == [8]
+
+
+def test_random_group_commits_into_clustered_files_keep_one_row_per_key(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Inserts, updates and deletes anywhere in the key range, and new keys below, between
+    # and above the files' ranges, group after group: each commit's files are rewritten in
+    # Spark tasks (several files) or on the driver (one), files stay within
+    # CLUSTER_FILE_ROWS rows, key ranges never overlap, and the table is the model's.
+    monkeypatch.setattr(delta_current, "CLUSTER_FILE_ROWS", 5)
+    sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
+    rnd = random.Random(66)
+    model: dict[int, dict] = {}
+    seq = 0
+    for b in range(8):
+        changes = []
+        for order_id in rnd.sample(range(0, 80), rnd.randint(1, 14)):
+            seq += 1
+            op = ("d" if order_id in model and rnd.random() < 0.3 else
+                  "u" if order_id in model else "c")
+            changes.append(change(op, order_id, seq, customer=f"c{seq}"))
+        sink.write(b, batch(*changes))
+        for c in changes:
+            if c["_op"] == "d":
+                model.pop(c["order_id"], None)
+            else:
+                model[c["order_id"]] = current_of(c)
+        files = _file_keys(sink.current_path)
+        assert all(0 < len(keys) <= 5 for keys in files), files
+        assert all(a[-1] < b[0] for a, b in itertools.pairwise(files)), files
+        assert [k for keys in files for k in keys] == sorted(model)
+        assert sink.read_current() == [model[k] for k in sorted(model)]
 
 
 def test_a_current_table_of_overlapping_files_is_continued_without_a_key_twice(

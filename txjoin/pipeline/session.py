@@ -82,6 +82,9 @@ def default_conf(shuffle_partitions: int = 2) -> dict[str, str]:
         # on disk than the default 100 (recovery needs only the last few).
         "spark.sql.streaming.minBatchesToRetain": "20",
         "spark.ui.enabled": "false",
+        # The Delta group commit's jobs take turns with the stream's micro-batches for the
+        # cores (txjoin.sinks.delta.COMMIT_POOL) instead of queuing them behind its tasks.
+        "spark.scheduler.mode": "FAIR",
         "spark.sql.warehouse.dir": SPARK_WAREHOUSE,
         "spark.ui.showConsoleProgress": "false",
         # Spark's kafka source and delta-spark, fetched by scripts/jars.sh (txjoin.jvm);

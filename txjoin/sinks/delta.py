@@ -45,7 +45,7 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +86,11 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+COMMIT_POOL = "txjoin-delta-commit"
+"""The scheduler pool of the group commit's Spark jobs: with Spark's FAIR scheduler
+(txjoin's sessions set it: ``session.default_conf``) a commit rewriting many files takes
+turns with the stream's micro-batches for the cores instead of going first (FIFO); a session
+of the user's in FIFO mode ignores it."""
 _HISTORY = 50  # commits searched for the last txjoin commit (others: OPTIMIZE, VACUUM...)
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _LOG_RETENTION = "delta.logRetentionDuration"
@@ -486,6 +491,19 @@ class DeltaSink:
             self._save(self._frame(rows.cast(self.stored)), path, "append", metadata)
         checkpoint_if_due(path, version)
 
+    def _in_tasks(self, function: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        """A ``delta_current.Runner``: one Spark task per item (the current table's files a
+        group commit rewrites, each read and written where the task runs), in the scheduler
+        pool ``COMMIT_POOL``; a single item on the driver (a job costs more than it saves)."""
+        if len(items) < 2:
+            return delta_current.on_driver(function, items)
+        context = self.spark.sparkContext
+        context.setLocalProperty("spark.scheduler.pool", COMMIT_POOL)
+        try:
+            return context.parallelize(items, len(items)).map(function).collect()
+        finally:
+            context.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
+
     def _last_changes(self, root: str, parts: list[StagedPart]) -> pa.Table:
         """The last change per key over ``parts`` (in batch order; a batch's parts hold
         disjoint keys), from the tasks' staged last changes of each part."""
@@ -507,7 +525,8 @@ class DeltaSink:
         schema = current_schema(self.stored)
 
         def rewrite(version: int) -> tuple[list[tuple[str, int]], list[dict[str, Any]]]:
-            done = delta_current.rewrite(path, version, last, self.key_columns, schema)
+            done = delta_current.rewrite(path, version, last, self.key_columns, schema,
+                                         self._in_tasks)
             for batch_id in batches:  # tests only: a kill before the commit
                 crashpoints.reached(crashpoints.DELTA_CURRENT_WRITTEN, batch_id)
             return done.removed, done.added

@@ -4,30 +4,48 @@ files that may hold a changed key.
 Each data file of the current table holds its rows sorted by key, at most
 ``CLUSTER_FILE_ROWS`` of them, and its key range is in the log (the exact ``minValues`` /
 ``maxValues`` of ``delta_commit.file_stats``, for integer and date key columns). A group
-commit's last change per key (``last``) is applied like this:
+commit's last change per key (``last``) is applied like this, when the table has one key
+column and every file's range of it is known and no two overlap (the layout this module
+writes):
+
+1. each change goes to the file whose range holds its key; a key in a gap between two
+   ranges (or below or above them all) to the file before the gap when that file has
+   room, else to the one after it, else to new files of that gap's keys alone, so no two
+   ranges overlap afterwards either (increasing keys, such as order ids, fill the last
+   file, then new ones);
+2. each file with changes is one work item, run where the sink says (``Runner``: one
+   Spark task per file, ``DeltaSink._in_tasks``): it reads the file once, leaves it as it
+   is when it holds none of the changed keys and they are all deletes, else applies them,
+   sorts by key and writes the result as files of at most ``CLUSTER_FILE_ROWS`` rows;
+3. one commit (the driver's) removes the files rewritten and adds those written.
+
+Any other layout (several key columns, a string key without statistics, files whose ranges
+overlap, as a MERGE or a bin-packing leaves them) is applied in two passes on the driver:
 
 1. the candidate files: those whose key range may hold a changed key (a file without
-   statistics for a key column, a string key say, is always one);
+   statistics for a key column is always one);
 2. each candidate's key columns alone are read, to find which file holds which changed key
    (a key is in at most one file: the table has one row per key);
 3. a changed key no file holds and not deleted is new: it goes to the candidate file
-   whose range holds it, else to the table's last file (the greatest keys, when it has room:
-   increasing keys, such as order ids, fill it up), else to new files;
+   whose range holds it, else to the table's last file (when it has room), else to new
+   files;
 4. each file touched is read, changed, sorted by key and written again as files of at most
    ``CLUSTER_FILE_ROWS`` rows; one commit removes the files touched and adds those written.
 
-So the driver holds one file's rows at a time, never the table's, and a commit's cost is
-the files it touches: few when the changed keys are recent ones of an increasing key (a
-CDC workload's), nearly the whole table when they are spread over every file's range (25k
-random keys over files of 100k rows of a 10M-row table touch every file; see
-docs/benchmarks.md). A table of an older layout (one unsorted file, files of a MERGE) is
-continued: step 2 makes any layout right, and every file a commit touches comes out sorted.
+So a task (or the driver) holds one file's rows at a time, never the table's, and a
+commit's cost is the files it touches: few when the changed keys are recent ones of an
+increasing key (a CDC workload's), nearly the whole table when they are spread over every
+file's range (25k random keys over files of 100k rows of a 10M-row table touch every file;
+see docs/benchmarks.md), which the tasks then share. A table of an older layout is
+continued: the two passes make any layout right, and every file a commit touches comes out
+sorted.
 """
 
 from __future__ import annotations
 
+import itertools
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +65,15 @@ CLUSTER_FILE_ROWS = 100_000
 """Rows of a current table's data file at most: a commit touching a file rewrites this many
 rows; smaller files cost more files in the log and more per file opened."""
 _ROW = "__txjoin_change"
+
+Runner = Callable[[Callable[[Any], Any], list[Any]], list[Any]]
+"""Maps a function over work items, results in the items' order: where the files a commit
+touches are rewritten (the sink's Spark tasks, ``DeltaSink``; :func:`on_driver` here)."""
+
+
+def on_driver(function: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+    """A :data:`Runner` in this process, one item after another."""
+    return [function(item) for item in items]
 
 
 @dataclass(frozen=True)
@@ -103,26 +130,37 @@ def _in_range(keys: pa.Table, file: _File) -> pa.Array:
     return mask
 
 
-def _chunks(rows: pa.Table, key_columns: list[str]) -> Iterator[pa.Table]:
-    """``rows`` sorted by key, cut into files of at most ``CLUSTER_FILE_ROWS`` rows."""
+def _chunks(rows: pa.Table, key_columns: list[str], most: int | None = None
+            ) -> Iterator[pa.Table]:
+    """``rows`` sorted by key, cut into files of at most ``most`` rows (by default
+    ``CLUSTER_FILE_ROWS``)."""
+    most = CLUSTER_FILE_ROWS if most is None else most
     if rows.num_rows == 0:  # every row of the touched files deleted: no file replaces them
         return
     rows = rows.sort_by([(k, "ascending") for k in key_columns])
-    pieces = -(-rows.num_rows // CLUSTER_FILE_ROWS)
+    pieces = -(-rows.num_rows // most)
     step = -(-rows.num_rows // max(1, pieces))
     for start in range(0, rows.num_rows, step):
         yield rows.slice(start, step)
 
 
 def rewrite(path: str, version: int, last: pa.Table, key_columns: list[str],
-            schema: pa.Schema) -> Rewrite:
+            schema: pa.Schema, run: Runner = on_driver) -> Rewrite:
     """Apply ``last`` (the last change per key, with ``_op``) to the current table at
     ``path`` as of ``version`` (of ``schema``, as stored): write the files that replace the
     files it touches, in the table's folder (no version references them until the caller
-    commits the :class:`Rewrite`; a kill before leaves them to VACUUM)."""
+    commits the :class:`Rewrite`; a kill before leaves them to VACUUM).
+
+    A table of one key column whose files' key ranges are all known and do not overlap
+    (this module's layout) is rewritten in one pass, each file by one call of ``run``'s
+    function: it reads the file once and rewrites it only if a change lands in it. Any
+    other layout takes the two passes of the module's docstring, in this process."""
+    files = _files(path, version, key_columns)
+    order = _disjoint(files, key_columns)
+    if order is not None:
+        return _rewrite_disjoint(path, last, key_columns, schema, files, order, run)
     keys = last.select(key_columns).append_column(
         _ROW, pa.array(range(last.num_rows), pa.int64()))
-    files = _files(path, version, key_columns)
     holder = np.full(last.num_rows, -1, np.int64)  # change -> the file holding its key
     candidates: list[int] = []
     rows_read = 0
@@ -170,6 +208,91 @@ def rewrite(path: str, version: int, last: pa.Table, key_columns: list[str],
             added.append(_write(path, piece))
             written += piece.num_rows
     return Rewrite(removed, added, rows_read, written)
+
+
+def _disjoint(files: list[_File], key_columns: list[str]) -> list[int] | None:
+    """The files in key order when the table has one key column, every file's range of it
+    is known and no two ranges overlap; else ``None``."""
+    if len(key_columns) != 1:
+        return None
+    key = key_columns[0]
+    if not all(key in f.low and key in f.high for f in files):
+        return None
+    order = sorted(range(len(files)), key=lambda i: files[i].low[key])
+    for a, b in itertools.pairwise(order):
+        if not files[a].high[key] < files[b].low[key]:
+            return None
+    return order
+
+
+def _rewrite_disjoint(path: str, last: pa.Table, key_columns: list[str], schema: pa.Schema,
+                      files: list[_File], order: list[int], run: Runner) -> Rewrite:
+    """:func:`rewrite` of a table whose files' key ranges do not overlap: a change goes to
+    the file whose range holds its key; a key in a gap between ranges (or below or above
+    them all) to the file before the gap when it has room, else the one after it, else to
+    new files of that gap's keys alone, so the ranges still do not overlap afterwards.
+    Each file with changes, and each gap's new files, is one work item."""
+    key = key_columns[0]
+    n = len(order)
+    holder = np.full(last.num_rows, -1, np.int64)  # change -> the file it goes to (-1: new)
+    gap = np.full(last.num_rows, -1, np.int64)  # -> the gap it is in (new files, by gap)
+    if n:
+        kind = last[key].type
+        values = last[key].to_numpy(zero_copy_only=False)
+        lows = pa.array([files[i].low[key] for i in order], kind).to_numpy(zero_copy_only=False)
+        highs = pa.array([files[i].high[key] for i in order], kind).to_numpy(
+            zero_copy_only=False)
+        ordered = np.asarray(order, np.int64)
+        at = np.searchsorted(lows, values, side="right") - 1  # the last range starting <= key
+        inside = (at >= 0) & (values <= highs[np.maximum(at, 0)])
+        holder[inside] = ordered[at[inside]]
+        room = [(files[i].rows or CLUSTER_FILE_ROWS) < CLUSTER_FILE_ROWS for i in order]
+        for g in np.unique(at[~inside]):  # g: the gap after the g-th range (-1: below all)
+            mask = ~inside & (at == g)
+            if g >= 0 and room[g]:
+                holder[mask] = ordered[g]
+            elif g + 1 < n and room[g + 1]:
+                holder[mask] = ordered[g + 1]
+            else:
+                gap[mask] = g
+    items: list[tuple[Any, ...]] = []
+    for i in np.unique(holder[holder >= 0]):
+        file = files[int(i)]
+        items.append((path, file.path, file.size, last.take(np.flatnonzero(holder == i)),
+                      schema, key_columns, CLUSTER_FILE_ROWS))
+    new = holder == -1
+    for g in np.unique(gap[new]):
+        items.append((path, None, 0, last.take(np.flatnonzero(new & (gap == g))), schema,
+                      key_columns, CLUSTER_FILE_ROWS))
+    removed, added, read, written = [], [], 0, 0
+    for gone, adds, rows_read, rows_written in run(rewrite_file, items):
+        if gone is not None:
+            removed.append(gone)
+        added += adds
+        read += rows_read
+        written += rows_written
+    return Rewrite(removed, added, read, written)
+
+
+def rewrite_file(item: tuple[Any, ...]) -> tuple[tuple[str, int] | None, list[dict[str, Any]],
+                                                   int, int]:
+    """One work item of :func:`_rewrite_disjoint` (where it runs: a Spark task, or the
+    driver): the file the log names ``name`` in the table at ``path`` (``None``: none, the
+    changes' own new files) after ``changes`` -> (the file removed, or ``None`` when no
+    change lands in it; the add actions of the files written; rows read; rows written), in
+    files of at most ``most`` rows (``CLUSTER_FILE_ROWS`` where the commit runs)."""
+    path, name, size, changes, schema, key_columns, most = item
+    if name is None:
+        data = schema.empty_table()
+    else:
+        data = pq.read_table(_local(path, name)).select(schema.names).cast(schema)
+        held = changes.select(key_columns).join(data.select(key_columns), key_columns,
+                                                join_type="inner", use_threads=False)
+        if held.num_rows == 0 and pc.all(pc.equal(changes[OP], OP_DELETE)).as_py():
+            return None, [], data.num_rows, 0  # only deletes of keys it does not hold
+    after = apply_changes(data, changes, key_columns)
+    adds = [_write(path, piece) for piece in _chunks(after, key_columns, most)]
+    return (None if name is None else (name, size)), adds, data.num_rows, after.num_rows
 
 
 def _tail(files: list[_File], key_columns: list[str]) -> int | None:
