@@ -14,8 +14,9 @@ keys:
 - ``random``: updates of keys drawn uniformly over the whole table.
 
 Prints JSON: per pattern and size the wall seconds of the commit, of its current-table
-part, the driver's CPU seconds (Python and its JVM) and the files and rows the commit read
-and wrote; the driver's peak RSS (Python, JVM) at the end.
+part, the driver's CPU seconds (Python and its JVM), the CPU seconds of the Spark tasks'
+Python workers (where the files a commit touches are rewritten) and the files and rows the
+commit read and wrote; the driver's peak RSS (Python, JVM) at the end.
 """
 
 from __future__ import annotations
@@ -82,6 +83,28 @@ def _cpu(jvm_pid: int) -> float:
     return own.ru_utime + own.ru_stime + (int(fields[11]) + int(fields[12])) / ticks
 
 
+def _tasks_cpu(jvm_pid: int) -> float:
+    """CPU seconds of the JVM's Python worker processes (the tasks that rewrite files): every
+    live descendant's, with what its exited children used."""
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stats[int(entry.name)] = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+    children: dict[int, list[int]] = {}
+    for pid, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(pid)
+    total, todo = 0, list(children.get(jvm_pid, []))
+    while todo:
+        pid = todo.pop()
+        fields = stats[pid]
+        total += sum(int(f) for f in fields[11:15])
+        todo += children.get(pid, [])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _peak_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -135,11 +158,13 @@ def main() -> None:
                     changes = _rows(keys, "u", seq)
                     parcel = Parcel(batch, changes, Lineage("ckpt", seq + n), time.time())
                     spent.clear()
-                    cpu, wall = _cpu(jvm_pid), time.monotonic()
+                    cpu, tasks, wall = _cpu(jvm_pid), _tasks_cpu(jvm_pid), time.monotonic()
                     seconds = sink.write_group([parcel])
                     runs.append({"seconds": round(time.monotonic() - wall, 2),
                                  "current_seconds": round(seconds["current"], 2),
-                                 "cpu_seconds": round(_cpu(jvm_pid) - cpu, 2), **spent})
+                                 "cpu_seconds": round(_cpu(jvm_pid) - cpu, 2),
+                                 "tasks_cpu_seconds": round(_tasks_cpu(jvm_pid) - tasks, 2),
+                                 **spent})
                     batch, seq = batch + 1, seq + n
                 out[f"{pattern}_{n}"] = runs[1:]
                 print(pattern, n, runs[1:], "load", os.getloadavg(), flush=True)

@@ -91,6 +91,11 @@ COMMIT_POOL = "txjoin-delta-commit"
 (txjoin's sessions set it: ``session.default_conf``) a commit rewriting many files takes
 turns with the stream's micro-batches for the cores instead of going first (FIFO); a session
 of the user's in FIFO mode ignores it."""
+FILES_PER_TASK = 8
+"""Files a task of the group commit rewrites (about 0.06 s of CPU each, at 100k rows): a
+PySpark task costs ~0.04 s of CPU of its own (measured: 100 files in 100 tasks, 10.1 s of the
+workers' CPU, 5.9 s of it rewriting), and a task of a few files still gives the stream's
+batches their turn (``COMMIT_POOL``) within a second."""
 _HISTORY = 50  # commits searched for the last txjoin commit (others: OPTIMIZE, VACUUM...)
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _LOG_RETENTION = "delta.logRetentionDuration"
@@ -492,15 +497,18 @@ class DeltaSink:
         checkpoint_if_due(path, version)
 
     def _in_tasks(self, function: Callable[[Any], Any], items: list[Any]) -> list[Any]:
-        """A ``delta_current.Runner``: one Spark task per item (the current table's files a
-        group commit rewrites, each read and written where the task runs), in the scheduler
-        pool ``COMMIT_POOL``; a single item on the driver (a job costs more than it saves)."""
+        """A ``delta_current.Runner``: the items (the current table's files a group commit
+        rewrites, each read and written where its task runs) in Spark tasks of about
+        ``FILES_PER_TASK`` items, at least one task per core, in the scheduler pool
+        ``COMMIT_POOL``; a single item on the driver (a job costs more than it saves)."""
         if len(items) < 2:
             return delta_current.on_driver(function, items)
         context = self.spark.sparkContext
+        tasks = min(len(items), max(context.defaultParallelism,
+                                    -(-len(items) // FILES_PER_TASK)))
         context.setLocalProperty("spark.scheduler.pool", COMMIT_POOL)
         try:
-            return context.parallelize(items, len(items)).map(function).collect()
+            return context.parallelize(items, tasks).map(function).collect()
         finally:
             context.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
 

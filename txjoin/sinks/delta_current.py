@@ -285,7 +285,8 @@ def rewrite_file(item: tuple[Any, ...]) -> tuple[tuple[str, int] | None, list[di
     if name is None:
         data = schema.empty_table()
     else:
-        data = pq.read_table(_local(path, name)).select(schema.names).cast(schema)
+        data = pq.read_table(_local(path, name), use_threads=False).select(
+            schema.names).cast(schema)
         held = changes.select(key_columns).join(data.select(key_columns), key_columns,
                                                 join_type="inner", use_threads=False)
         if held.num_rows == 0 and pc.all(pc.equal(changes[OP], OP_DELETE)).as_py():
