@@ -64,6 +64,11 @@ from txjoin.sinks.delta_stage import write_parquet
 CLUSTER_FILE_ROWS = 100_000
 """Rows of a current table's data file at most: a commit touching a file rewrites this many
 rows; smaller files cost more files in the log and more per file opened."""
+MERGE_MAX_CHANGES = 1_000
+"""Changes landing in one file up to which it is rewritten by slices between them
+(``_merge_sorted``: a Python step per change, ~10 us); above, by one join and a sort of the
+file (~40 ms at 100k rows, whatever the changes). Measured, 10M rows: 25k random keys (~240
+a file) 3.4 -> 2.4 s a commit by slices; 250k (~2,400 a file) 4.4 s by slices, 3.6 s not."""
 _ROW = "__txjoin_change"
 
 Runner = Callable[[Callable[[Any], Any], list[Any]], list[Any]]
@@ -130,14 +135,15 @@ def _in_range(keys: pa.Table, file: _File) -> pa.Array:
     return mask
 
 
-def _chunks(rows: pa.Table, key_columns: list[str], most: int | None = None
-            ) -> Iterator[pa.Table]:
-    """``rows`` sorted by key, cut into files of at most ``most`` rows (by default
-    ``CLUSTER_FILE_ROWS``)."""
+def _chunks(rows: pa.Table, key_columns: list[str], most: int | None = None,
+            ordered: bool = False) -> Iterator[pa.Table]:
+    """``rows`` sorted by key (``ordered``: they are), cut into files of at most ``most`` rows
+    (by default ``CLUSTER_FILE_ROWS``)."""
     most = CLUSTER_FILE_ROWS if most is None else most
     if rows.num_rows == 0:  # every row of the touched files deleted: no file replaces them
         return
-    rows = rows.sort_by([(k, "ascending") for k in key_columns])
+    if not ordered:
+        rows = rows.sort_by([(k, "ascending") for k in key_columns])
     pieces = -(-rows.num_rows // most)
     step = -(-rows.num_rows // max(1, pieces))
     for start in range(0, rows.num_rows, step):
@@ -287,13 +293,51 @@ def rewrite_file(item: tuple[Any, ...]) -> tuple[tuple[str, int] | None, list[di
     else:
         data = pq.read_table(_local(path, name), use_threads=False).select(
             schema.names).cast(schema)
+    merged = _merge_sorted(data, changes, key_columns[0]) if len(key_columns) == 1 else None
+    if merged is not None:
+        after, touched = merged
+    else:
         held = changes.select(key_columns).join(data.select(key_columns), key_columns,
                                                 join_type="inner", use_threads=False)
-        if held.num_rows == 0 and pc.all(pc.equal(changes[OP], OP_DELETE)).as_py():
-            return None, [], data.num_rows, 0  # only deletes of keys it does not hold
-    after = apply_changes(data, changes, key_columns)
-    adds = [_write(path, piece) for piece in _chunks(after, key_columns, most)]
+        touched = held.num_rows > 0 or not pc.all(pc.equal(changes[OP], OP_DELETE)).as_py()
+        after = apply_changes(data, changes, key_columns) if touched else data
+    if name is not None and not touched:
+        return None, [], data.num_rows, 0  # only deletes of keys it does not hold
+    adds = [_write(path, piece)
+            for piece in _chunks(after, key_columns, most, ordered=merged is not None)]
     return (None if name is None else (name, size)), adds, data.num_rows, after.num_rows
+
+
+def _merge_sorted(data: pa.Table, changes: pa.Table, key: str) -> tuple[pa.Table, bool] | None:
+    """``data`` (strictly sorted by ``key``, one key column) after ``changes`` (one per key,
+    with ``_op``), still sorted, without sorting or copying it: its rows between two changed
+    keys are slices, each change not a delete comes in at its key's place -> (the rows,
+    whether a change landed: a key held or a row put in). ``None``: ``data`` is not sorted
+    (a file of an older layout), or more than ``MERGE_MAX_CHANGES`` changes land in it, for
+    :func:`apply_changes` and a sort."""
+    keys = data[key].to_numpy(zero_copy_only=False)
+    if keys.size > 1 and not bool(np.all(keys[:-1] < keys[1:])):
+        return None
+    order = pc.sort_indices(changes[key]).to_numpy(zero_copy_only=False)
+    changed = changes.take(order)
+    wanted = changed[key].to_numpy(zero_copy_only=False)
+    at = np.searchsorted(keys, wanted)
+    held = (at < keys.size) & (keys[np.minimum(at, max(keys.size - 1, 0))] == wanted
+                               if keys.size else np.zeros(wanted.size, bool))
+    put = pc.not_equal(changed[OP], OP_DELETE).to_numpy(zero_copy_only=False)
+    if not held.any() and not put.any():
+        return data, False
+    if int(np.count_nonzero(held | put)) > MERGE_MAX_CHANGES:
+        return None
+    rows = changed.drop_columns([OP]).select(data.schema.names).cast(data.schema)
+    pieces, start = [], 0
+    for i in np.flatnonzero(held | put):
+        pieces.append(data.slice(start, int(at[i]) - start))
+        if put[i]:
+            pieces.append(rows.slice(int(i), 1))
+        start = int(at[i]) + (1 if held[i] else 0)
+    pieces.append(data.slice(start))
+    return pa.concat_tables(pieces).combine_chunks(), True
 
 
 def _tail(files: list[_File], key_columns: list[str]) -> int | None:
