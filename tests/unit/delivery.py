@@ -21,6 +21,7 @@ from typing import Any
 from txjoin.job import Job
 from txjoin.join.engine import Engine
 from txjoin.join.oracle import RowChange, SourceTransaction, outputs_after_each
+from txjoin.join.sharded import ShardedEngine
 from txjoin.join.temporal import OutputChange
 from txjoin.scenarios.synthesize import Produced, Synthesizer
 from txjoin.sequence.assembly import IncompletePolicy
@@ -201,3 +202,33 @@ def pizzeria_rows(job: Job, transactions: int, seed: int, key_changes: int = 0
     for tx in txs:
         records.extend(synth.transaction(tx))
     return [(r.topic, 0, r.offset, r.value) for r in records]
+
+
+def continue_older_layout(job: Job, records: list, chunk: int, layout: int,
+                          older_state: Callable[..., dict[str, Any]],
+                          monkeypatch: Any) -> ShardedEngine:
+    """Two 2-shard engines fed ``records`` ``chunk`` at a time: the first three chunks with
+    ``older_state`` as ``Assembler.state`` (pytest's ``monkeypatch``) and the shard logs
+    marked ``layout``, the rest as now, the older one
+    restored from its log every batch; asserts they give the same changes batch by batch,
+    and that the older log says the current layout from its next segment on. Returns the
+    continued engine (for the test's own checks of its outputs)."""
+    from txjoin.join.state_log import LAYOUT_VERSION
+    from txjoin.sequence.assembly import Assembler
+
+    every = [*job.table_names, "transaction"]
+    chunks = [records[start:start + chunk] for start in range(0, len(records), chunk)]
+    steady, old = ShardedEngine(job, 2), ShardedEngine(job, 2)
+    with monkeypatch.context() as patch:
+        patch.setattr(Assembler, "state", older_state)
+        for part in chunks[:3]:
+            steady.process(part, every)
+            old.process(part, every)
+    for store in old.stores:
+        assert store.meta is not None
+        store.meta["layout"] = layout
+    for part in chunks[3:]:
+        assert steady.process(part, every) == old.process(part, every, drop_cache=range(2))
+        assert [s.meta["layout"] for s in old.stores if s.meta] == [LAYOUT_VERSION] * 2
+    assert steady.commit_seq == old.commit_seq and steady.outputs() == old.outputs()
+    return old

@@ -298,7 +298,7 @@ def test_the_workloads_hold_equal_rows_and_corrections_of_facts_and_looked_up_ro
 def test_a_layout_8_log_continues_under_layout_9(monkeypatch: pytest.MonkeyPatch) -> None:
     """A shard log written before incremental snapshots were applied (no ``incremental`` in
     its states) is read as it is and continued; from its next segment on it says 9."""
-    from tests.unit.delivery import pizzeria_rows
+    from tests.unit.delivery import continue_older_layout, pizzeria_rows
     from txjoin.join.state_log import LAYOUT_VERSION
     from txjoin.sequence.assembly import Assembler
 
@@ -307,21 +307,7 @@ def test_a_layout_8_log_continues_under_layout_9(monkeypatch: pytest.MonkeyPatch
     def layout_8_state(self: Assembler, rows: bool = True) -> dict[str, Any]:
         return {k: v for k, v in saved(self, rows).items() if k != "incremental"}
 
-    job = ORDERS
-    records = pizzeria_rows(job, 60, seed=3)
-    every = [*job.table_names, "transaction"]
-    chunks = [records[start:start + 20] for start in range(0, len(records), 20)]
-    steady, old = ShardedEngine(job, 2), ShardedEngine(job, 2)
-    with monkeypatch.context() as patch:
-        patch.setattr(Assembler, "state", layout_8_state)
-        for chunk in chunks[:3]:
-            steady.process(chunk, every)
-            old.process(chunk, every)
-    for store in old.stores:
-        assert store.meta is not None
-        store.meta["layout"] = 8
     assert LAYOUT_VERSION == 9
-    for chunk in chunks[3:]:
-        assert steady.process(chunk, every) == old.process(chunk, every, drop_cache=range(2))
-        assert [s.meta["layout"] for s in old.stores if s.meta] == [LAYOUT_VERSION] * 2
-    assert steady.commit_seq == old.commit_seq > 0 and steady.outputs() == old.outputs()
+    continued = continue_older_layout(
+        ORDERS, pizzeria_rows(ORDERS, 60, seed=3), 20, 8, layout_8_state, monkeypatch)
+    assert continued.commit_seq > 0

@@ -17,7 +17,6 @@ from tests.unit.test_properties import JOB_VARIANTS
 from txjoin.errors import TransactionTooLargeError
 from txjoin.join.shard import long_lived_state
 from txjoin.join.sharded import ShardedEngine
-from txjoin.join.state_log import LAYOUT_VERSION
 
 
 @functools.cache  # the 200k events: both budget tests read them
@@ -92,6 +91,7 @@ def test_a_transaction_open_over_many_batches_logs_each_event_once() -> None:
 def test_a_layout_6_log_continues_under_layout_7(monkeypatch: pytest.MonkeyPatch) -> None:
     """A log written by txjoin before layout 7 (every changed open transaction whole in
     each segment) is read as it is and continued; from its next segment on it says 7."""
+    from tests.unit.delivery import continue_older_layout
     from txjoin.sequence.assembly import Assembler
 
     def layout_6_state(self: Assembler, rows: bool = True) -> dict[str, Any]:
@@ -102,18 +102,5 @@ def test_a_layout_6_log_continues_under_layout_7(monkeypatch: pytest.MonkeyPatch
                 "snapshot": self.snapshot.state(rows=False)}
 
     job, records, _xid = _big_transaction(10_000)
-    every = [*job.table_names, "transaction"]
-    chunks = [records[start:start + 2_000] for start in range(0, len(records), 2_000)]
-    steady, old = ShardedEngine(job, 2), ShardedEngine(job, 2)
-    with monkeypatch.context() as patch:
-        patch.setattr(Assembler, "state", layout_6_state)
-        for chunk in chunks[:3]:
-            steady.process(chunk, every)
-            old.process(chunk, every)
-    for store in old.stores:
-        assert store.meta is not None
-        store.meta["layout"] = 6
-    for chunk in chunks[3:]:
-        assert steady.process(chunk, every) == old.process(chunk, every, drop_cache=range(2))
-        assert [s.meta["layout"] for s in old.stores if s.meta] == [LAYOUT_VERSION] * 2
-    assert steady.commit_seq == 1 and steady.outputs() == old.outputs()
+    continued = continue_older_layout(job, records, 2_000, 6, layout_6_state, monkeypatch)
+    assert continued.commit_seq == 1
