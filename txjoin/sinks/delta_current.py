@@ -13,10 +13,12 @@ writes):
    room, else to the one after it, else to new files of that gap's keys alone, so no two
    ranges overlap afterwards either (increasing keys, such as order ids, fill the last
    file, then new ones);
-2. each file with changes is one work item, run where the sink says (``Runner``: one
-   Spark task per file, ``DeltaSink._in_tasks``): it reads the file once, leaves it as it
-   is when it holds none of the changed keys and they are all deletes, else applies them,
-   sorts by key and writes the result as files of at most ``CLUSTER_FILE_ROWS`` rows;
+2. each file with changes is one work item, run where the sink says (``Runner``: Spark
+   tasks of a few files each, ``DeltaSink._in_tasks``): it reads the file once, leaves it
+   as it is when it holds none of the changed keys and they are all deletes, else applies
+   them (by slices between the changed keys, the file being sorted, up to
+   ``MERGE_MAX_CHANGES``; else by a join and a sort) and writes the result as files of at
+   most ``CLUSTER_FILE_ROWS`` rows;
 3. one commit (the driver's) removes the files rewritten and adds those written.
 
 Any other layout (several key columns, a string key without statistics, files whose ranges
@@ -310,8 +312,9 @@ def rewrite_file(item: tuple[Any, ...]) -> tuple[tuple[str, int] | None, list[di
 
 def _merge_sorted(data: pa.Table, changes: pa.Table, key: str) -> tuple[pa.Table, bool] | None:
     """``data`` (strictly sorted by ``key``, one key column) after ``changes`` (one per key,
-    with ``_op``), still sorted, without sorting or copying it: its rows between two changed
-    keys are slices, each change not a delete comes in at its key's place -> (the rows,
+    with ``_op``), still sorted, without a sort: its rows between two changed keys are
+    slices, each change not a delete comes in at its key's place, the pieces then put
+    together in one copy -> (the rows,
     whether a change landed: a key held or a row put in). ``None``: ``data`` is not sorted
     (a file of an older layout), or more than ``MERGE_MAX_CHANGES`` changes land in it, for
     :func:`apply_changes` and a sort."""
@@ -322,8 +325,9 @@ def _merge_sorted(data: pa.Table, changes: pa.Table, key: str) -> tuple[pa.Table
     changed = changes.take(order)
     wanted = changed[key].to_numpy(zero_copy_only=False)
     at = np.searchsorted(keys, wanted)
-    held = (at < keys.size) & (keys[np.minimum(at, max(keys.size - 1, 0))] == wanted
-                               if keys.size else np.zeros(wanted.size, bool))
+    held = np.zeros(wanted.size, bool)
+    if keys.size:
+        held = (at < keys.size) & (keys[np.minimum(at, keys.size - 1)] == wanted)
     put = pc.not_equal(changed[OP], OP_DELETE).to_numpy(zero_copy_only=False)
     if not held.any() and not put.any():
         return data, False
