@@ -73,6 +73,8 @@ class RssSampler:
 
     def __init__(self) -> None:
         self.driver = 0
+        self.driver_python = 0  # of which this process, and Spark's JVM (peaks apart)
+        self.driver_jvm = 0
         self.workers = 0
         self.hosts = 0  # of which the shards' hosts (peaks need not coincide)
         self._stop = threading.Event()
@@ -94,7 +96,10 @@ class RssSampler:
                 workers = sum(p.memory_info().rss for p in pythons)
                 in_hosts = sum(p.memory_info().rss for p in pythons
                                if shard_host.__name__ in p.cmdline())
-                self.driver = max(self.driver, me.memory_info().rss + jvm)
+                mine = me.memory_info().rss
+                self.driver = max(self.driver, mine + jvm)
+                self.driver_python = max(self.driver_python, mine)
+                self.driver_jvm = max(self.driver_jvm, jvm)
                 self.workers = max(self.workers, workers)
                 self.hosts = max(self.hosts, in_hosts)
             except psutil.Error:
@@ -429,6 +434,8 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
             "stage_seconds_mean": {k: round(statistics.mean(b[k] for b in stages), 3)
                                    for k in names},
             "peak_rss_driver_mb": round(rss.driver / 2**20),
+            "peak_rss_driver_python_mb": round(rss.driver_python / 2**20),
+            "peak_rss_driver_jvm_mb": round(rss.driver_jvm / 2**20),
             "peak_rss_python_workers_mb": round(rss.workers / 2**20),
             "peak_rss_shard_hosts_mb": round(rss.hosts / 2**20),
             "steady_batches": len(steady),
@@ -697,6 +704,13 @@ def sink_figures(commits: list[GroupCommit]) -> dict[str, Any]:
             "seconds_p50": round(quantile(seconds, 0.5), 3),
             "seconds_max": round(max(seconds, default=0.0), 3),
             "ms_per_row": round(1000 * sum(seconds) / rows, 4) if rows else None,
+            # the driver's own CPU (its committing thread; not the tasks' or the database's)
+            "driver_cpu_seconds_total": round(sum(c.cpu_seconds for c in mine), 3),
+            "driver_cpu_ms_per_row": (round(1000 * sum(c.cpu_seconds for c in mine) / rows, 4)
+                                      if rows else None),
+            # each commit: micro-batches, changes, wall and driver CPU seconds
+            "each": [[c.batches, c.changes, round(sum(c.seconds.values()), 3),
+                      round(c.cpu_seconds, 3)] for c in mine],
             # where they went (Delta: changelog, current, maintain; PostgreSQL: commit)
             "seconds_by_part": {part: round(sum(c.seconds.get(part, 0.0) for c in mine), 3)
                                 for part in sorted({p for c in mine for p in c.seconds})}}

@@ -204,13 +204,16 @@ def test_a_group_commit_that_deletes_every_row_of_a_file_removes_it_and_adds_non
     assert [r["order_id"] for r in sink.read_current()] == [8]
 
 
+@pytest.mark.parametrize("where", ["tasks", "driver"])
 def test_random_group_commits_into_clustered_files_keep_one_row_per_key(
-        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        where: str) -> None:
     # Inserts, updates and deletes anywhere in the key range, and new keys below, between
     # and above the files' ranges, group after group: each commit's files are rewritten in
-    # Spark tasks (several files) or on the driver (one), files stay within
-    # CLUSTER_FILE_ROWS rows, key ranges never overlap, and the table is the model's.
+    # Spark tasks (one file or several) or on the driver (a commit of few rows), files stay
+    # within CLUSTER_FILE_ROWS rows, key ranges never overlap, and the table is the model's.
     monkeypatch.setattr(delta_current, "CLUSTER_FILE_ROWS", 5)
+    monkeypatch.setattr(delta_sink, "DRIVER_MAX_ROWS", 0 if where == "tasks" else 10**6)
     sink = DeltaSink(str(tmp_path), "orders", "job", ["order_id"], SCHEMA, spark=spark)
     rnd = random.Random(66)
     model: dict[int, dict] = {}

@@ -65,6 +65,9 @@ class ModelDelta:
         self.groups: list[list[int]] = []
         self.maintained: list[int] = []
 
+    def thread_cpu(self) -> float:
+        return time.thread_time()
+
     def write_group(self, parcels: Sequence[Parcel]) -> dict[str, float]:
         if self.gate is not None:
             self.gate.wait()

@@ -413,10 +413,12 @@ class Pipeline:
         direct = [s for s in self.inline if not isinstance(s, StagedSink)]
         stages: dict[str, Any] = {}
         prepare: dict[str, float] = {}
+        prepare_cpu: dict[str, float] = {}
         for staged_sink in staged_sinks:
-            before = time.monotonic()
+            before, cpu = time.monotonic(), time.thread_time()
             stage = staged_sink.stage(batch_id, checkpoint)
             prepare[staged_sink.name] = time.monotonic() - before
+            prepare_cpu[staged_sink.name] = time.thread_time() - cpu
             if stage is not None:
                 stages[staged_sink.name] = stage
         delta = None if self.committer is None else self.committer.sink
@@ -447,8 +449,8 @@ class Pipeline:
 
         # The inline sinks are independent (each commits the batch once, and skips a batch
         # it already holds when Spark re-runs it): they commit at the same time.
-        def write(sink: Sink) -> tuple[bool, float]:
-            before = time.monotonic()
+        def write(sink: Sink) -> tuple[bool, float, float]:
+            before, cpu = time.monotonic(), time.thread_time()
             if not isinstance(sink, StagedSink):
                 assert summary.changes is not None
                 applied = sink.write(batch_id, summary.changes, lineage=lineage)
@@ -458,15 +460,16 @@ class Pipeline:
             else:
                 applied = False  # it held the batch before the tasks ran
             crashpoints.reached(crashpoints.FIRST_SINK, batch_id)  # tests only
-            return applied, time.monotonic() - before + prepare.get(sink.name, 0.0)
+            return (applied, time.monotonic() - before + prepare.get(sink.name, 0.0),
+                    time.thread_time() - cpu + prepare_cpu.get(sink.name, 0.0))
 
         with ThreadPoolExecutor(max_workers=len(self.inline) or 1,
                                 thread_name_prefix="txjoin-sink") as pool:
             futures = [(sink.name, pool.submit(write, sink)) for sink in self.inline]
             for name, future in futures:  # the first error (in sink order) stops the batch
-                written[name], breakdown[f"sink_{name}"] = future.result()
+                written[name], breakdown[f"sink_{name}"], cpu = future.result()
                 self._sink_committed(name, batch_id, summary.rows, commit_ts_ms,
-                                     breakdown[f"sink_{name}"], written[name])
+                                     breakdown[f"sink_{name}"], written[name], cpu)
         if self.committer is not None:
             # What the tasks wrote (none: the sink held the batch), durable before
             # foreachBatch returns (Spark then records the batch as done); waits only when
@@ -506,7 +509,7 @@ class Pipeline:
         crashpoints.reached(crashpoints.SINKS_COMMITTED, batch_id)  # tests only
 
     def _sink_committed(self, name: str, batch_id: int, changes: int, commit_ts_ms: list[int],
-                        seconds: float, applied: bool) -> None:
+                        seconds: float, applied: bool, cpu_seconds: float) -> None:
         if self.on_sink_commit is None:
             return
         now = time.time()
@@ -514,7 +517,7 @@ class Pipeline:
             first_batch=batch_id, last_batch=batch_id, batches=1, changes=changes,
             commit_ts_ms=commit_ts_ms if applied else [], started_at=now - seconds,
             finished_at=now, seconds={"commit": seconds}, oldest_handed_at=now,
-            wrote=applied, sink=name))
+            wrote=applied, sink=name, cpu_seconds=cpu_seconds))
 
     def recover(self) -> GroupCommit | None:
         """Commit to Delta what a stopped or killed run handed off (before a query starts,

@@ -96,6 +96,10 @@ FILES_PER_TASK = 8
 PySpark task costs ~0.04 s of CPU of its own (measured: 100 files in 100 tasks, 10.1 s of the
 workers' CPU, 5.9 s of it rewriting), and a task of a few files still gives the stream's
 batches their turn (``COMMIT_POOL``) within a second."""
+DRIVER_MAX_ROWS = 10_000
+"""Rows (files' and changes') of a group commit's rewrite up to which the driver rewrites
+the files itself (~25 ms of CPU): a Spark job costs more than that in time. Above it the
+tasks do, one file as well as many: the driver only commits."""
 _HISTORY = 50  # commits searched for the last txjoin commit (others: OPTIMIZE, VACUUM...)
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _LOG_RETENTION = "delta.logRetentionDuration"
@@ -237,6 +241,19 @@ class DeltaSink:
         # checkpoint) -> the batch it held when the first stage looked (None: none of it).
         self._stage_floor: dict[tuple[str, str | None], int | None] = {}
         self._stage_lock = threading.Lock()
+        self._jvm_threads: Any = None  # the driver JVM's ThreadMXBean (thread_cpu)
+
+    def thread_cpu(self) -> float:
+        """CPU seconds the calling thread has spent: its own, plus those of the driver JVM's
+        thread that serves it (py4j pins one JVM thread to each Python thread, and
+        delta-spark's commit runs there). Its Spark tasks' work is not in it."""
+        cpu = time.thread_time()
+        if self._spark is not None:
+            if self._jvm_threads is None:
+                management = self._spark.sparkContext._jvm.java.lang.management  # type: ignore[union-attr]
+                self._jvm_threads = management.ManagementFactory.getThreadMXBean()
+            cpu += self._jvm_threads.getCurrentThreadCpuTime() / 1e9
+        return cpu
 
     def app_id(self, kind: str, checkpoint_id: str | None) -> str:
         """The app transaction id of one table (``changelog``/``current``) for a checkpoint."""
@@ -500,8 +517,8 @@ class DeltaSink:
         """A ``delta_current.Runner``: the items (the current table's files a group commit
         rewrites, each read and written where its task runs) in Spark tasks of about
         ``FILES_PER_TASK`` items, at least one task per core, in the scheduler pool
-        ``COMMIT_POOL``; a single item on the driver (a job costs more than it saves)."""
-        if len(items) < 2:
+        ``COMMIT_POOL``; on the driver when they hold at most ``DRIVER_MAX_ROWS`` rows."""
+        if sum(map(delta_current.item_rows, items)) <= DRIVER_MAX_ROWS:
             return delta_current.on_driver(function, items)
         context = self.spark.sparkContext
         tasks = min(len(items), max(context.defaultParallelism,

@@ -266,11 +266,12 @@ def _rewrite_disjoint(path: str, last: pa.Table, key_columns: list[str], schema:
     items: list[tuple[Any, ...]] = []
     for i in np.unique(holder[holder >= 0]):
         file = files[int(i)]
-        items.append((path, file.path, file.size, last.take(np.flatnonzero(holder == i)),
-                      schema, key_columns, CLUSTER_FILE_ROWS))
+        items.append((path, file.path, file.size, file.rows,
+                      last.take(np.flatnonzero(holder == i)), schema, key_columns,
+                      CLUSTER_FILE_ROWS))
     new = holder == -1
     for g in np.unique(gap[new]):
-        items.append((path, None, 0, last.take(np.flatnonzero(new & (gap == g))), schema,
+        items.append((path, None, 0, 0, last.take(np.flatnonzero(new & (gap == g))), schema,
                       key_columns, CLUSTER_FILE_ROWS))
     removed, added, read, written = [], [], 0, 0
     for gone, adds, rows_read, rows_written in run(rewrite_file, items):
@@ -286,10 +287,11 @@ def rewrite_file(item: tuple[Any, ...]) -> tuple[tuple[str, int] | None, list[di
                                                    int, int]:
     """One work item of :func:`_rewrite_disjoint` (where it runs: a Spark task, or the
     driver): the file the log names ``name`` in the table at ``path`` (``None``: none, the
-    changes' own new files) after ``changes`` -> (the file removed, or ``None`` when no
-    change lands in it; the add actions of the files written; rows read; rows written), in
-    files of at most ``most`` rows (``CLUSTER_FILE_ROWS`` where the commit runs)."""
-    path, name, size, changes, schema, key_columns, most = item
+    changes' own new files; ``_rows``: its rows, for :func:`item_rows`) after ``changes``
+    -> (the file removed, or ``None`` when no change lands in it; the add actions of the
+    files written; rows read; rows written), in files of at most ``most`` rows
+    (``CLUSTER_FILE_ROWS`` where the commit runs)."""
+    path, name, size, _rows, changes, schema, key_columns, most = item
     if name is None:
         data = schema.empty_table()
     else:
@@ -308,6 +310,13 @@ def rewrite_file(item: tuple[Any, ...]) -> tuple[tuple[str, int] | None, list[di
     adds = [_write(path, piece)
             for piece in _chunks(after, key_columns, most, ordered=merged is not None)]
     return (None if name is None else (name, size)), adds, data.num_rows, after.num_rows
+
+
+def item_rows(item: tuple[Any, ...]) -> int:
+    """The rows a work item of :func:`rewrite_file` handles: its file's (as the log counts
+    them; a file without the count: ``CLUSTER_FILE_ROWS``) and its changes."""
+    rows = item[3]
+    return (CLUSTER_FILE_ROWS if rows is None else int(rows)) + item[4].num_rows
 
 
 def _merge_sorted(data: pa.Table, changes: pa.Table, key: str) -> tuple[pa.Table, bool] | None:

@@ -106,6 +106,9 @@ class GroupCommit:
     started_at: float
     finished_at: float
     seconds: dict[str, float] = field(default_factory=dict)  # changelog/current/maintain
+    # The CPU seconds the driver's committing thread spent on it (work its Spark tasks or the
+    # database did is not in it): what bounds how many rows a driver can commit.
+    cpu_seconds: float = 0.0
     oldest_handed_at: float = 0.0
     recovered: bool = False  # left by an earlier run, committed before the query started
     wrote: bool = True  # False: every table already held these batches
@@ -128,6 +131,11 @@ class GroupWriter(Protocol):
         ...
 
     def maintain(self, retention_hours: float | None = None) -> Any:
+        ...
+
+    def thread_cpu(self) -> float:
+        """CPU seconds the calling thread has spent, the sink's own processes included (for
+        ``GroupCommit.cpu_seconds``)."""
         ...
 
 
@@ -383,6 +391,7 @@ class GroupCommitter:
         """One group commit of the batches ``ids`` (in order), then upkeep when due."""
         self._last_start = time.monotonic()
         started_at = time.time()
+        cpu = self.sink.thread_cpu()
         parcels = [self.handoff.load(i) for i in ids]
         seconds = self.sink.write_group(parcels)
         finished_at = time.time()
@@ -403,7 +412,7 @@ class GroupCommitter:
             commit_ts_ms=[t for p in parcels for t in p.commit_times_ms()],
             started_at=started_at, finished_at=finished_at, seconds=dict(seconds),
             oldest_handed_at=min((p.handed_at for p in parcels), default=finished_at),
-            recovered=recovered, wrote=bool(seconds))
+            recovered=recovered, wrote=bool(seconds), cpu_seconds=self.sink.thread_cpu() - cpu)
         self._since_upkeep += len(ids)
         every = self.maintain_every
         if every is not None and self._since_upkeep >= every:
