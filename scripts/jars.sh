@@ -76,3 +76,6 @@ compile_module localfs src/txjoin/hadoop \
 # starts the Python driver through Spark's PythonRunner, since spark-submit refuses a Python
 # application there; txjoin.jvm.submit_jar).
 compile_module submit src/txjoin/submit "no standalone cluster mode"
+# Issue 65's probe of a stateful stage in the JVM (jvm/stageprobe: a flatMapGroupsWithState
+# count per transaction group), for scripts/staged_stage_cost.py only (txjoin.jvm.stage_probe_jar).
+compile_module stageprobe src/txjoin/staged "scripts/staged_stage_cost.py measures no JVM stage"

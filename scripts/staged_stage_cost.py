@@ -14,7 +14,9 @@ after the other, on ``local[2]`` with RocksDB state stores, the trigger every se
   per group that had input, each copied to every shard (``explode``), unioned with the rows
   keyed by shard, into the same ``transformWithStateInPandas``: the shape in which
   transactions are assembled once and the shards learn the commit frontier in the same
-  micro-batch.
+  micro-batch;
+- ``two_stages_jvm``: the same with the first stage in the JVM, a ``flatMapGroupsWithState``
+  of txjoin's probe jar (jvm/stageprobe, built by scripts/jars.sh; skipped without it).
 
 Each query's shard stage counts the rows and the reports it received per batch, so the run
 also checks that every report of a batch reaches every shard in that batch. Prints and
@@ -41,6 +43,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
+from txjoin.jvm import stage_probe_jar
 from txjoin.pipeline.session import get_session
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -73,17 +76,22 @@ class _Shard(StatefulProcessor):
         pass
 
 
-def _query(spark: SparkSession, staged: bool, args: argparse.Namespace) -> DataFrame:
+def _query(spark: SparkSession, staged: str, args: argparse.Namespace) -> DataFrame:
     raw = (spark.readStream.format("rate").option("rowsPerSecond", args.rows_per_second).load()
            .select(F.col("value")))
     rows = raw.select((F.col("value") % args.shards).alias("shard"), F.col("value"),
                       F.lit(None).cast("long").alias("seen"))
     if staged:
-        reports = (raw.select((F.col("value") % args.groups).alias("grp"), F.col("value"))
-                   .groupBy("grp")
-                   .applyInPandasWithState(_count, "grp long, seen long", "seen long", "append",
-                                           GroupStateTimeout.NoTimeout)
-                   .select(F.explode(F.array(*[F.lit(s) for s in range(args.shards)]))
+        if staged == "jvm":
+            jvm: Any = spark._jvm
+            counted = DataFrame(jvm.txjoin.staged.GroupCount.reports(raw._jdf, args.groups),
+                                spark)
+        else:
+            counted = (raw.select((F.col("value") % args.groups).alias("grp"), F.col("value"))
+                       .groupBy("grp")
+                       .applyInPandasWithState(_count, "grp long, seen long", "seen long",
+                                               "append", GroupStateTimeout.NoTimeout))
+        reports = (counted.select(F.explode(F.array(*[F.lit(s) for s in range(args.shards)]))
                            .alias("shard"), F.lit(None).cast("long").alias("value"),
                            F.col("seen")))
         rows = rows.unionByName(reports)
@@ -91,7 +99,7 @@ def _query(spark: SparkSession, staged: bool, args: argparse.Namespace) -> DataF
         _Shard(), "shard long, rows long, reports long", "Append", "None")
 
 
-def _run(spark: SparkSession, staged: bool, args: argparse.Namespace) -> dict[str, Any]:
+def _run(spark: SparkSession, staged: str, args: argparse.Namespace) -> dict[str, Any]:
     computes: list[float] = []
     reports: list[list[int]] = []
 
@@ -129,21 +137,30 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("staged-stage-cost.json"))
     args = parser.parse_args()
-    spark = get_session("local[2]", app_name="staged-stage-cost",
-                        extra_conf={"spark.sql.streaming.stateStore.providerClass": ROCKSDB})
+    jar = stage_probe_jar()
+    conf = {"spark.sql.streaming.stateStore.providerClass": ROCKSDB}
+    if jar is not None:
+        conf["spark.driver.extraClassPath"] = str(jar)
+    spark = get_session("local[2]", app_name="staged-stage-cost", extra_conf=conf)
     out: dict[str, Any] = {"rows_per_second": args.rows_per_second, "groups": args.groups,
                            "shards": args.shards}
-    for name, staged in (("one_stage", False), ("two_stages", True)):
+    runs = [("one_stage", ""), ("two_stages", "python")]
+    if jar is None:
+        print("no jvm/stageprobe jar (scripts/jars.sh builds it with a JDK's javac): "
+              "the JVM stage is not measured", flush=True)
+    else:
+        runs.append(("two_stages_jvm", "jvm"))
+    for name, staged in runs:
         out[name] = _run(spark, staged, args)
         print(name, {k: v for k, v in out[name].items() if k != "reports_per_shard"},
               flush=True)
-    out["extra_stage_compute_s"] = round(out["two_stages"]["compute_p50_s"]
-                                         - out["one_stage"]["compute_p50_s"], 3)
-    out["extra_stage_trigger_s"] = round(out["two_stages"]["trigger_p50_s"]
-                                         - out["one_stage"]["trigger_p50_s"], 3)
+    for name, suffix in (("two_stages", ""), ("two_stages_jvm", "_jvm")):
+        if name in out:
+            for figure in ("compute", "trigger"):
+                out[f"extra_stage{suffix}_{figure}_s"] = round(
+                    out[name][f"{figure}_p50_s"] - out["one_stage"][f"{figure}_p50_s"], 3)
     text = json.dumps(out, indent=2)
-    print(json.dumps({k: v for k, v in out.items()
-                      if k not in ("one_stage", "two_stages")}, indent=2))
+    print(json.dumps({k: v for k, v in out.items() if not isinstance(v, dict)}, indent=2))
     args.out.write_text(text + "\n")
     print(f"written to {args.out}")
 

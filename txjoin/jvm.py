@@ -68,6 +68,13 @@ def local_fs_jar() -> Path | None:
     return next(iter(sorted((jars_root() / "localfs").glob("txjoin-localfs-*.jar"))), None)
 
 
+def stage_probe_jar() -> Path | None:
+    """The jar of issue 65's probe of a stateful stage in the JVM (jvm/stageprobe:
+    ``txjoin.staged.GroupCount``), compiled by scripts/jars.sh into ``.jars/stageprobe``, for
+    scripts/staged_stage_cost.py; None without it."""
+    return next(iter(sorted((jars_root() / "stageprobe").glob("txjoin-stageprobe-*.jar"))), None)
+
+
 def submit_jar() -> Path:
     """The jar of txjoin's launcher for a standalone master's cluster mode (jvm/submit:
     ``txjoin.submit.PythonDriver``), compiled by scripts/jars.sh into ``.jars/submit``;
