@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from txjoin.sinks.columns import ArrowColumns, TupleColumns
 from txjoin.verify.columnar import ChunkComparer, NotColumnar, merge_columns
+from txjoin.verify.diff import surely_equal, values_equal
 from txjoin.verify.verify import KeyedRows, SinkMerge
 
 NAMES = ["v_int", "v_text", "v_bool", "v_float", "v_dec", "v_ts", "v_json", "v_list"]
@@ -147,3 +148,19 @@ def test_keys_the_column_merge_cannot_promise_are_refused(keys: list[Any]) -> No
     batch = TupleColumns(["id", "v"], [(k, 1) for k in keys])
     with pytest.raises(NotColumnar):
         merge_columns("id", iter([batch]), [iter([])], COMPARER)
+
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.sampled_from(
+    [Decimal("1"), Decimal("1.0"), Decimal("NaN"), 1.0, -0.0, float("nan"), "1", "a",
+     "2024-01-01 00:00", "2024-01-01T00:00"]), st.text(max_size=2),
+    st.decimals(allow_nan=False, places=2, min_value=-5, max_value=5))
+nested = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3),
+    st.dictionaries(st.sampled_from(["pizza", "price", "x"]), inner, max_size=3)), max_leaves=8)
+
+
+@given(nested, nested)
+def test_surely_equal_says_equal_only_where_values_equal_does(a: Any, b: Any) -> None:
+    for x, y in ((a, b), (a, a), (b, b)):
+        if surely_equal(x, y):
+            assert values_equal(x, y)

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from txjoin.sinks.columns import Columns
-from txjoin.verify.diff import RowDiff, rows_match, values_equal
+from txjoin.verify.diff import RowDiff, rows_match, surely_equal, values_equal
 
 Row = dict[str, Any]
 
@@ -153,8 +153,9 @@ class ChunkComparer:
                 continue
             evalues, avalues = expected.column(name), actual.column(name)
             for n in np.flatnonzero(certified).tolist():
-                if not values_equal(self.read_value(name, evalues[e_pos[n]]),
-                                    self.read_value(name, avalues[a_pos[n]])):
+                e = self.read_value(name, evalues[e_pos[n]])
+                a = self.read_value(name, avalues[a_pos[n]])
+                if not (surely_equal(e, a) or values_equal(e, a)):
                     certified[n] = False
         doubtful = np.flatnonzero(~certified)
         if len(doubtful):

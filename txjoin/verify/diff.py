@@ -85,6 +85,25 @@ def values_equal(expected: Any, actual: Any) -> bool:
     return bool(expected == actual)
 
 
+_SAME_TYPES = frozenset({str, int, bool, Decimal, type(None)})
+
+
+def surely_equal(expected: Any, actual: Any) -> bool:
+    """True only where :func:`values_equal` is: both values of the same type at every level
+    (str, int, bool, Decimal, None; lists; dicts with the same keys) and equal. False says
+    nothing: ask :func:`values_equal`. A tenth of its cost on the usual pair (issue 71: a
+    million collected lists compared per sink)."""
+    kind = type(expected)
+    if kind is not type(actual):
+        return False
+    if kind is list:
+        return len(expected) == len(actual) and all(map(surely_equal, expected, actual))
+    if kind is dict:
+        return (expected.keys() == actual.keys()
+                and all(surely_equal(v, actual[k]) for k, v in expected.items()))
+    return kind in _SAME_TYPES and bool(expected == actual)
+
+
 def rows_match(expected: Mapping[str, Any], actual: Mapping[str, Any]) -> bool:
     """The columns ``expected`` lists are present in ``actual`` with equal values."""
     return all(c in actual and values_equal(v, actual[c]) for c, v in expected.items())
