@@ -68,7 +68,6 @@ from txjoin.sinks import (
     current_schema,
     delta_current,
     delta_stage,
-    last_change_per_key,
     sort_rows,
 )
 from txjoin.sinks.columns import ArrowColumns
@@ -529,17 +528,19 @@ class DeltaSink:
         finally:
             context.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
 
-    def _last_changes(self, root: str, parts: list[StagedPart]) -> pa.Table:
+    def _last_changes(self, root: str, parts: list[StagedPart]) -> delta_current.StagedChanges:
         """The last change per key over ``parts`` (in batch order; a batch's parts hold
-        disjoint keys), from the tasks' staged last changes of each part."""
-        tables = [pq.read_table(f"{root}/{CURRENT}/{part.files['name']}")
-                  for part in parts if part.files]
-        if not tables:
-            return self.stored.empty_table()
-        return last_change_per_key(pa.concat_tables(tables).cast(self.stored), self.key_columns)
+        disjoint keys), where the tasks staged each part's: read by the work that applies
+        them (``delta_current.StagedChanges``), the driver reading only their keys."""
+        return delta_current.StagedChanges(
+            tuple(f"{root}/{CURRENT}/{part.files['name']}" for part in parts if part.files),
+            self.stored, tuple(self.key_columns))
 
-    def _merge_current(self, path: str, metadata: str, last: pa.Table,
+    def _merge_current(self, path: str, metadata: str,
+                       last: pa.Table | delta_current.StagedChanges,
                        batches: Sequence[int] = ()) -> None:
+        if not isinstance(last, pa.Table) and not last.files:
+            last = last.read()
         if last.num_rows == 0:
             # Still one commit, so the progress moves with the (empty) batches.
             self._commit_rows(path, last.drop_columns([OP]), current_schema(self.stored), "append",
@@ -563,6 +564,9 @@ class DeltaSink:
             return
         # A table this cannot commit files to (altered by hand): delta-spark's MERGE.
         from delta.tables import DeltaTable as SparkDeltaTable
+
+        if not isinstance(last, pa.Table):
+            last = last.read()
 
         on = " AND ".join(f"t.{_quoted(c)} = s.{_quoted(c)}" for c in self.key_columns)
         deleted = f"s.{_quoted(OP)} = '{OP_DELETE}'"

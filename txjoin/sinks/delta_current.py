@@ -59,7 +59,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from txjoin.sinks import OP, OP_DELETE, apply_changes
+from txjoin.sinks import OP, OP_DELETE, apply_changes, last_change_per_key
 from txjoin.sinks.delta_commit import file_stats
 from txjoin.sinks.delta_stage import write_parquet
 
@@ -76,6 +76,58 @@ _ROW = "__txjoin_change"
 Runner = Callable[[Callable[[Any], Any], list[Any]], list[Any]]
 """Maps a function over work items, results in the items' order: where the files a commit
 touches are rewritten (the sink's Spark tasks, ``DeltaSink``; :func:`on_driver` here)."""
+
+
+@dataclass
+class StagedChanges:
+    """A group commit's last change per key where the Spark tasks staged them (each part's
+    file: its last change per key, with ``_op``, sorted by key; parts in batch order, a
+    batch's parts of disjoint keys), read where they are needed: the driver reads only their
+    key columns to place them (:meth:`keys`), and each work item of :func:`rewrite_file`
+    reads, where it runs, the changes of its own keys (:meth:`between`, :meth:`read`), so the
+    group's rows never pass through the driver (picklable: items carry one to the tasks)."""
+
+    files: tuple[str, ...]  # local paths, in batch order
+    schema: pa.Schema  # as stored, with ``_op``
+    key_columns: tuple[str, ...]
+    low: Any = None  # an item's first key (first key column); None: every change
+    high: Any = None  # an item's last key
+    count: int | None = None  # the distinct keys between ``low`` and ``high``
+    _keys: pa.Table | None = None
+
+    def keys(self) -> pa.Table:
+        """The changed keys (each once, in no particular order), read once."""
+        if self._keys is None:
+            tables = [pq.read_table(f, columns=list(self.key_columns)) for f in self.files]
+            keys = pa.concat_tables(tables) if tables else pa.table(
+                {k: pa.array([], self.schema.field(k).type) for k in self.key_columns})
+            self._keys = keys.group_by(list(self.key_columns), use_threads=False).aggregate([])
+        return self._keys
+
+    def between(self, low: Any, high: Any, count: int) -> StagedChanges:
+        """The changes of the ``count`` keys from ``low`` to ``high`` (first key column,
+        inclusive), to be read by the item that applies them."""
+        return StagedChanges(self.files, self.schema, self.key_columns, low, high, count)
+
+    def read(self) -> pa.Table:
+        """The last change of each key of this range (all: no range), in key order."""
+        key = self.key_columns[0]
+        bounds = None if self.low is None else [(key, ">=", self.low), (key, "<=", self.high)]
+        tables = [pq.read_table(f, filters=bounds, use_threads=False) for f in self.files]
+        if not tables:
+            return self.schema.empty_table()
+        last = last_change_per_key(pa.concat_tables(tables).cast(self.schema),
+                                   list(self.key_columns))
+        if self.count is not None and last.num_rows != self.count:
+            raise RuntimeError(f"delta sink: the staged changes from key {self.low!r} to "
+                               f"{self.high!r} hold {last.num_rows} keys where the commit "
+                               f"placed {self.count}: the staged files changed under a "
+                               f"commit; nothing committed, restart to retry it")
+        return last
+
+    @property
+    def num_rows(self) -> int:
+        return self.keys().num_rows if self.count is None else self.count
 
 
 def on_driver(function: Callable[[Any], Any], items: list[Any]) -> list[Any]:
@@ -152,21 +204,26 @@ def _chunks(rows: pa.Table, key_columns: list[str], most: int | None = None,
         yield rows.slice(start, step)
 
 
-def rewrite(path: str, version: int, last: pa.Table, key_columns: list[str],
+def rewrite(path: str, version: int, last: pa.Table | StagedChanges, key_columns: list[str],
             schema: pa.Schema, run: Runner = on_driver) -> Rewrite:
-    """Apply ``last`` (the last change per key, with ``_op``) to the current table at
+    """Apply ``last`` (the last change per key, with ``_op``, or where the tasks staged it)
+    to the current table at
     ``path`` as of ``version`` (of ``schema``, as stored): write the files that replace the
     files it touches, in the table's folder (no version references them until the caller
     commits the :class:`Rewrite`; a kill before leaves them to VACUUM).
 
     A table of one key column whose files' key ranges are all known and do not overlap
     (this module's layout) is rewritten in one pass, each file by one call of ``run``'s
-    function: it reads the file once and rewrites it only if a change lands in it. Any
-    other layout takes the two passes of the module's docstring, in this process."""
+    function: it reads the file once (and, for staged changes, those of its keys) and
+    rewrites it only if a change lands in it; the caller holds only the changed keys. Any
+    other layout takes the two passes of the module's docstring, in this process, which
+    holds the changes."""
     files = _files(path, version, key_columns)
     order = _disjoint(files, key_columns)
     if order is not None:
         return _rewrite_disjoint(path, last, key_columns, schema, files, order, run)
+    if isinstance(last, StagedChanges):
+        last = last.read()
     keys = last.select(key_columns).append_column(
         _ROW, pa.array(range(last.num_rows), pa.int64()))
     holder = np.full(last.num_rows, -1, np.int64)  # change -> the file holding its key
@@ -233,20 +290,34 @@ def _disjoint(files: list[_File], key_columns: list[str]) -> list[int] | None:
     return order
 
 
-def _rewrite_disjoint(path: str, last: pa.Table, key_columns: list[str], schema: pa.Schema,
-                      files: list[_File], order: list[int], run: Runner) -> Rewrite:
+def _rewrite_disjoint(path: str, last: pa.Table | StagedChanges, key_columns: list[str],
+                      schema: pa.Schema, files: list[_File], order: list[int],
+                      run: Runner) -> Rewrite:
     """:func:`rewrite` of a table whose files' key ranges do not overlap: a change goes to
     the file whose range holds its key; a key in a gap between ranges (or below or above
     them all) to the file before the gap when it has room, else the one after it, else to
     new files of that gap's keys alone, so the ranges still do not overlap afterwards.
-    Each file with changes, and each gap's new files, is one work item."""
+    Each file with changes, and each gap's new files, is one work item.
+
+    A key's place only grows with the key (a gap's keys go to the file before it, the one
+    after it, or files of their own between the two), so an item's keys are exactly the
+    changed keys from its least to its greatest: staged changes go to an item as that range
+    (:meth:`StagedChanges.between`), read where the item runs."""
     key = key_columns[0]
     n = len(order)
-    holder = np.full(last.num_rows, -1, np.int64)  # change -> the file it goes to (-1: new)
-    gap = np.full(last.num_rows, -1, np.int64)  # -> the gap it is in (new files, by gap)
+    keys = last.keys() if isinstance(last, StagedChanges) else last
+    holder = np.full(keys.num_rows, -1, np.int64)  # change -> the file it goes to (-1: new)
+    gap = np.full(keys.num_rows, -1, np.int64)  # -> the gap it is in (new files, by gap)
+    values = keys[key].to_numpy(zero_copy_only=False)
+
+    def changes(rows: np.ndarray) -> pa.Table | StagedChanges:
+        if isinstance(last, pa.Table):
+            return last.take(rows)
+        chosen = keys[key].take(pa.array(rows))
+        return last.between(pc.min(chosen).as_py(), pc.max(chosen).as_py(), int(rows.size))
+
     if n:
-        kind = last[key].type
-        values = last[key].to_numpy(zero_copy_only=False)
+        kind = keys[key].type
         lows = pa.array([files[i].low[key] for i in order], kind).to_numpy(zero_copy_only=False)
         highs = pa.array([files[i].high[key] for i in order], kind).to_numpy(
             zero_copy_only=False)
@@ -267,11 +338,11 @@ def _rewrite_disjoint(path: str, last: pa.Table, key_columns: list[str], schema:
     for i in np.unique(holder[holder >= 0]):
         file = files[int(i)]
         items.append((path, file.path, file.size, file.rows,
-                      last.take(np.flatnonzero(holder == i)), schema, key_columns,
+                      changes(np.flatnonzero(holder == i)), schema, key_columns,
                       CLUSTER_FILE_ROWS))
     new = holder == -1
     for g in np.unique(gap[new]):
-        items.append((path, None, 0, 0, last.take(np.flatnonzero(new & (gap == g))), schema,
+        items.append((path, None, 0, 0, changes(np.flatnonzero(new & (gap == g))), schema,
                       key_columns, CLUSTER_FILE_ROWS))
     removed, added, read, written = [], [], 0, 0
     for gone, adds, rows_read, rows_written in run(rewrite_file, items):
@@ -287,11 +358,14 @@ def rewrite_file(item: tuple[Any, ...]) -> tuple[tuple[str, int] | None, list[di
                                                    int, int]:
     """One work item of :func:`_rewrite_disjoint` (where it runs: a Spark task, or the
     driver): the file the log names ``name`` in the table at ``path`` (``None``: none, the
-    changes' own new files; ``_rows``: its rows, for :func:`item_rows`) after ``changes``
-    -> (the file removed, or ``None`` when no change lands in it; the add actions of the
-    files written; rows read; rows written), in files of at most ``most`` rows
-    (``CLUSTER_FILE_ROWS`` where the commit runs)."""
+    changes' own new files; ``_rows``: its rows, for :func:`item_rows`) after ``changes`` (a
+    table, or :class:`StagedChanges` of its keys, read here) -> (the file removed, or
+    ``None`` when no change lands in it; the add actions of the files written; rows read;
+    rows written), in files of at most ``most`` rows (``CLUSTER_FILE_ROWS`` where the commit
+    runs)."""
     path, name, size, _rows, changes, schema, key_columns, most = item
+    if isinstance(changes, StagedChanges):
+        changes = changes.read()
     if name is None:
         data = schema.empty_table()
     else:

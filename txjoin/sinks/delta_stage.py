@@ -50,6 +50,11 @@ orphan."""
 _NAME = re.compile(r"^(?P<checkpoint>.*)-b(?P<batch>\d{12})-p(?P<part>\d{5})\.parquet$")
 
 
+STAGED_ROW_GROUP_ROWS = 8_192
+"""Rows of a row group of a staged last-change file: a key range's reader skips the groups
+outside it by their statistics."""
+
+
 def staged_name(checkpoint_id: str | None, batch_id: int, part: int) -> str:
     """The staged file of part ``part`` of micro-batch ``batch_id`` of a checkpoint: the same
     for every attempt of the task and every re-run of the batch."""
@@ -67,14 +72,15 @@ def parse_name(name: str) -> tuple[str, int] | None:
     return None if match is None else (match["checkpoint"], int(match["batch"]))
 
 
-def write_parquet(rows: pa.Table, file: Path) -> int:
+def write_parquet(rows: pa.Table, file: Path, row_group_rows: int | None = None) -> int:
     """``rows`` as Parquet at ``file`` (written under a temporary name, fsynced, renamed over
-    whatever an earlier attempt left, the folder fsynced): its size."""
+    whatever an earlier attempt left, the folder fsynced), in row groups of at most
+    ``row_group_rows`` rows (None: pyarrow's default): its size."""
     file.parent.mkdir(parents=True, exist_ok=True)
     partial = file.with_name(f".{file.name}.{uuid.uuid4().hex}.partial")
     # Spark reads microseconds: Delta has no finer timestamp.
     pq.write_table(rows, partial, compression="snappy", coerce_timestamps="us",
-                   allow_truncated_timestamps=True)
+                   allow_truncated_timestamps=True, row_group_size=row_group_rows)
     fsync_path(partial)
     partial.replace(file)
     fsync_path(file.parent)
@@ -107,8 +113,11 @@ class DeltaStage:
         check_not_null(rows)
         changelog = self.path(CHANGELOG, part)
         size = write_parquet(rows, changelog)
-        last = last_change_per_key(rows, list(self.key_columns))
-        write_parquet(last, self.path(CURRENT, part))
+        # Sorted by key in row groups, so the work that applies one key range to the
+        # current table (delta_current.StagedChanges.read) reads only the groups of its keys.
+        last = last_change_per_key(rows, list(self.key_columns)).sort_by(
+            [(k, "ascending") for k in self.key_columns])
+        write_parquet(last, self.path(CURRENT, part), STAGED_ROW_GROUP_ROWS)
         files: dict[str, Any] = {"name": changelog.name, "size": size,
                                  "stats": file_stats(rows), "current_rows": last.num_rows}
         return StagedPart(part, n, rows.column(COMMIT_SEQ)[n - 1].as_py(),
