@@ -48,7 +48,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -93,14 +93,14 @@ class StagedChanges:
     low: Any = None  # an item's first key (first key column); None: every change
     high: Any = None  # an item's last key
     count: int | None = None  # the distinct keys between ``low`` and ``high``
-    _keys: pa.Table | None = None
+    _keys: pa.Table | None = field(default=None, init=False, repr=False, compare=False)
 
     def keys(self) -> pa.Table:
         """The changed keys (each once, in no particular order), read once."""
         if self._keys is None:
             tables = [pq.read_table(f, columns=list(self.key_columns)) for f in self.files]
-            keys = pa.concat_tables(tables) if tables else pa.table(
-                {k: pa.array([], self.schema.field(k).type) for k in self.key_columns})
+            keys = (pa.concat_tables(tables) if tables
+                    else self.schema.empty_table().select(list(self.key_columns)))
             self._keys = keys.group_by(list(self.key_columns), use_threads=False).aggregate([])
         return self._keys
 
@@ -110,7 +110,8 @@ class StagedChanges:
         return StagedChanges(self.files, self.schema, self.key_columns, low, high, count)
 
     def read(self) -> pa.Table:
-        """The last change of each key of this range (all: no range), in key order."""
+        """The last change of each key of this range (all: no range), each once, in no
+        particular order (the parts are each sorted, not their concatenation)."""
         key = self.key_columns[0]
         bounds = None if self.low is None else [(key, ">=", self.low), (key, "<=", self.high)]
         tables = [pq.read_table(f, filters=bounds, use_threads=False) for f in self.files]
