@@ -60,6 +60,10 @@ a user, reused by every session, beside Spark's log (``txjoin-spark-<uid>.log``)
 another user made in a shared temporary directory is not writable."""
 
 
+WORKER_DAEMON = "txjoin.pipeline.worker_daemon"
+"""Spark's Python worker daemon in txjoin's sessions (its docstring says why)."""
+
+
 RUNTIME_CONF = {
     "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
     "spark.sql.session.timeZone": "UTC",
@@ -87,6 +91,9 @@ def default_conf(shuffle_partitions: int = 2) -> dict[str, str]:
         "spark.scheduler.mode": "FAIR",
         "spark.sql.warehouse.dir": SPARK_WAREHOUSE,
         "spark.ui.showConsoleProgress": "false",
+        # Python workers forked with pandas, pyarrow and txjoin's task modules imported
+        # (each imported them after its fork: ~1.5 s of CPU a worker here)
+        "spark.python.daemon.module": WORKER_DAEMON,
         # Spark's kafka source and delta-spark, fetched by scripts/jars.sh (txjoin.jvm);
         # pyspark's own jars come first on the classpath, so they win where trees clash.
         "spark.jars": spark_jars(),
