@@ -48,6 +48,7 @@ from tests.fixtures.spark_cluster import SPARK_HOME, Cluster, standalone_cluster
 from txjoin.job import load_job
 from txjoin.join.output import output_schema
 from txjoin.package import ENV_PYTHON
+from txjoin.pipeline.session import WORKER_DAEMON
 from txjoin.sinks.delta import DeltaSink
 from txjoin.stack.demo import wait_until_captured
 from txjoin.submit import submit_line
@@ -98,7 +99,8 @@ def driver_pid(work: Path) -> int | None:
 
 def python_workers(work: Path) -> list[str]:
     """The interpreter (``argv[0]``) of each Python worker daemon that an executor of the
-    cluster under ``work`` started (Spark's ``python -m pyspark.daemon``)."""
+    cluster under ``work`` started (``python -m txjoin.pipeline.worker_daemon``, txjoin's
+    ``spark.python.daemon.module``), and of the workers it forked."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
@@ -106,7 +108,7 @@ def python_workers(work: Path) -> list[str]:
             cwd = os.readlink(entry / "cwd")
         except OSError:
             continue
-        if b"pyspark.daemon" in words and cwd.startswith(str(work)):
+        if WORKER_DAEMON.encode() in words and cwd.startswith(str(work)):
             found.append(words[0].decode())
     return found
 
@@ -224,6 +226,9 @@ def test_a_supervised_driver_survives_losing_a_worker_then_its_own_kill_exactly_
                   f"{time.monotonic() - started:.0f}s after the submission")
             result = workload.finish(early=True)
         finally:
+            # a failure above must not leave the writers on the shared stack's database,
+            # where every later test's verify would race them
+            workload.stopping.set()
             # the master stops the supervised driver for good
             subprocess.run([str(SPARK_HOME / "bin" / "spark-submit"), "--master",
                             cluster.master_url, "--kill", driver_id], capture_output=True,

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from txjoin.job import load_job
@@ -31,7 +32,7 @@ from txjoin.sequence.assembly import IncompletePolicy
 ORDERS = Path(__file__).resolve().parents[2] / "jobs" / "orders.py"
 
 
-def _request() -> tuple[bytes, int, pd.DataFrame, float, None]:
+def _request() -> tuple[bytes, int, pa.Table, float, None]:
     """What a task sends for a batch that read nothing (shard 0 of 2)."""
     processor = ShardProcessor(load_job(ORDERS), [0, 1], IncompletePolicy("fail", 300.0),
                                "shop", "test-token")
@@ -39,7 +40,8 @@ def _request() -> tuple[bytes, int, pd.DataFrame, float, None]:
                           if c != "shard"})
     frame["offset"] = frame["offset"].astype("int64")
     frame["counted"] = frame["counted"].astype(bool)
-    return processor.spec(), 0, frame, time.perf_counter(), None
+    return processor.spec(), 0, pa.Table.from_pandas(frame, preserve_index=False), \
+        time.perf_counter(), None
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from txjoin.sequence.assembly import TopicPartitions
@@ -53,8 +54,10 @@ TOPIC_IDS = "__topic_ids__"
 RESERVED = (CAUGHT_UP, CAUGHT_UP_PARTS, TOPIC_IDS)
 
 def is_marker(offset: Any) -> Any:
-    """Whether a row is a marker row, for an offset, a pandas column or a Spark column
+    """Whether a row is a marker row, for an offset, a pandas, Arrow or Spark column
     (marker rows are exactly the rows with a negative offset)."""
+    if isinstance(offset, pa.Array | pa.ChunkedArray):
+        return pc.less(offset, 0)
     return offset < 0
 
 

@@ -29,6 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import cloudpickle
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
@@ -125,7 +126,7 @@ def spark_hash_int(value: int, seed: int = 42) -> int:
     return h1 - (1 << 32) if h1 & 0x80000000 else h1
 
 
-def routed_items(job: Job, n_shards: int, frame: pd.DataFrame) -> list[Routed]:
+def routed_items(job: Job, n_shards: int, frame: pa.Table | pd.DataFrame) -> list[Routed]:
     """A shard's routed rows (``routing.ROUTED_COLUMNS``, without marker rows) -> the
     items its engine takes, each with the bytes it counts.
 
@@ -138,20 +139,25 @@ def routed_items(job: Job, n_shards: int, frame: pd.DataFrame) -> list[Routed]:
     """
     fact = job.fact
     out: list[Routed] = []
-    foreign = frame["routed"].astype(bool) & frame["value"].isna() & (frame["op"] != "r")
-    if foreign.any():
-        theirs = frame.loc[foreign]
-        frame = frame.loc[~foreign]
-        ints = {c: list(map(_int, theirs[c].tolist())) for c in ("xid", "lsn", "ts_ms", "dco")}
+    table = frame if isinstance(frame, pa.Table) else pa.Table.from_pandas(
+        frame, preserve_index=False)
+    # routed, no bytes, and not a snapshot row (a row without an op is not one)
+    foreign = pc.and_(pc.and_(pc.fill_null(table["routed"].cast(pa.bool_()), False),
+                              pc.is_null(table["value"])),
+                      pc.fill_null(pc.not_equal(table["op"].cast(pa.string()), "r"), True))
+    if pc.any(foreign).as_py():
+        theirs = table.filter(foreign)
+        table = table.filter(pc.invert(foreign))
+        ints = {c: list(map(_int, theirs[c].to_pylist())) for c in ("xid", "lsn", "ts_ms", "dco")}
         facts = ForeignFacts(
-            fact, theirs["topic"].tolist(), theirs["partition"].astype("int64").tolist(),
-            theirs["offset"].astype("int64").tolist(), theirs["op"].tolist(),
+            fact, theirs["topic"].to_pylist(), theirs["partition"].to_pylist(),
+            theirs["offset"].to_pylist(), theirs["op"].to_pylist(),
             ints["xid"], ints["lsn"], ints["ts_ms"],  # type: ignore[arg-type]  # (routed: set)
-            theirs["snapshot"].tolist(), ints["dco"], theirs["digest"].tolist())
+            theirs["snapshot"].to_pylist(), ints["dco"], theirs["digest"].to_pylist())
         out.append(Routed(facts, METADATA_SIZE * len(facts)))
-    cols = [frame[c].tolist() for c in ("topic", "partition", "offset", "value", "routed",
-                                        "op", "tbl", "xid", "lsn", "ts_ms", "snapshot",
-                                        "dco", "digest", "after_elsewhere")]
+    cols = [table[c].to_pylist() for c in ("topic", "partition", "offset", "value", "routed",
+                                           "op", "tbl", "xid", "lsn", "ts_ms", "snapshot",
+                                           "dco", "digest", "after_elsewhere")]
     for (topic, partition, offset, value, routed, op, tbl, xid, lsn, ts_ms, snapshot, dco,
          digest, elsewhere) in zip(*cols, strict=True):
         pos = Position(topic, int(partition), int(offset))
@@ -255,12 +261,17 @@ class ShardProcessor(StatefulProcessor):
         # tests only (txjoin.crashpoints): the host has no task context to tell the batch
         batch = crashpoints.task_batch_id() if crashpoints.armed(crashpoints.SHARD_APPLY) \
             else None
-        request = (self.spec(), shard, frame, started, batch)
+        # Arrow, not pandas, to the engine: a shard's host then never imports pandas
+        # (1.4 s of CPU at each host's start here), and the rows travel as buffers
+        request = (self.spec(), shard, pa.Table.from_pandas(frame, preserve_index=False),
+                   started, batch)
         if not host.available():
-            yield from run_batch(request, self.store)
-            return
-        with host.connect(shard) as conn:
-            yield from host.serve_batch(conn, request, self.store)
+            out = run_batch(request, self.store)
+        else:
+            with host.connect(shard) as conn:
+                out = list(host.serve_batch(conn, request, self.store))
+        for columns in out:
+            yield pd.DataFrame(columns)
 
     def spec(self) -> bytes:
         """The processor's fields, pickled once: what a request carries, and what
@@ -271,22 +282,24 @@ class ShardProcessor(StatefulProcessor):
                 {k: v for k, v in vars(self).items() if k not in ("store", "_spec")})
         return spec
 
-    def handle(self, shard: int, frame: pd.DataFrame, started: float) -> pd.DataFrame:
-        """Run one batch of the shard on its engine (cached in this process)."""
+    def handle(self, shard: int, frame: pa.Table, started: float) -> dict[str, list[Any]]:
+        """Run one batch of the shard on its engine (cached in this process): the output
+        frame's columns (:func:`changes_columns`)."""
         # This process's CPU over the batch: in a shard's host, the shard's own (the host
         # serves one shard); the shard sweep of `txjoin bench` compares it across shards.
         cpu_started = time.process_time()
         markers = is_marker(frame["offset"])
         if self.kafka_facts is None:
-            marker_rows = frame.loc[markers]
+            marker_rows = frame.filter(markers)
             caught, partitions = read_markers(
-                zip(marker_rows["topic"], marker_rows["partition"], marker_rows["offset"],
-                    strict=True), self.streams)
+                zip(marker_rows["topic"].to_pylist(), marker_rows["partition"].to_pylist(),
+                    marker_rows["offset"].to_pylist(), strict=True), self.streams)
         else:
-            read = frame["topic"][~markers].value_counts().to_dict() \
-                if self.kafka_facts.max_events is not None else {}
+            read = {} if self.kafka_facts.max_events is None else {
+                c["values"].as_py(): c["counts"].as_py()
+                for c in pc.value_counts(frame.filter(pc.invert(markers))["topic"])}
             caught, partitions = self._kafka_facts(self.kafka_facts, read)
-        records = frame.loc[~markers]
+        records = frame.filter(pc.invert(markers))
         read_started = time.perf_counter()
         items = routed_items(self.job, len(self.labels), records)
         read_s = time.perf_counter() - read_started
@@ -308,7 +321,8 @@ class ShardProcessor(StatefulProcessor):
                 del cache[key]
                 _CACHE_USED.pop(key, None)
         result.seconds["read_records"] += read_s
-        info = {"shard": shard, "records": int(records["counted"].sum()),
+        info = {"shard": shard,
+                "records": int(pc.sum(records["counted"].cast(pa.int64())).as_py() or 0),
                 "commit_seq": engine.commit_seq, "snapshot_done": engine.snapshot_done,
                 "snapshot_released": engine.snapshot_released, "waiting": engine.waiting,
                 "released": result.released, "duplicates": engine.duplicates,
@@ -319,7 +333,7 @@ class ShardProcessor(StatefulProcessor):
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
                 "seconds": {**result.seconds, "total": time.perf_counter() - started},
                 "cpu_seconds": time.process_time() - cpu_started}
-        return changes_frame(self.job, shard, result.changes, info)
+        return changes_columns(self.job, shard, result.changes, info)
 
     def _kafka_facts(self, facts: KafkaFacts, records: dict[str, int]
                      ) -> tuple[set[str], TopicPartitions | None]:
@@ -338,8 +352,8 @@ class ShardProcessor(StatefulProcessor):
         pass
 
 
-def run_batch(request: tuple[bytes, int, pd.DataFrame, float, int | None],
-              store: Any, settle: bool = True) -> list[pd.DataFrame]:
+def run_batch(request: tuple[bytes, int, pa.Table, float, int | None],
+              store: Any, settle: bool = True) -> list[dict[str, list[Any]]]:
     """Run a shard's batch in this process (a Python worker, or the shard's host):
     ``request`` is what :meth:`ShardProcessor.handleInputRows` sends (the last field: the
     micro-batch, known only when a crash point needs it), ``store`` the shard's
@@ -371,8 +385,17 @@ a row's buffer by doubling, then copies it into Arrow): Java heap space in
 
 def changes_frame(job: Job, shard: int, changes: list[OutputChange],
                   info: dict[str, Any]) -> pd.DataFrame:
-    """The shard's output rows: its changes as Arrow tables (typed here, on the executor) of
-    at most ``OUTPUT_CHUNK_ROWS`` each, in order; the first row carries its progress."""
+    """The shard's output rows (:func:`changes_columns`) as the frame the task returns."""
+    import pandas as pd
+
+    return pd.DataFrame(changes_columns(job, shard, changes, info))
+
+
+def changes_columns(job: Job, shard: int, changes: list[OutputChange],
+                    info: dict[str, Any]) -> dict[str, list[Any]]:
+    """The shard's output rows, by column (``OUTPUT_SCHEMA``; no pandas: a shard's host
+    builds them): its changes as Arrow tables (typed here, on the executor) of at most
+    ``OUTPUT_CHUNK_ROWS`` each, in order; the first row carries its progress."""
     blobs: list[bytes | None] = []
     for start in range(0, len(changes), OUTPUT_CHUNK_ROWS):
         table = changes_to_table(job, changes[start:start + OUTPUT_CHUNK_ROWS])
@@ -382,6 +405,4 @@ def changes_frame(job: Job, shard: int, changes: list[OutputChange],
         blobs.append(sink.getvalue().to_pybytes())
     blobs = blobs or [None]
     infos = [json.dumps(info)] + [None] * (len(blobs) - 1)
-    import pandas as pd
-
-    return pd.DataFrame({"shard": [shard] * len(blobs), "changes": blobs, "info": infos})
+    return {"shard": [shard] * len(blobs), "changes": blobs, "info": infos}
