@@ -184,10 +184,11 @@ def _env(name: str) -> str:
 @click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
               help="Extra Spark setting (repeatable), e.g. spark.executor.memory=2g.")
 @click.option("--max-transaction-bytes", envvar=_env("MAX_TRANSACTION_BYTES"), show_envvar=True,
-              type=click.IntRange(min=1), default=512 << 20, show_default=True,
-              help="A transaction is buffered whole in a shard's memory until it is "
-                   "complete; one whose routed records exceed this stops the job with an "
-                   "error naming its xid and size.")
+              type=click.IntRange(min=1), default=None,
+              help="Stop the job, naming the xid and its size, when a transaction's routed "
+                   "records buffered in one shard exceed this many bytes. Default: no "
+                   "limit (an open transaction's events past 4,096 wait on the worker's "
+                   "local disk, not in its memory).")
 @click.option("--shards", envvar=_env("SHARDS"), show_envvar=True, type=click.IntRange(min=1),
               default=None, help="Shards the join's state and work are split into (fixed for "
                                  "a checkpoint). Default: Spark's default parallelism.")

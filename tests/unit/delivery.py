@@ -206,9 +206,11 @@ def pizzeria_rows(job: Job, transactions: int, seed: int, key_changes: int = 0
 
 def continue_older_layout(job: Job, records: list, chunk: int, layout: int,
                           older_state: Callable[..., dict[str, Any]],
-                          monkeypatch: Any) -> ShardedEngine:
+                          monkeypatch: Any, older: Sequence[tuple[Any, str, Any]] = ()
+                          ) -> ShardedEngine:
     """Two 2-shard engines fed ``records`` ``chunk`` at a time: the first three chunks with
-    ``older_state`` as ``Assembler.state`` (pytest's ``monkeypatch``) and the shard logs
+    ``older_state`` as ``Assembler.state`` and each (object, name, value) of ``older`` set
+    (pytest's ``monkeypatch``), the shard logs
     marked ``layout``, the rest as now, the older one
     restored from its log every batch; asserts they give the same changes batch by batch,
     and that the older log says the current layout from its next segment on. Returns the
@@ -221,6 +223,8 @@ def continue_older_layout(job: Job, records: list, chunk: int, layout: int,
     steady, old = ShardedEngine(job, 2), ShardedEngine(job, 2)
     with monkeypatch.context() as patch:
         patch.setattr(Assembler, "state", older_state)
+        for target, name, value in older:
+            patch.setattr(target, name, value)
         for part in chunks[:3]:
             steady.process(part, every)
             old.process(part, every)

@@ -16,7 +16,7 @@ from txjoin.join.routing import Router
 from txjoin.join.shard import ShardEngine
 from txjoin.join.sharded import ShardedEngine
 from txjoin.join.state import ENGINE_STATE_VERSION
-from txjoin.join.state_log import SEGMENT, ShardLog, _pack, _unpack
+from txjoin.join.state_log import SEGMENT, ShardLog, _unpack
 from txjoin.join.temporal import TemporalJoin
 from txjoin.sequence.assembly import Assembler, SnapshotBuffer, identity_digest
 from txjoin.sequence.frontier import Frontier
@@ -146,9 +146,10 @@ def test_a_shard_log_segment_lacking_a_field_is_refused() -> None:
     key, blob = next((k, v) for k, v in store.blobs.items() if k[0] == SEGMENT)
     segment = _unpack(blob[4:])
     del segment.effects.sequencer["engine"]["applied_seq"]
-    store.blobs[key] = blob[:4] + _pack(segment)
+    log = ShardLog(store, engine.job, 0, 1)
+    log._write(SEGMENT, key[1], segment)
     with pytest.raises(ConfigError, match="saved ShardEngine state lacks applied_seq"):
-        ShardLog(store, engine.job, 0, 1).load(None)
+        log.load(None)
 
 
 def test_the_core_has_no_dict_copies_left() -> None:

@@ -1,6 +1,7 @@
 """One transaction of many events, in the partitioned engine: its budget, and its log.
 
-A transaction is buffered whole until it is complete (``--max-transaction-bytes``), and
+A transaction is buffered until it is complete (on disk past ``spill.SPILL_EVENTS``
+events; a run may set a budget, ``--max-transaction-bytes``), and
 while it is open over many micro-batches each batch's log segment carries only what the
 batch added to it (layout 7), so a restore reads each event once. Apart from
 test_sharding.py so that scripts/test.sh's two workers can run the two files side by side.
@@ -51,10 +52,11 @@ def test_a_transaction_over_the_budget_stops_with_its_xid_and_size() -> None:
             engine.process(records[start:start + 50_000], every)
 
 
-def test_a_200k_event_transaction_within_the_budget_is_applied_whole() -> None:
+def test_a_200k_event_transaction_is_applied_whole_with_the_defaults() -> None:
+    """No budget by default: the transaction's events wait on disk (sequence/spill.py)."""
     job, records, _xid = _big_transaction(200_000)
     every = [*job.table_names, "transaction"]
-    engine = ShardedEngine(job, 2, max_transaction_bytes=512 << 20)
+    engine = ShardedEngine(job, 2)
     emitted = []
     for start in range(0, len(records), 50_000):
         emitted.append(engine.process(records[start:start + 50_000], every))
@@ -103,4 +105,22 @@ def test_a_layout_6_log_continues_under_layout_7(monkeypatch: pytest.MonkeyPatch
 
     job, records, _xid = _big_transaction(10_000)
     continued = continue_older_layout(job, records, 2_000, 6, layout_6_state, monkeypatch)
+    assert continued.commit_seq == 1
+
+
+def test_a_layout_9_log_with_a_large_open_transaction_continues_under_layout_10(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log written before open transactions spilled (layout 9: their events in lists,
+    their identities whole) is read as it is and continued: the transaction restored from
+    it spills once it grows, and the outputs equal a run's that was never restored."""
+    from tests.unit.delivery import continue_older_layout
+    from txjoin.join.state_log import LAYOUT_VERSION
+    from txjoin.sequence import spill
+    from txjoin.sequence.assembly import Assembler
+
+    assert LAYOUT_VERSION == 10
+    monkeypatch.setattr(spill, "SPILL_EVENTS", 500)
+    job, records, _xid = _big_transaction(10_000)
+    continued = continue_older_layout(job, records, 2_000, 9, Assembler.state, monkeypatch,
+                                      older=[(spill, "SPILL_EVENTS", 10**9)])
     assert continued.commit_seq == 1

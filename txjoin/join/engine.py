@@ -343,7 +343,7 @@ class Engine:
         if not self.snapshot_done:
             if not all(a.snapshot.is_complete() for a in self.assemblers.values()):
                 return
-            events = []
+            events: list[ChangeEvent] = []
             for assembler in self.assemblers.values():
                 if assembler.snapshot.rows:
                     events.extend(assembler.take_snapshot().events)

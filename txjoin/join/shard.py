@@ -82,7 +82,8 @@ class ShardEngine(Engine):
         self.join = TemporalJoin(job)
         self.last_effects: Effects | None = None
         # Bytes of routed records buffered per open transaction, and the budget
-        # (``--max-transaction-bytes``; None: no limit). Logged with the assembly state.
+        # (``--max-transaction-bytes``; None, the default: no limit). Logged with the
+        # assembly state.
         self.open_bytes: dict[tuple[str, int], int] = {}  # (source, xid) -> bytes
         self.max_transaction_bytes: int | None = None
         self.batch_snapshot_rows = 0  # snapshot rows in the last batch processed
@@ -154,10 +155,10 @@ class ShardEngine(Engine):
     def _count_open_bytes(self, records: list[Routed]) -> None:
         """Fail, naming the xid and its size, when a transaction outgrows the budget.
 
-        A transaction is buffered in the shard's memory until it is complete (it is
-        applied whole), so one larger than ``--max-transaction-bytes`` stops the job
-        with a clear error instead of exhausting the worker's memory. The size is the
-        bytes of the routed records this shard buffered for it (``Routed.size``).
+        A run given ``--max-transaction-bytes`` (none by default: a large open
+        transaction's events wait on disk, ``sequence/spill.py``) stops with a clear error
+        on a transaction larger than that. The size is the bytes of the routed records
+        this shard buffered for it (``Routed.size``).
         """
         budget = self.max_transaction_bytes
         assert budget is not None
@@ -184,9 +185,9 @@ class ShardEngine(Engine):
                     raise TransactionTooLargeError(
                         f"transaction xid {xid} is larger than --max-transaction-bytes "
                         f"{budget} (more than {size} bytes buffered in shard {self.shard} at "
-                        f"{position}); it is applied whole, so it must fit in a worker's "
-                        f"memory: raise --max-transaction-bytes and give the executors the "
-                        f"memory, or split such transactions at the source")
+                        f"{position}); raise or drop --max-transaction-bytes (without it, "
+                        f"a large transaction waits on the worker's local disk), or split "
+                        f"such transactions at the source")
 
     def _sequencer_state(self) -> dict[str, Any]:
         """The assembly and frontier state of every source, without what grows with history

@@ -52,7 +52,7 @@ from txjoin.join.shard import Effects, ShardEngine
 from txjoin.join.temporal import OutputChange
 from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
 
-LAYOUT_VERSION = 9
+LAYOUT_VERSION = 10
 """1: the whole engine as one pickled value (txjoin 0.1); 2: per-shard log + snapshots;
 3: the same, with the engine's state in named fields (``join/state.py``); 4: a segment
 carries only the open transactions its batch changed; 5: routed in the JVM (a fact event's
@@ -62,20 +62,24 @@ a segment carries only the events the batch added (``Assembler.state``), not all
 8: other shards' facts are counted per transaction (``assembly.FactRun`` among the events a
 segment adds), and an open transaction keeps only the events whose rows its shard holds;
 9: the assembly state carries an incremental snapshot's rows not yet released
-(``sequence/incremental.py``)."""
+(``sequence/incremental.py``); 10: an open transaction of more than ``SPILL_EVENTS``
+events keeps them in an ``EventLog`` (``sequence/spill.py``), which a snapshot of the
+engine carries as its compressed chunks."""
 
-CONTINUED_LAYOUTS = (6, 7, 8, LAYOUT_VERSION)
-"""Layouts this txjoin continues: a layout-6, -7 or -8 log reads as it is (a layout-6
+CONTINUED_LAYOUTS = (6, 7, 8, 9, LAYOUT_VERSION)
+"""Layouts this txjoin continues: a layout-6 to -9 log reads as it is (a layout-6
 segment carries whole transactions, a layout-7 one every foreign fact as an event; none
-holds incremental snapshot rows, which txjoin before 9 refused) and is layout 9 from its
-next segment on (a txjoin before 9 then refuses it in one line)."""
+before 9 holds incremental snapshot rows, which txjoin before 9 refused; none before 10 an
+``EventLog``: its transactions' events are lists, which spill once they grow) and is layout
+10 from its next segment on (a txjoin before 10 then refuses it in one line)."""
 
 CHUNK_BYTES = 8 << 20
 SNAPSHOT_MIN_ROWS = 200_000  # below this, segments are cheap to re-apply: no compaction
 MAX_SEGMENTS = 256
 SEGMENT, SNAPSHOT = 0, 1  # kinds of log entries
 _CODEC = "lz4"
-_HEADER = struct.Struct("<Q")  # uncompressed size
+_HEADER = struct.Struct("<Q")  # uncompressed size, or _STREAMED
+_STREAMED = (1 << 64) - 1  # an LZ4 frame written as the value was pickled (size unknown)
 _COUNT = struct.Struct("<I")  # chunks of an entry, at the start of its chunk 0
 
 
@@ -163,14 +167,57 @@ def engine_rows(engine: ShardEngine) -> int:
             + buffered)
 
 
-def _pack(obj: Any) -> bytes:
-    raw = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(raw)) + pa.compress(raw, codec=_CODEC, asbytes=True)
+class _Chunks:
+    """A file to write a log entry through: its bytes go to the store in chunks of
+    ``CHUNK_BYTES`` as they come (chunk 0, which starts with the count, last), so writing
+    a large entry holds a chunk of it, not the whole, beside the objects it pickles."""
+
+    closed = False
+
+    def __init__(self, store: BlobStore, kind: int, version: int) -> None:
+        self.store, self.kind, self.version = store, kind, version
+        self.pending = bytearray()
+        self.first: bytes | None = None
+        self.count = self.size = 0
+
+    def write(self, data: Any) -> int:
+        self.pending += data
+        self.size += len(data)
+        while len(self.pending) >= CHUNK_BYTES:
+            self._emit(bytes(self.pending[:CHUNK_BYTES]))
+            del self.pending[:CHUNK_BYTES]
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def _emit(self, part: bytes) -> None:
+        if self.count == 0:
+            self.first = part
+        else:
+            self.store.put(self.kind, self.version, self.count, part)
+        self.count += 1
+
+    def finish(self) -> int:
+        """Put the last chunk, then chunk 0 with the count; the entry's size in bytes."""
+        if self.pending or self.count == 0:
+            self._emit(bytes(self.pending))
+            self.pending = bytearray()
+        assert self.first is not None
+        self.store.put(self.kind, self.version, 0, _COUNT.pack(self.count) + self.first)
+        return self.size
 
 
 def _unpack(blob: bytes) -> Any:
     (size,) = _HEADER.unpack_from(blob)
-    return pickle.loads(pa.decompress(blob[_HEADER.size:], size, codec=_CODEC, asbytes=True))
+    body = memoryview(blob)[_HEADER.size:]
+    if size == _STREAMED:
+        raw = pa.CompressedInputStream(pa.BufferReader(body), _CODEC).read()
+        return pickle.loads(raw)
+    return pickle.loads(pa.decompress(body, size, codec=_CODEC, asbytes=True))
 
 
 class ShardLog:
@@ -223,13 +270,14 @@ class ShardLog:
                               f"is damaged: start from a new checkpoint and rebuild the sinks")
 
     def _write(self, kind: int, version: int, obj: Any) -> int:
-        blob = _pack(obj)
-        count = len(range(0, max(len(blob), 1), CHUNK_BYTES))
-        view = memoryview(blob)
-        for i in range(count):  # one chunk copied at a time, not the whole blob again
-            part = view[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES].tobytes()
-            self.store.put(kind, version, i, _COUNT.pack(count) + part if i == 0 else part)
-        return len(blob)
+        """Pickle ``obj`` into the store as entry (kind, version), streamed: LZ4-compressed
+        as it is pickled and put in chunks as they fill (:class:`_Chunks`)."""
+        chunks = _Chunks(self.store, kind, version)
+        chunks.write(_HEADER.pack(_STREAMED))
+        stream = pa.CompressedOutputStream(pa.PythonFile(chunks, mode="w"), _CODEC)
+        pickle.Pickler(stream, pickle.HIGHEST_PROTOCOL).dump(obj)
+        stream.close()
+        return chunks.finish()
 
     def load(self, cached: ShardEngine | None, meta: dict[str, Any] | None = None
              ) -> tuple[ShardEngine, str]:

@@ -33,6 +33,7 @@ from txjoin.join.aggregate import aggregator
 from txjoin.join.routing import is_metadata_only
 from txjoin.join.state import restore_fields, save_fields
 from txjoin.sequence.assembly import Transaction
+from txjoin.sequence.spill import drain
 
 Key = tuple[Any, ...]
 Row = dict[str, Any]
@@ -211,11 +212,7 @@ class TemporalJoin:
 
     def apply(self, tx: Transaction) -> list[OutputChange]:
         """Apply one complete transaction; return the output changes it causes."""
-        changed = self._apply_rows(tx)
-        facts: set[Key] = set()
-        fact_table = self.job.table(self.job.fact)
-        for row in changed.pop(self.job.fact, []):
-            facts.add(fact_table.key_of(row))
+        facts, changed = self._apply_rows(tx)
         if self.job.semantics == "current":
             facts |= self._affected_facts(changed)
         else:
@@ -238,20 +235,25 @@ class TemporalJoin:
                                         tx.xid, tx.commit_ts_ms, tx.source))
         return out
 
-    def _apply_rows(self, tx: Transaction) -> dict[str, list[Row]]:
-        """Apply the transaction's row changes; table -> row versions touched (old and new)."""
+    def _apply_rows(self, tx: Transaction) -> tuple[set[Key], dict[str, list[Row]]]:
+        """Apply the transaction's row changes: the keys of the fact rows touched, and of
+        every other table the row versions touched (old and new)."""
+        fact, fact_table = self.job.fact, self.job.table(self.job.fact)
+        facts: set[Key] = set()
         changed: dict[str, list[Row]] = defaultdict(list)
-        # A transaction is applied once: each event is let go as it is applied, so a large
-        # one (the initial snapshot) does not sit in memory beside the rows it becomes.
+        # A transaction is applied once: each event is let go as it is applied (a large
+        # one's read back from disk a chunk at a time, sequence/spill.py), so it does not
+        # sit in memory beside the rows it becomes; of a fact row only its key is kept.
         events, tx.events = tx.events, []
-        events.reverse()
-        while events:
-            event = events.pop()
+        for event in drain(events):
             if is_metadata_only(event):
                 continue  # counted for completeness; the row lives in another shard
             for table, row in self._apply_event(event):
-                changed[table].append(row)
-        return changed
+                if table == fact:
+                    facts.add(fact_table.key_of(row))
+                else:
+                    changed[table].append(row)
+        return facts, changed
 
     def _apply_event(self, event: ChangeEvent) -> Iterable[tuple[str, Row]]:
         """Apply one row change; yield (table, row version) for every version touched."""

@@ -73,9 +73,6 @@ from txjoin.sinks.handoff import (
 )
 from txjoin.sinks.lineage import Lineage, checkpoint_id
 
-DEFAULT_MAX_TRANSACTION_BYTES = 512 << 20
-"""A shard buffers an open transaction in memory: one larger than this stops the job."""
-
 
 @dataclass
 class RunConfig:
@@ -98,7 +95,8 @@ class RunConfig:
     incomplete_timeout_s: float = 300.0
     spark_conf: dict[str, str] = field(default_factory=dict)
     shards: int | None = None  # None: Spark's default parallelism
-    max_transaction_bytes: int | None = DEFAULT_MAX_TRANSACTION_BYTES  # None: no limit
+    # None: no limit (an open transaction spills to the worker's disk: sequence/spill.py)
+    max_transaction_bytes: int | None = None
     source: str = "kafka"  # or "files:DIR" (txjoin.ingest.spark.files)
     rebuild: bool = False  # start a new checkpoint and re-derive the sinks from the source
     postgres_retry_timeout_s: float = DEFAULT_RETRY_TIMEOUT_S  # a lost PostgreSQL sink

@@ -80,7 +80,9 @@ from typing import Any, Literal
 from txjoin.errors import IncompleteTransactionError, OrderingError
 from txjoin.ingest.debezium import INCREMENTAL, SNAPSHOT_CLOSING, ChangeEvent, TxMarker
 from txjoin.join.state import restore_fields, save_fields
+from txjoin.sequence import spill
 from txjoin.sequence.incremental import IncrementalRows
+from txjoin.sequence.spill import EventLog, in_table_order
 
 SNAPSHOT_XID = 0
 """The xid of a release that is no source transaction: the initial snapshot (commit 0) and
@@ -94,7 +96,7 @@ class Transaction:
     xid: int
     commit_seq: int
     commit_ts_ms: int | None
-    events: list[ChangeEvent]
+    events: list[ChangeEvent] | EventLog  # in the order they apply (a log: from disk)
     source: str | None = None  # the source database (None: the initial snapshot)
     correction: bool = False  # incremental snapshot rows (``sequence/incremental.py``)
 
@@ -135,9 +137,10 @@ class PendingTransaction:
     """Events of one xid buffered until its END's counts are met."""
 
     xid: int
-    events: list[ChangeEvent] = field(default_factory=list)
-    identities: set[tuple[object, ...]] = field(default_factory=set)
-    deliveries: set[tuple[object, ...]] = field(default_factory=set)  # (identity, number)
+    # a list, or past spill.SPILL_EVENTS on disk (sequence/spill.py)
+    events: list[ChangeEvent] | EventLog = field(default_factory=list)
+    identities: set[Any] = field(default_factory=set)  # ChangeEvent.identity
+    deliveries: set[Any] = field(default_factory=set)  # (identity, number)
     per_table: dict[str, int] = field(default_factory=dict)  # distinct events
     # last number read per table, or per (table, partition) for a partitioned topic
     last_number: dict[str | tuple[str, int], int] = field(default_factory=dict)
@@ -149,6 +152,10 @@ class PendingTransaction:
     confirmed: set[str] = field(default_factory=set)  # tables whose last run is known final
     # partitions read to their end since END, per table of a partitioned topic
     confirmed_parts: dict[str, set[int]] = field(default_factory=dict)
+    # Once its events spill (sequence/spill.py), identities and deliveries are kept as
+    # their 16-byte digests (:func:`identity_digest`; a class default, so a transaction
+    # pickled before this field reads False).
+    compact: bool = False
 
     # What a batch's record carries of a transaction that was open before the batch: these
     # fields as they are after it, and the events it added (``Assembler.state``). The rest
@@ -162,10 +169,15 @@ class PendingTransaction:
 
         ``partitions``: of the table's topic (several: module docstring).
         """
-        ident, number, table = event.identity, event.data_collection_order, event.table
-        if (ident, number) in self.deliveries:
+        ident: Any = event.identity
+        number, table = event.data_collection_order, event.table
+        delivery: Any = (ident, number)
+        if self.compact:
+            ident = identity_digest(ident)
+            delivery = identity_digest((ident, number))
+        if delivery in self.deliveries:
             return False
-        self.deliveries.add((ident, number))
+        self.deliveries.add(delivery)
         if number is not None and partitions > 1:
             where = (table, event.position.partition)  # order holds within a partition only
             if number <= self.last_number.get(where, 0):
@@ -184,8 +196,19 @@ class PendingTransaction:
             return False
         self.identities.add(ident)
         self.events.append(event)
+        if not self.compact and len(self.identities) > spill.SPILL_EVENTS:
+            self._spill()
         self.per_table[table] = self.per_table.get(table, 0) + 1
         return True
+
+    def _spill(self) -> None:
+        """Past ``spill.SPILL_EVENTS`` identities (its own events and other shards' facts it
+        counts), its events to disk and its identities and deliveries to digests: a large
+        open transaction's memory is then ~150 bytes an event (sequence/spill.py)."""
+        self.events = EventLog(self.events)
+        self.identities = {identity_digest(i) for i in self.identities}
+        self.deliveries = {identity_digest((identity_digest(i), n)) for i, n in self.deliveries}
+        self.compact = True
 
     def fits_run(self, run: FactRun) -> bool:
         """Whether adding ``run``'s events one by one would give exactly what :meth:`add_run`
@@ -197,18 +220,26 @@ class PendingTransaction:
             return False
         if any(b <= a for a, b in itertools.pairwise(numbers)):
             return False
-        fresh = set(run.identities)
+        fresh = set(map(identity_digest, run.identities) if self.compact else run.identities)
         return len(fresh) == len(numbers) and self.identities.isdisjoint(fresh)
 
     def add_run(self, run: FactRun) -> None:
         """Add the events of a run that :meth:`fits_run`, as :meth:`add` would one by one."""
         table = run.table
-        self.deliveries.update(zip(run.identities, run.numbers, strict=True))
-        self.identities.update(run.identities)
+        if self.compact:
+            idents = list(map(identity_digest, run.identities))
+            self.deliveries.update(identity_digest(d) for d in zip(idents, run.numbers,
+                                                                   strict=True))
+            self.identities.update(idents)
+        else:
+            self.deliveries.update(zip(run.identities, run.numbers, strict=True))
+            self.identities.update(run.identities)
         self.run.setdefault(table, set()).update(run.numbers)
         self.last_number[table] = run.numbers[-1]
         self.per_table[table] = self.per_table.get(table, 0) + len(run.numbers)
         self.events.extend(run.events)
+        if not self.compact and len(self.identities) > spill.SPILL_EVENTS:
+            self._spill()
         self.touch(run.first_ts_ms)
 
     def touch(self, ts_ms: int | None) -> None:
@@ -559,10 +590,9 @@ class Assembler:
     def take(self, xid: int, commit_seq: int) -> Transaction:
         tx = self.drop(xid)
         assert tx is not None and tx.end is not None
-        order = {t: i for i, t in enumerate(sorted(self.tables))}
         # Same-table events keep their topic order; tables are independent within a tx.
-        events = sorted(tx.events, key=lambda e: order[e.table])
-        return Transaction(xid, commit_seq, tx.end.ts_ms or tx.first_ts_ms, events)
+        return Transaction(xid, commit_seq, tx.end.ts_ms or tx.first_ts_ms,
+                           in_table_order(tx.events))
 
     def take_snapshot(self) -> Transaction:
         snap = self.snapshot
