@@ -53,6 +53,7 @@ from txjoin.pipeline.pipeline import BatchReport, RunConfig
 from txjoin.scenarios.checks import check_exactly_once, check_final, check_prefix_consistent
 from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
+from txjoin.sequence.spill import SPILL_ENV
 from txjoin.sinks import without_metadata
 from txjoin.sinks.build import build_sinks
 from txjoin.sinks.delta import DeltaSink
@@ -136,8 +137,11 @@ def _record(log: Path) -> Path:
 
 def _start(cmd: list[str], log: Path, crash_at: str | None = None) -> subprocess.Popen:
     """A kill target in a process group of its own (what a crash point or the test kills),
-    its output in ``log``, the crash points it reached in :func:`_record`."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", RECORD_ENV: str(_record(log))}
+    its output in ``log``, the crash points it reached in :func:`_record`. Its open
+    transactions of more than three events spill (``SPILL_ENV``): the shards die and are
+    restored with transactions on disk, one applied (``SHARD_APPLY``) among them."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", RECORD_ENV: str(_record(log)),
+           SPILL_ENV: "3"}
     env.pop(CRASH_ENV, None)
     if crash_at:
         env[CRASH_ENV] = crash_at

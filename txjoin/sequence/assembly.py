@@ -152,9 +152,9 @@ class PendingTransaction:
     confirmed: set[str] = field(default_factory=set)  # tables whose last run is known final
     # partitions read to their end since END, per table of a partitioned topic
     confirmed_parts: dict[str, set[int]] = field(default_factory=dict)
-    # Once its events spill (sequence/spill.py), identities and deliveries are kept as
-    # their 16-byte digests (:func:`identity_digest`; a class default, so a transaction
-    # pickled before this field reads False).
+    # Once its events spill (sequence/spill.py), identities are kept as their 16-byte
+    # digests (:func:`identity_digest`) and deliveries as :func:`delivery_key` (a class
+    # default, so a transaction pickled before this field reads False).
     compact: bool = False
 
     # What a batch's record carries of a transaction that was open before the batch: these
@@ -174,7 +174,7 @@ class PendingTransaction:
         delivery: Any = (ident, number)
         if self.compact:
             ident = identity_digest(ident)
-            delivery = identity_digest((ident, number))
+            delivery = delivery_key(ident, number)
         if delivery in self.deliveries:
             return False
         self.deliveries.add(delivery)
@@ -207,7 +207,7 @@ class PendingTransaction:
         open transaction's memory is then ~150 bytes an event (sequence/spill.py)."""
         self.events = EventLog(self.events)
         self.identities = {identity_digest(i) for i in self.identities}
-        self.deliveries = {identity_digest((identity_digest(i), n)) for i, n in self.deliveries}
+        self.deliveries = {delivery_key(identity_digest(i), n) for i, n in self.deliveries}
         self.compact = True
 
     def fits_run(self, run: FactRun) -> bool:
@@ -228,8 +228,7 @@ class PendingTransaction:
         table = run.table
         if self.compact:
             idents = list(map(identity_digest, run.identities))
-            self.deliveries.update(identity_digest(d) for d in zip(idents, run.numbers,
-                                                                   strict=True))
+            self.deliveries.update(map(delivery_key, idents, run.numbers))
             self.identities.update(idents)
         else:
             self.deliveries.update(zip(run.identities, run.numbers, strict=True))
@@ -317,6 +316,12 @@ def identity_digest(identity: tuple[object, ...]) -> bytes:
     distinct rows of a billion-row snapshot share a digest with odds under 1e-20.
     """
     return hashlib.blake2b(repr(identity).encode(), digest_size=16).digest()
+
+
+def delivery_key(digest: bytes, number: int | None) -> bytes:
+    """A delivery (an identity's digest and its ``data_collection_order``) as one value: what
+    a spilled transaction keeps of it (24 bytes)."""
+    return digest + (-1 if number is None else number).to_bytes(8, "little", signed=True)
 
 
 class SnapshotBuffer:
