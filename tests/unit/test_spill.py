@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from tests.unit.strategies import workloads
 from tests.unit.test_properties import JOB_VARIANTS
 from tests.unit.test_sharding import run_sharded
+from tests.unit.test_two_sources import _check_run
 from txjoin.ingest.debezium import ChangeEvent, Position
 from txjoin.sequence import spill
 from txjoin.sequence.spill import EventLog, drain, in_table_order
@@ -114,3 +115,11 @@ def test_spilled_transactions_keep_the_union_of_shard_outputs_a_committed_prefix
     threshold = data.draw(st.sampled_from([1, 2, 5, 40]), label="spill past")
     with spilling_past(threshold):
         run_sharded(job, workload, data, n_shards, parts)
+
+
+@given(data=st.data())
+def test_spilled_snapshots_and_transactions_of_two_sources_keep_a_prefix_per_source(
+        data: Any) -> None:
+    """Two source databases, each snapshot spilled apart and applied as one transaction 0."""
+    with spilling_past(data.draw(st.sampled_from([1, 3]), label="spill past")):
+        _check_run(data, data.draw(st.sampled_from([None, 1, 3]), label="shards"))

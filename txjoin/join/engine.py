@@ -60,6 +60,7 @@ from txjoin.sequence.assembly import (
     Transaction,
 )
 from txjoin.sequence.frontier import Frontier
+from txjoin.sequence.spill import EventLog, drain
 
 __all__ = ["TRANSACTION_STREAM", "Engine", "EngineStats"]
 
@@ -343,13 +344,20 @@ class Engine:
         if not self.snapshot_done:
             if not all(a.snapshot.is_complete() for a in self.assemblers.values()):
                 return
-            events: list[ChangeEvent] = []
+            snapshots = []
             for assembler in self.assemblers.values():
                 if assembler.snapshot.rows:
-                    events.extend(assembler.take_snapshot().events)
+                    snapshots.append(assembler.take_snapshot())
                 assembler.snapshot.done = True
-            if events:
-                ts = max((e.commit_ts_ms or 0 for e in events), default=None)
+            if len(snapshots) == 1:
+                yield snapshots[0]
+            elif snapshots:  # every source's, as one transaction 0
+                events: list[ChangeEvent] | EventLog = (
+                    EventLog() if any(isinstance(s.events, EventLog) for s in snapshots)
+                    else [])
+                for snapshot in snapshots:
+                    events.extend(drain(snapshot.events))
+                ts = max((s.commit_ts_ms or 0 for s in snapshots), default=None)
                 yield Transaction(SNAPSHOT_XID, 0, ts, events)
         for source, frontier in self.frontiers.items():
             for tx in frontier.release_streaming(self.assemblers[source]):

@@ -337,7 +337,8 @@ class SnapshotBuffer:
 
     def __init__(self, tables: frozenset[str]) -> None:
         self.tables = tables
-        self.rows: list[ChangeEvent] = []
+        # a list, or past spill.SPILL_EVENTS rows on disk (sequence/spill.py)
+        self.rows: list[ChangeEvent] | EventLog = []
         self.identities: set[bytes] = set()
         self.tables_with_rows: set[str] = set()
         self.settled: set[str] = set()
@@ -385,6 +386,8 @@ class SnapshotBuffer:
                 return
             self.identities.add(identity)
             self.rows.append(event)
+            if isinstance(self.rows, list) and len(self.rows) > spill.SPILL_EVENTS:
+                self.rows = EventLog(self.rows)  # a large snapshot waits on disk too
         self.tables_with_rows.add(event.table)
         if event.snapshot in SNAPSHOT_CLOSING:
             self._settle(event.table, event.position.partition, partitions)
@@ -600,6 +603,8 @@ class Assembler:
                            in_table_order(tx.events))
 
     def take_snapshot(self) -> Transaction:
+        """The snapshot's rows as transaction 0 (of a large one, its log: tables by name,
+        each table's rows as they came; rows of different tables are independent)."""
         snap = self.snapshot
         snap.done = True
         events, snap.rows = snap.rows, []
