@@ -2,7 +2,7 @@
 ``--rows`` updates, through the real stack with every default; the run's peak memory.
 
     .venv/bin/python scripts/large_transaction.py [--dir .txjoin-i67] [--rows 1000000]
-        [--timeout 7200] [--no-pss] [--out FILE]
+        [--timeout 7200] [--no-pss] [--out FILE] [--reuse] [--run-arg ARG ...]
 
 1. A freshly initialised local stack in ``--dir``: ``txjoin down --wipe --dir DIR`` (the
    stack there, its databases, topics, checkpoints and outputs are deleted: use a directory
@@ -63,6 +63,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -349,10 +350,12 @@ def _default_env(directory: Path) -> dict[str, str]:
     return env
 
 
-def run_job(directory: Path, timeout: float,
-            pss: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``txjoin run`` with every default but ``--until-idle``, its tree's memory sampled."""
-    command = [str(TXJOIN), "run", str(JOB_FILE), "--dir", str(directory), "--until-idle"]
+def run_job(directory: Path, timeout: float, pss: bool, extra: Sequence[str] = ()
+            ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``txjoin run`` with every default but ``--until-idle`` and ``extra``, its tree's
+    memory sampled."""
+    command = [str(TXJOIN), "run", str(JOB_FILE), "--dir", str(directory), "--until-idle",
+               *extra]
     print(f"# {' '.join(command)}", file=sys.stderr, flush=True)
     last: collections.deque[str] = collections.deque(maxlen=1)
     with open(directory / "large_transaction-run.log", "w") as out, \
@@ -419,6 +422,13 @@ def main() -> None:
                              "a sample)")
     parser.add_argument("--out", type=Path, default=None,
                         help="default: DIR/large_transaction.json")
+    parser.add_argument("--reuse", action="store_true",
+                        help="the stack in DIR as an earlier run left it (its two transactions "
+                             "captured): no wipe, no writes; the run starts a new checkpoint "
+                             "(--rebuild)")
+    parser.add_argument("--run-arg", action="append", default=[], metavar="ARG",
+                        help="one more argument of txjoin run (repeatable; the figure is "
+                             "measured with none)")
     args = parser.parse_args()
     if args.rows < 1:
         parser.error("--rows must be at least 1")
@@ -434,12 +444,17 @@ def main() -> None:
                                       cwd=ROOT, capture_output=True,
                                       text=True).stdout.splitlines(),
         "cpus": os.cpu_count(), "nice": os.nice(0)}
-    result |= fresh_stack(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    result |= write_transactions(directory, args.rows)
+    extra = list(args.run_arg)
+    if args.reuse:
+        extra.append("--rebuild")
+    else:
+        result |= fresh_stack(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        result |= write_transactions(directory, args.rows)
+    result["run_args"] = extra
     print(json.dumps(result), file=sys.stderr, flush=True)
     result["loadavg_before_run"] = _load()
-    run, samples = run_job(directory, args.timeout, args.pss)
+    run, samples = run_job(directory, args.timeout, args.pss, extra)
     result |= run
     result["loadavg_after_run"] = _load()
     print(json.dumps(result), file=sys.stderr, flush=True)
