@@ -1,9 +1,10 @@
 """A shard's output travels to the driver in rows of bounded size, and arrives whole and in
-commit order (``shards.changes_frame`` -> ``pipeline.decode_batch``)."""
+commit order (``shards.changes_columns`` -> ``pipeline.decode_batch``)."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -18,6 +19,11 @@ from txjoin.pipeline.pipeline import decode_batch, merge_infos
 from txjoin.pipeline.sink_tasks import PartWriter, summarise
 
 
+def _frame(job: Any, shard: int, changes: list[Any], info: dict[str, Any]) -> pd.DataFrame:
+    """A shard's output rows as its task returns them (``ShardProcessor.handleInputRows``)."""
+    return pd.DataFrame(shards.changes_columns(job, shard, changes, info))
+
+
 def test_a_shards_output_split_into_bounded_rows_arrives_whole_in_commit_order(
         monkeypatch: pytest.MonkeyPatch) -> None:
     job, _ = JOB_VARIANTS["orders/as_of_fact"]
@@ -26,11 +32,11 @@ def test_a_shards_output_split_into_bounded_rows_arrives_whole_in_commit_order(
     per_shard = [result.changes for result in engine.last]
     assert all(len(c) > 7 for c in per_shard), "the workload must give each shard changes"
     expected = decode_batch(job, pd.concat(
-        [shards.changes_frame(job, i, c, {"commit_seq": 1, "records": 5})
+        [_frame(job, i, c, {"commit_seq": 1, "records": 5})
          for i, c in enumerate(per_shard)]))
 
     monkeypatch.setattr(shards, "OUTPUT_CHUNK_ROWS", 7)
-    frames = [shards.changes_frame(job, i, c, {"commit_seq": 1, "records": 5})
+    frames = [_frame(job, i, c, {"commit_seq": 1, "records": 5})
               for i, c in enumerate(per_shard)]
     for frame, c in zip(frames, per_shard, strict=True):
         assert len(frame) == -(-len(c) // 7)  # rows of at most 7 changes
@@ -47,7 +53,7 @@ def test_a_shards_output_split_into_bounded_rows_arrives_whole_in_commit_order(
 
 def test_a_shard_without_changes_sends_one_row_with_its_progress() -> None:
     job, _ = JOB_VARIANTS["orders/as_of_fact"]
-    frame = shards.changes_frame(job, 3, [], {"commit_seq": 0, "records": 2})
+    frame = _frame(job, 3, [], {"commit_seq": 0, "records": 2})
     assert len(frame) == 1 and frame["changes"][0] is None
     table, info = decode_batch(job, frame)
     assert table.num_rows == 0 and info["records"] == 2
@@ -62,7 +68,7 @@ def test_the_tasks_summaries_give_the_driver_the_batch_in_commit_order_or_only_i
     job, _ = JOB_VARIANTS["orders/as_of_fact"]
     engine = ShardedEngine(job, 2)
     engine.process(pizzeria_rows(job, 80, seed=5))
-    frames = [shards.changes_frame(job, i, r.changes, {"commit_seq": 4, "records": 5 + i})
+    frames = [_frame(job, i, r.changes, {"commit_seq": 4, "records": 5 + i})
               for i, r in enumerate(engine.last)]
     expected, info = decode_batch(job, pd.concat(frames))
     schema = output_schema(job)

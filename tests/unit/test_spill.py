@@ -24,7 +24,7 @@ from tests.unit.test_sharding import run_sharded
 from tests.unit.test_two_sources import _check_run
 from txjoin.ingest.debezium import ChangeEvent, Position
 from txjoin.sequence import spill
-from txjoin.sequence.spill import EventLog, drain, in_table_order
+from txjoin.sequence.spill import EventLog, drain, in_table_order, latest_commit_ts
 
 TABLES = ("public.b", "public.a", "public.c")
 
@@ -42,7 +42,8 @@ def spilling_past(events: int) -> Iterator[None]:
 
 def _event(n: int, table: str) -> ChangeEvent:
     return ChangeEvent(table, "u", None, {"id": n % 7, "v": "x" * (n % 50)}, 42, 1000 + n,
-                       5, "false", n + 1, Position(f"shop.{table}", 0, n))
+                       None if n % 5 == 0 else 5 + n % 11, "false", n + 1,
+                       Position(f"shop.{table}", 0, n))
 
 
 def _open_fds() -> int:
@@ -64,6 +65,9 @@ def test_a_log_hands_back_each_tables_events_in_the_order_they_came(
         assert len(log) == len(events)
         assert list(log) == expected == in_table_order(list(events))
         assert list(pickle.loads(pickle.dumps(log))) == expected
+        # the latest commit time, kept as the log grows (a snapshot's is its transaction's)
+        assert latest_commit_ts(log) == latest_commit_ts(events)
+        assert latest_commit_ts(pickle.loads(pickle.dumps(log))) == latest_commit_ts(events)
         assert list(drain(log)) == expected
         assert len(log) == 0 and list(log) == []
 

@@ -13,8 +13,12 @@ where version 3 packs them).
 
 from __future__ import annotations
 
+import pickle
+import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+import pyarrow as pa
 
 from txjoin.errors import RECOVER, ConfigError
 
@@ -27,6 +31,26 @@ snapshot rows (``sequence/incremental.py``)."""
 READABLE_VERSIONS = (2, 3, 4)
 """Versions this txjoin restores: a version-2 state is converted as it is read; one of 2
 or 3 has no incremental snapshot rows (txjoin refused them then)."""
+
+
+CODEC = "lz4"
+"""How a saved value's pickle is compressed (a shard's log entries, a spilled transaction's
+chunks)."""
+SIZE = struct.Struct("<Q")
+"""The header of a packed value: its pickle's size, ahead of the compressed bytes."""
+
+
+def pack(obj: Any) -> bytes:
+    """``obj`` pickled and compressed behind its size (:func:`unpack` reads it)."""
+    raw = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+    return SIZE.pack(len(raw)) + pa.compress(raw, codec=CODEC, asbytes=True)
+
+
+def unpack(blob: bytes | memoryview) -> Any:
+    """The value :func:`pack` packed into ``blob``."""
+    (size,) = SIZE.unpack_from(blob)
+    return pickle.loads(pa.decompress(memoryview(blob)[SIZE.size:], size, codec=CODEC,
+                                      asbytes=True))
 
 
 def save_fields(obj: object, names: Iterable[str]) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from txjoin.errors import RECOVER, ConfigError
 from txjoin.job import Job
 from txjoin.join.routing import Routed
 from txjoin.join.shard import Effects, ShardEngine
+from txjoin.join.state import CODEC, SIZE, unpack
 from txjoin.join.temporal import OutputChange
 from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
 
@@ -77,9 +78,9 @@ CHUNK_BYTES = 8 << 20
 SNAPSHOT_MIN_ROWS = 200_000  # below this, segments are cheap to re-apply: no compaction
 MAX_SEGMENTS = 256
 SEGMENT, SNAPSHOT = 0, 1  # kinds of log entries
-_CODEC = "lz4"
-_HEADER = struct.Struct("<Q")  # uncompressed size, or _STREAMED
-_STREAMED = (1 << 64) - 1  # an LZ4 frame written as the value was pickled (size unknown)
+# an entry is ``state.pack``'s form, or its size header says _STREAMED: an LZ4 frame
+# written as the value was pickled (size unknown)
+_STREAMED = (1 << 64) - 1
 _COUNT = struct.Struct("<I")  # chunks of an entry, at the start of its chunk 0
 
 
@@ -212,12 +213,13 @@ class _Chunks:
 
 
 def _unpack(blob: bytes) -> Any:
-    (size,) = _HEADER.unpack_from(blob)
-    body = memoryview(blob)[_HEADER.size:]
-    if size == _STREAMED:
-        raw = pa.CompressedInputStream(pa.BufferReader(body), _CODEC).read()
-        return pickle.loads(raw)
-    return pickle.loads(pa.decompress(body, size, codec=_CODEC, asbytes=True))
+    """A log entry's value: streamed by :meth:`ShardLog._write`, or (written before
+    layout 10) packed whole by ``state.pack``."""
+    (size,) = SIZE.unpack_from(blob)
+    if size != _STREAMED:
+        return unpack(blob)
+    body = memoryview(blob)[SIZE.size:]
+    return pickle.loads(pa.CompressedInputStream(pa.BufferReader(body), CODEC).read())
 
 
 class ShardLog:
@@ -273,8 +275,8 @@ class ShardLog:
         """Pickle ``obj`` into the store as entry (kind, version), streamed: LZ4-compressed
         as it is pickled and put in chunks as they fill (:class:`_Chunks`)."""
         chunks = _Chunks(self.store, kind, version)
-        chunks.write(_HEADER.pack(_STREAMED))
-        stream = pa.CompressedOutputStream(pa.PythonFile(chunks, mode="w"), _CODEC)
+        chunks.write(SIZE.pack(_STREAMED))
+        stream = pa.CompressedOutputStream(pa.PythonFile(chunks, mode="w"), CODEC)
         pickle.Pickler(stream, pickle.HIGHEST_PROTOCOL).dump(obj)
         stream.close()
         return chunks.finish()

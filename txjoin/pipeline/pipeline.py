@@ -145,7 +145,7 @@ def decode_batch(job: Job, frame: pd.DataFrame) -> tuple[pa.Table, dict[str, Any
     progress info).
 
     Each shard sends its changes as Arrow tables (built on the executor; one or more
-    rows, in order, the first with its progress: ``shards.changes_frame``). The pipeline
+    rows, in order, the first with its progress: ``shards.changes_columns``). The pipeline
     leaves them in its tasks (``txjoin.pipeline.sink_tasks``), which order them alike.
     """
     info = merge_infos([json.loads(v) for v in frame["info"] if isinstance(v, str)])

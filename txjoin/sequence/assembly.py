@@ -82,7 +82,7 @@ from txjoin.ingest.debezium import INCREMENTAL, SNAPSHOT_CLOSING, ChangeEvent, T
 from txjoin.join.state import restore_fields, save_fields
 from txjoin.sequence import spill
 from txjoin.sequence.incremental import IncrementalRows
-from txjoin.sequence.spill import EventLog, in_table_order
+from txjoin.sequence.spill import EventLog, in_table_order, latest_commit_ts
 
 SNAPSHOT_XID = 0
 """The xid of a release that is no source transaction: the initial snapshot (commit 0) and
@@ -196,15 +196,16 @@ class PendingTransaction:
             return False
         self.identities.add(ident)
         self.events.append(event)
-        if not self.compact and len(self.identities) > spill.SPILL_EVENTS:
-            self._spill()
+        self._spill_when_large()
         self.per_table[table] = self.per_table.get(table, 0) + 1
         return True
 
-    def _spill(self) -> None:
+    def _spill_when_large(self) -> None:
         """Past ``spill.SPILL_EVENTS`` identities (its own events and other shards' facts it
         counts), its events to disk and its identities and deliveries to digests: a large
         open transaction's memory is then ~150 bytes an event (sequence/spill.py)."""
+        if self.compact or len(self.identities) <= spill.SPILL_EVENTS:
+            return
         self.events = EventLog(self.events)
         self.identities = {identity_digest(i) for i in self.identities}
         self.deliveries = {delivery_key(identity_digest(i), n) for i, n in self.deliveries}
@@ -237,8 +238,7 @@ class PendingTransaction:
         self.last_number[table] = run.numbers[-1]
         self.per_table[table] = self.per_table.get(table, 0) + len(run.numbers)
         self.events.extend(run.events)
-        if not self.compact and len(self.identities) > spill.SPILL_EVENTS:
-            self._spill()
+        self._spill_when_large()
         self.touch(run.first_ts_ms)
 
     def touch(self, ts_ms: int | None) -> None:
@@ -608,8 +608,7 @@ class Assembler:
         snap = self.snapshot
         snap.done = True
         events, snap.rows = snap.rows, []
-        ts = max((e.commit_ts_ms or 0 for e in events), default=None)
-        return Transaction(SNAPSHOT_XID, 0, ts, events)
+        return Transaction(SNAPSHOT_XID, 0, latest_commit_ts(events), events)
 
     def overdue(self, now_ms: int, policy: IncompletePolicy) -> list[PendingTransaction]:
         limit = policy.timeout_s * 1000

@@ -23,16 +23,13 @@ Assembler.take>` applies a transaction in, one chunk in memory at a time
 from __future__ import annotations
 
 import os
-import pickle
-import struct
 import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import pyarrow as pa
-
 from txjoin.errors import ConfigError
 from txjoin.ingest.debezium import ChangeEvent
+from txjoin.join.state import pack, unpack
 
 SPILL_ENV = "TXJOIN_SPILL_EVENTS"
 
@@ -50,10 +47,6 @@ SPILL_EVENTS = _spill_events()
 a transaction with more spills them, a chunk of at most this many events per table at a
 time (~0.3-1 MB of events in memory, ~100 kB on disk for the pizzeria's rows)."""
 
-_CODEC = "lz4"
-_SIZE = struct.Struct("<Q")  # uncompressed size, before each chunk's compressed bytes
-
-
 def spill_dir() -> str | None:
     """Where spill files go: the first of Spark's local directories of this worker
     (``SPARK_LOCAL_DIRS``, set by a cluster's worker for its executors), else the system's
@@ -70,12 +63,14 @@ class EventLog:
     back once, in table order, and closes the file; :meth:`__reduce__` carries the chunks'
     bytes (a snapshot of the engine, a copy)."""
 
-    __slots__ = ("_chunks", "_count", "_end", "_fd", "_tail_count", "_tails")
+    __slots__ = ("_chunks", "_count", "_end", "_fd", "_latest_ts", "_tail_count", "_tails")
 
     def __init__(self, events: Iterable[ChangeEvent] = ()) -> None:
         self._chunks: list[tuple[str, int, int]] = []  # (table, offset, length) in the file
         self._tails: dict[str, list[ChangeEvent]] = {}
         self._count = self._tail_count = self._end = 0
+        # the latest commit time among its events (0 for one without), None while empty
+        self._latest_ts: int | None = None
         self._fd: int | None = None
         self.extend(events)
 
@@ -98,6 +93,9 @@ class EventLog:
         tail.append(event)
         self._count += 1
         self._tail_count += 1
+        ts = event.commit_ts_ms or 0
+        if self._latest_ts is None or ts > self._latest_ts:
+            self._latest_ts = ts
         if self._tail_count >= SPILL_EVENTS:
             self._spill()
 
@@ -109,9 +107,7 @@ class EventLog:
         """Write every table's tail as a chunk (tables by name: the file's order is the
         events' order, so a replay of the same appends writes the same file)."""
         for table in sorted(self._tails):
-            raw = pickle.dumps(self._tails[table], pickle.HIGHEST_PROTOCOL)
-            self._write(table, _SIZE.pack(len(raw)) + pa.compress(raw, codec=_CODEC,
-                                                                  asbytes=True))
+            self._write(table, pack(self._tails[table]))
         self._tails = {}
         self._tail_count = 0
 
@@ -138,46 +134,39 @@ class EventLog:
             blob += more
         return blob
 
-    @staticmethod
-    def _events(blob: bytes) -> list[ChangeEvent]:
-        (size,) = _SIZE.unpack_from(blob)
-        return pickle.loads(pa.decompress(memoryview(blob)[_SIZE.size:], size, codec=_CODEC,
-                                          asbytes=True))
-
     def _blobs(self) -> list[tuple[str, bytes]]:
         return [(table, self._read(offset, length)) for table, offset, length in self._chunks]
 
-    def __iter__(self) -> Iterator[ChangeEvent]:
-        """The events in table order (module docstring), the log unchanged."""
-        for table in sorted({t for t, _, _ in self._chunks} | set(self._tails)):
-            for t, offset, length in self._chunks:
+    def _in_order(self, chunks: list[tuple[str, int, int]],
+                  tails: dict[str, list[ChangeEvent]]) -> Iterator[list[ChangeEvent]]:
+        """``chunks`` (read from the file) and ``tails`` as lists of events, in table order
+        (module docstring)."""
+        for table in sorted({t for t, _, _ in chunks} | set(tails)):
+            for t, offset, length in chunks:
                 if t == table:
-                    yield from self._events(self._read(offset, length))
-            yield from self._tails.get(table, ())
+                    yield unpack(self._read(offset, length))
+            yield tails.get(table, [])
+
+    def __iter__(self) -> Iterator[ChangeEvent]:
+        """The events in table order, the log unchanged."""
+        for events in self._in_order(self._chunks, self._tails):
+            yield from events
 
     def drain(self) -> Iterator[ChangeEvent]:
-        """The events in table order, each chunk let go once handed out; the file is closed
-        at the end (the log is empty after)."""
+        """The events in table order, each let go once handed out; the file is closed at
+        the end (the log is empty after)."""
         chunks, tails = self._chunks, self._tails
         self._chunks, self._tails, self._count, self._tail_count = [], {}, 0, 0
+        self._latest_ts = None
         try:
-            for table in sorted({t for t, _, _ in chunks} | set(tails)):
-                for t, offset, length in chunks:
-                    if t == table:
-                        events = self._events(self._read(offset, length))
-                        events.reverse()
-                        while events:
-                            yield events.pop()
-                events = tails.pop(table, [])
-                events.reverse()
-                while events:
-                    yield events.pop()
+            for events in self._in_order(chunks, tails):
+                yield from drain(events)
         finally:
             self.close()
             self._end = 0
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _restored, (self._blobs(), self._tails, self._count)
+        return _restored, (self._blobs(), self._tails, self._count, self._latest_ts)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, EventLog):
@@ -189,7 +178,7 @@ class EventLog:
 
 
 def _restored(blobs: list[tuple[str, bytes]], tails: dict[str, list[ChangeEvent]],
-              count: int) -> EventLog:
+              count: int, latest_ts: int | None) -> EventLog:
     """An :class:`EventLog` from what :meth:`EventLog.__reduce__` carried (chunks written to
     a new file of this process)."""
     log = EventLog()
@@ -198,6 +187,7 @@ def _restored(blobs: list[tuple[str, bytes]], tails: dict[str, list[ChangeEvent]
     log._tails = {table: list(events) for table, events in tails.items()}
     log._tail_count = sum(len(events) for events in log._tails.values())
     log._count = count
+    log._latest_ts = latest_ts
     return log
 
 
@@ -208,6 +198,14 @@ def in_table_order(events: list[ChangeEvent] | EventLog) -> list[ChangeEvent] | 
     if isinstance(events, EventLog):
         return events
     return sorted(events, key=lambda e: e.table)
+
+
+def latest_commit_ts(events: list[ChangeEvent] | EventLog) -> int | None:
+    """The latest commit time among ``events`` (0 for an event without one; None: no
+    events), of a log without reading it back."""
+    if isinstance(events, EventLog):
+        return events._latest_ts
+    return max((e.commit_ts_ms or 0 for e in events), default=None)
 
 
 def drain(events: list[ChangeEvent] | EventLog) -> Iterator[ChangeEvent]:

@@ -383,14 +383,6 @@ a row's buffer by doubling, then copies it into Arrow): Java heap space in
 ``collectAsArrowToPython``, and a row cannot pass 2 GB at all. 50k changes are a few MB."""
 
 
-def changes_frame(job: Job, shard: int, changes: list[OutputChange],
-                  info: dict[str, Any]) -> pd.DataFrame:
-    """The shard's output rows (:func:`changes_columns`) as the frame the task returns."""
-    import pandas as pd
-
-    return pd.DataFrame(changes_columns(job, shard, changes, info))
-
-
 def changes_columns(job: Job, shard: int, changes: list[OutputChange],
                     info: dict[str, Any]) -> dict[str, list[Any]]:
     """The shard's output rows, by column (``OUTPUT_SCHEMA``; no pandas: a shard's host
