@@ -36,6 +36,7 @@ from txjoin.join.routing import (
 )
 from txjoin.join.shard import ShardEngine
 from txjoin.join.sharded import ShardedEngine
+from txjoin.join.staged import StagedEngine
 from txjoin.join.state import save_fields
 from txjoin.join.state_log import LAYOUT_VERSION, MemoryStore, ShardLog
 from txjoin.scenarios.checks import RunObservation, check_scenario
@@ -45,15 +46,18 @@ from txjoin.scenarios.spec import load_scenario
 from txjoin.sequence.assembly import Assembler, TopicPartitions
 
 
-def run_sharded(job: Any, workload: Any, data: Any, n_shards: int, parts: int = 1) -> None:
+def run_sharded(job: Any, workload: Any, data: Any, n_shards: int, parts: int = 1,
+                staged: bool = False) -> None:
     """``parts``: table topics spread over that many partitions by key, read with any lag
     between partitions; the source reports caught-up partitions, or (drawn) whole topics
-    only."""
+    only. ``staged``: the staged engine (``join/staged.py``), its sequencer too restarted
+    from its saved state at random."""
     production, where = split_partitions(produce(job, workload), parts)
     batches = data.draw(deliveries(production), label="delivery")
     expected = outputs_after_each(job, workload.snapshot, workload.transactions)
     counts = dict.fromkeys(job.table_names, parts) if parts > 1 else {}
-    engine = ShardedEngine(job, n_shards)
+    engine: ShardedEngine | StagedEngine = (StagedEngine if staged else ShardedEngine)(
+        job, n_shards)
     applied: dict[Any, Any] = {}
     seen: set[tuple[Any, int]] = set()
     last_k = -1
@@ -72,7 +76,12 @@ def run_sharded(job: Any, workload: Any, data: Any, n_shards: int, parts: int = 
         if counts and data.draw(st.booleans(), label=f"whole topics only {n}"):
             caught_parts = {}
         partitions = TopicPartitions(counts, {t: frozenset(p) for t, p in caught_parts.items()})
-        changes = engine.process(records, caught, drop_cache=drop, partitions=partitions)
+        if isinstance(engine, StagedEngine):
+            changes = engine.process(records, caught, drop_cache=drop, partitions=partitions,
+                                     drop_sequencer=data.draw(st.booleans(),
+                                                              label=f"drop sequencer {n}"))
+        else:
+            changes = engine.process(records, caught, drop_cache=drop, partitions=partitions)
         for ch in changes:
             assert (ch.key, ch.commit_seq) not in seen, f"{ch} emitted twice"
             seen.add((ch.key, ch.commit_seq))
@@ -82,7 +91,7 @@ def run_sharded(job: Any, workload: Any, data: Any, n_shards: int, parts: int = 
                 applied[ch.key] = ch.row
         assert applied == engine.outputs(), "the change stream disagrees with the shards' state"
         k = engine.commit_seq  # asserts every shard released the same prefix
-        if not engine.engines()[0].assembler.snapshot.done:
+        if not engine.snapshot_done:
             assert applied == {}
             continue
         assert k >= last_k

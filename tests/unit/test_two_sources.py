@@ -30,6 +30,7 @@ from txjoin.join.engine import Engine
 from txjoin.join.oracle import RowChange, SourceTransaction, outputs_by_source_prefixes
 from txjoin.join.output import changes_to_table, output_schema
 from txjoin.join.sharded import ShardedEngine
+from txjoin.join.staged import StagedEngine
 from txjoin.scenarios.core_runner import observe_core
 from txjoin.scenarios.schedule import compile_schedule
 from txjoin.scenarios.spec import load_scenario
@@ -49,7 +50,9 @@ def _per_source(engine: Any) -> tuple[int, ...]:
     return tuple(engine.frontiers[s].commit_seq for s in engine.job.source_names)
 
 
-def _check_run(data: Any, n_shards: int | None) -> None:
+def _check_run(data: Any, n_shards: int | None, staged: bool = False) -> None:
+    """``staged``: the staged engine's shards (``join/staged.py``), its sequencer restarted
+    from its saved state at random."""
     job = TWO_DBS
     workload = data.draw(workloads(USERS_ROWS, job=job), label="workload")
     batches = data.draw(deliveries(produce(job, workload)), label="delivery")
@@ -59,7 +62,8 @@ def _check_run(data: Any, n_shards: int | None) -> None:
     silent = any(not any(workload.snapshot.get(t) for t in job.tables_of(s))
                  and not any(tx.source == s for tx in workload.transactions)
                  for s in job.source_names)
-    sharded = None if n_shards is None else ShardedEngine(job, n_shards)
+    sharded = None if n_shards is None else (StagedEngine if staged else ShardedEngine)(
+        job, n_shards)
     engine = Engine(job) if sharded is None else None
     applied: dict[Any, Any] = {}
     seen: set[tuple[Any, int]] = set()
@@ -67,7 +71,13 @@ def _check_run(data: Any, n_shards: int | None) -> None:
     for n, batch in enumerate(batches):
         records = [(r.topic, 0, r.offset, r.value) for r in batch.records]
         caught = _caught(job, batch.caught_up)
-        if sharded is not None:
+        if isinstance(sharded, StagedEngine):
+            drop = data.draw(st.sets(st.integers(0, sharded.n_shards - 1)), label=f"drop {n}")
+            changes = sharded.process(records, caught, drop_cache=drop, drop_sequencer=data.draw(
+                st.booleans(), label=f"drop sequencer {n}"))
+            assert sharded.commit_seq >= 0  # every shard applied the same releases
+            current, outputs = sharded.sequencer, sharded.outputs()
+        elif sharded is not None:
             drop = data.draw(st.sets(st.integers(0, sharded.n_shards - 1)), label=f"drop {n}")
             changes = sharded.process(records, caught, drop_cache=drop)
             engines = sharded.engines()

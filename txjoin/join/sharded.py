@@ -82,6 +82,10 @@ class ShardedEngine:
         assert len(seqs) == 1, f"shards disagree on the frontier: {seqs}"
         return seqs.pop()
 
+    @property
+    def snapshot_done(self) -> bool:
+        return self.engines()[0].snapshot_done
+
     def outputs(self) -> dict:
         merged: dict = {}
         for engine in self.engines():
