@@ -29,9 +29,9 @@ from tests.unit.test_sharding import SCENARIOS, _changelog_key, run_sharded
 from tests.unit.test_spill import spilling_past
 from tests.unit.test_two_sources import _check_run
 from txjoin.errors import IncompleteTransactionError, TxjoinError
-from txjoin.ingest.debezium import TxMarker
+from txjoin.ingest.debezium import ChangeEvent, TxMarker
 from txjoin.join.engine import Engine
-from txjoin.join.routing import shard_of
+from txjoin.join.routing import ForeignFacts, shard_of
 from txjoin.join.sharded import ShardedEngine
 from txjoin.join.staged import SKIP, StagedEngine
 from txjoin.join.temporal import TemporalJoin
@@ -173,7 +173,9 @@ def test_a_shard_receives_no_marker_and_no_other_shards_fact() -> None:
     records = [(r.topic, 0, r.offset, r.value) for r in pipe.all_records()]
     n_shards = 4
     meta, per_shard = StagedEngine(ORDERS, n_shards).route(records)
-    assert len(meta) == sum(1 for r in records if r[3] is not None)  # each record once
+    # each record once: the fact table's streaming events as one batch of columns
+    assert sum(len(m.item) if isinstance(m.item, ForeignFacts) else 1
+               for m in meta) == sum(1 for r in records if r[3] is not None)
     fact = ORDERS.table(ORDERS.fact)
     held = 0
     for shard, events in enumerate(per_shard):
@@ -185,7 +187,9 @@ def test_a_shard_receives_no_marker_and_no_other_shards_fact() -> None:
             owners = {shard_of(fact.convert_key(row), n_shards)
                       for row in (event.before, event.after) if row is not None}
             assert shard in owners, f"shard {shard} got {event.position}, held by {owners}"
-    assert held == sum(1 for m in meta if not isinstance(m, TxMarker) and m.table == ORDERS.fact)
+    assert held == sum(len(m.item) if isinstance(m.item, ForeignFacts) else
+                       int(isinstance(m.item, ChangeEvent) and m.item.table == ORDERS.fact)
+                       for m in meta)
 
 
 def test_a_shard_spends_no_pass_on_a_transaction_without_rows_in_it(

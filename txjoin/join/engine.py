@@ -59,7 +59,7 @@ from txjoin.sequence.assembly import (
     TopicPartitions,
     Transaction,
 )
-from txjoin.sequence.frontier import Frontier
+from txjoin.sequence.frontier import RELEASED_MEMORY, Frontier
 from txjoin.sequence.spill import EventLog, drain
 
 __all__ = ["TRANSACTION_STREAM", "Engine", "EngineStats"]
@@ -86,7 +86,7 @@ class Engine:
                                "snapshot_released", "partition_counts")
 
     def __init__(self, job: Job, policy: IncompletePolicy | None = None,
-                 released_memory: int = 100_000) -> None:
+                 released_memory: int = RELEASED_MEMORY) -> None:
         self.job = job
         self.policy = policy or IncompletePolicy()
         # One assembler and one frontier per source, in declared order.

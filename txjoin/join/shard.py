@@ -189,6 +189,11 @@ class ShardEngine(Engine):
                         f"a large transaction waits on the worker's local disk), or split "
                         f"such transactions at the source")
 
+    def buffered_rows(self) -> int:
+        """The snapshot rows and events it buffers (``state_log.engine_rows``)."""
+        return sum(len(a.snapshot.rows) + sum(len(p.events) for p in a.pending.values())
+                   for a in self.assemblers.values())
+
     def _sequencer_state(self) -> dict[str, Any]:
         """The assembly and frontier state of every source, without what grows with history
         or the database (released xids, snapshot rows and identities: carried as deltas)

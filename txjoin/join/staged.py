@@ -29,21 +29,31 @@ fed what every shard is fed today of the records it does not hold. What a shard 
 its own (which of its events a release applies, a redelivery of a released transaction's
 event, a snapshot row after the snapshot) follows from the releases and the same
 identities; the property tests (tests/unit/test_staged.py) check the result against the
-oracle and against today's sharded engine. In Spark the sequencer is meant to be one
-stage before the shards (its input: the JVM router's metadata columns), not yet wired.
+oracle and against today's sharded engine.
+
+Both parts keep their state as a log of micro-batches (``state_log.ShardLog``, layout
+:data:`STAGED_LAYOUT`): the sequencer's segments carry what ``ShardEngine``'s do without
+rows; a shard's (:class:`AppliedEffects`) carry its events, the batch's releases, the rows
+it put or removed and its output, so a copy one batch behind is brought forward without
+evaluating the join. In Spark (``join/spark/staged.py``) the sequencer is one stateful
+stage before the shards' (``txjoin run --engine staged``).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from txjoin.ingest.debezium import INCREMENTAL, ChangeEvent, Position, TxMarker, decode
 from txjoin.job import Job
-from txjoin.join.engine import Engine
-from txjoin.join.routing import Router, is_metadata_only, metadata_only
+from txjoin.join.engine import EngineStats
+from txjoin.join.routing import Routed, Router, gather_foreign, is_metadata_only, metadata_only
+from txjoin.join.shard import ShardEngine, long_lived_state
 from txjoin.join.state import pack, unpack
+from txjoin.join.state_log import MemoryStore, ShardLog
 from txjoin.join.temporal import OutputChange, TemporalJoin
 from txjoin.sequence.assembly import (
     SNAPSHOT_XID,
@@ -53,14 +63,19 @@ from txjoin.sequence.assembly import (
     TopicPartitions,
     Transaction,
 )
+from txjoin.sequence.frontier import RELEASED_MEMORY
 from txjoin.sequence.spill import drain, in_table_order, latest_commit_ts
 
 SNAPSHOT, TRANSACTION, CORRECTION, SKIP = "snapshot", "transaction", "correction", "skip"
 """The kinds of :class:`Release`."""
 
-RELEASED_MEMORY = 100_000
-"""Released xids remembered per source (``Frontier.memory``): the sequencer's and every
-shard's, so both drop the same redelivered events."""
+STAGED_LAYOUT = 11
+"""The state layout of the staged engine's logs (the sequencer's and each shard's):
+``state_log.ShardLog`` entries holding a :class:`Sequencer` or a :class:`ShardApplier`.
+A checkpoint of today's sharded engine (layouts 6-10) is not one of it, nor the reverse."""
+
+SEQUENCER = -1
+"""The sequencer's number where a shard's would go (its log's ``where``, its host)."""
 
 
 class Release(NamedTuple):
@@ -90,28 +105,34 @@ def _position_key(item: ChangeEvent | TxMarker) -> tuple[str, int, int]:
     return pos.topic, pos.partition, pos.offset
 
 
-class Sequencer(Engine):
+class Sequencer(ShardEngine):
     """The core engine without a join: assembly and commit order of every source, from the
-    metadata of every record; :meth:`sequence` returns a batch's releases."""
+    metadata of every record (a shard that holds no rows); a batch's releases are
+    :attr:`releases` after :meth:`process_routed`."""
 
-    def __init__(self, job: Job, policy: IncompletePolicy | None = None,
-                 released_memory: int = RELEASED_MEMORY) -> None:
-        super().__init__(job, policy, released_memory)
-        self._releases: list[Release] = []
+    def __init__(self, job: Job, shard: int = SEQUENCER, n_shards: int = 1,
+                 policy: IncompletePolicy | None = None) -> None:
+        super().__init__(job, shard, n_shards, policy)
+        self.releases: list[Release] = []
         self._skips_seen = dict.fromkeys(job.source_names, 0)
 
     def restore(self, state: Any, rows: bool = True) -> None:
         super().restore(state, rows)
         self._skips_seen = {s: len(f.skipped) for s, f in self.frontiers.items()}
 
+    def process_routed(self, records: Iterable[Routed], caught_up: Iterable[str] = (),
+                       partitions: TopicPartitions | None = None) -> list[OutputChange]:
+        self.releases = []
+        return super().process_routed(records, caught_up, partitions)
+
     def sequence(self, items: Iterable[ChangeEvent | TxMarker], caught_up: Iterable[str] = (),
                  partitions: TopicPartitions | None = None) -> list[Release]:
         """One micro-batch of metadata (events without rows, markers; any order): what it
         releases, in order. Raises what the core raises (an incomplete transaction under
         ``fail``, a record of an undeclared partition, ...)."""
-        self._releases = []
+        self.releases = []
         self.process_decoded(sorted(items, key=_position_key), caught_up, partitions)
-        return self._releases
+        return self.releases
 
     def _record_skips(self) -> None:
         """Transactions the incomplete policy dropped since the last call (``Frontier.enforce``
@@ -119,7 +140,7 @@ class Sequencer(Engine):
         for source, frontier in self.frontiers.items():
             seen = self._skips_seen[source]
             for xid in frontier.skipped[seen:]:
-                self._releases.append(Release(SKIP, source, xid))
+                self.releases.append(Release(SKIP, source, xid))
             self._skips_seen[source] = len(frontier.skipped)
 
     def release(self) -> Iterator[Transaction]:
@@ -134,7 +155,7 @@ class Sequencer(Engine):
                 with_rows = with_rows or bool(assembler.snapshot.tables_with_rows)
                 assembler.snapshot.done = True
                 assembler.snapshot.rows = []
-            self._releases.append(Release(SNAPSHOT, with_rows=with_rows))
+            self.releases.append(Release(SNAPSHOT, with_rows=with_rows))
             self.snapshot_released = with_rows
         for source, frontier in self.frontiers.items():
             for tx in frontier.release_streaming(self.assemblers[source]):
@@ -145,21 +166,45 @@ class Sequencer(Engine):
         self.stats.transactions_released += 1
         if tx.correction:
             rows = list(drain(tx.events))
-            self._releases.append(Release(
+            self.releases.append(Release(
                 CORRECTION, tx.source, SNAPSHOT_XID, tx.commit_ts_ms,
                 tuple(e.position for e in rows),
                 with_fact=any(e.table == self.job.fact for e in rows)))
         else:
             tx.events = []  # metadata only: nothing to keep
-            self._releases.append(Release(TRANSACTION, tx.source, tx.xid, tx.commit_ts_ms))
+            self.releases.append(Release(TRANSACTION, tx.source, tx.xid, tx.commit_ts_ms))
         return []
 
 
+@dataclass
+class AppliedEffects:
+    """What one batch did to a :class:`ShardApplier`, enough to redo it without evaluating:
+    the events it added, the releases it took, the rows it put or removed (``journal``),
+    and its numbering after the batch."""
+
+    events: list[ChangeEvent]
+    releases: list[Release]
+    journal: list[tuple[str, Any, Any]]
+    applied_seq: int
+    snapshot_released: bool
+
+    @property
+    def snapshot_events(self) -> list[ChangeEvent]:
+        """The batch's snapshot rows (``ShardLog`` sizes a segment with them)."""
+        return [e for e in self.events if e.is_snapshot]
+
+
 class ShardApplier:
-    """One shard of the staged engine: its rows per open transaction, applied as released."""
+    """One shard of the staged engine: its rows per open transaction, applied as released.
+
+    Its input per batch (:meth:`process_routed`): its events (the rows it holds) and the
+    batch's :class:`Release` entries, as ``Routed`` items."""
+
+    FIELDS = ("pending", "incremental", "incremental_read_to", "released", "applied_seq",
+              "snapshot_released")
 
     def __init__(self, job: Job, shard: int = 0, n_shards: int = 1,
-                 released_memory: int = RELEASED_MEMORY) -> None:
+                 policy: IncompletePolicy | None = None) -> None:
         self.job = job
         self.shard, self.n_shards = shard, n_shards
         self.join = TemporalJoin(job)
@@ -170,26 +215,61 @@ class ShardApplier:
         # last offset read of them per table (a row at or before it is read again)
         self.incremental: dict[Position, ChangeEvent] = {}
         self.incremental_read_to: dict[str, int] = {}
-        self.memory = released_memory
+        self.memory = RELEASED_MEMORY
         self.released: dict[str, deque[int]] = {s: deque() for s in job.source_names}
         self._released_sets: dict[str, set[int]] = {s: set() for s in job.source_names}
         self.applied_seq = 0
         self.snapshot_released = False
+        self.stats = EngineStats()
+        # what state_log.ShardLog reads and sets
+        self.last_effects: AppliedEffects | None = None
+        self.max_transaction_bytes: int | None = None  # (a shard of this engine spills)
+        self.batch_wire_s = 0.0
+        self.batch_join_s = 0.0
+        self.log_version = 0
+        self.log_token = ""
 
     # -- a batch -------------------------------------------------------------------------
 
-    def process(self, events: Iterable[ChangeEvent], releases: Iterable[Release]
-                ) -> list[OutputChange]:
-        """Buffer the batch's events this shard holds (in topic order per partition), then
-        apply the batch's releases; the output changes, in commit order."""
-        for event in sorted(events, key=_position_key):
-            self._add(event)
-        changes: list[OutputChange] = []
-        for release in releases:
-            changes.extend(self._release(release))
+    def process_routed(self, records: Iterable[Routed], caught_up: Iterable[str] = (),
+                       partitions: TopicPartitions | None = None) -> list[OutputChange]:
+        """Buffer the batch's events (in topic order per partition), then apply its releases
+        (in their order); the output changes, in commit order. ``caught_up`` and
+        ``partitions`` are the sequencer's business."""
+        events: list[ChangeEvent] = []
+        releases: list[Release] = []
+        for item, _size in records:
+            if isinstance(item, Release):
+                releases.append(item)
+            else:
+                assert isinstance(item, ChangeEvent), item
+                events.append(item)
+        events.sort(key=_position_key)
+        self.batch_join_s = 0.0
+        self.join.journal = []
+        try:
+            for event in events:
+                self._add(event)
+            changes: list[OutputChange] = []
+            for release in releases:
+                changes.extend(self._release(release))
+            journal = self.join.journal
+        finally:
+            self.join.journal = None
+        self.stats.batches += 1
+        self.stats.changes_emitted += len(changes)
+        self.last_effects = AppliedEffects(events, releases, journal, self.applied_seq,
+                                           self.snapshot_released)
         return changes
 
+    def process(self, events: Iterable[ChangeEvent], releases: Iterable[Release]
+                ) -> list[OutputChange]:
+        """:meth:`process_routed` of plain events and releases."""
+        return self.process_routed([*(Routed(e, 0) for e in events),
+                                    *(Routed(r, 0) for r in releases)])  # type: ignore[arg-type]
+
     def _add(self, event: ChangeEvent) -> None:
+        self.stats.events += 1
         if event.snapshot == INCREMENTAL:
             if event.position.offset > self.incremental_read_to.get(event.table, -1):
                 self.incremental_read_to[event.table] = event.position.offset
@@ -215,36 +295,61 @@ class ShardApplier:
         while len(order) > self.memory:
             released.discard(order.popleft())
 
-    def _release(self, release: Release) -> list[OutputChange]:
+    def _take(self, release: Release) -> list[ChangeEvent] | Any:
+        """What ``release`` does to the buffers, without the join: the rows it applies."""
         kind = release.kind
         if kind == SNAPSHOT:
             self.snapshot_released = release.with_rows
             rows, self.snapshot.rows = self.snapshot.rows, []
             self.snapshot.done = True
-            if not rows:
-                return []
-            return self.join.apply(Transaction(SNAPSHOT_XID, 0, latest_commit_ts(rows), rows))
-        if kind == SKIP:
-            assert release.source is not None
-            self.pending.pop((release.source, release.xid), None)
-            self._remember(release.source, release.xid)
-            return []
+            return rows
         if kind == CORRECTION:
-            rows = [self.incremental.pop(p) for p in release.rows if p in self.incremental]
-            events = self.join.changing(rows)
-            if not events and not release.with_fact:
-                return []  # looked-up rows only, all equal: every shard drops it
-            self.applied_seq += 1
-            return self.join.apply(Transaction(SNAPSHOT_XID, self.applied_seq,
-                                               release.commit_ts_ms, events, correction=True))
-        assert kind == TRANSACTION and release.source is not None
-        self.applied_seq += 1
+            return [self.incremental.pop(p) for p in release.rows if p in self.incremental]
+        assert kind in (TRANSACTION, SKIP) and release.source is not None, release
         self._remember(release.source, release.xid)
         tx = self.pending.pop((release.source, release.xid), None)
-        if tx is None:
-            return []  # nothing of it here: no pass over it
-        return self.join.apply(Transaction(release.xid, self.applied_seq, release.commit_ts_ms,
-                                           in_table_order(tx.events), release.source))
+        if tx is None or kind == SKIP:
+            return []
+        self.stats.transactions_released += 1
+        return in_table_order(tx.events)
+
+    def _release(self, release: Release) -> list[OutputChange]:
+        kind = release.kind
+        rows = self._take(release)
+        if kind == SKIP:
+            return []
+        started = time.perf_counter()
+        try:
+            if kind == SNAPSHOT:
+                if not rows:
+                    return []
+                return self.join.apply(Transaction(SNAPSHOT_XID, 0, latest_commit_ts(rows),
+                                                   rows))
+            if kind == CORRECTION:
+                events = self.join.changing(rows)
+                if not events and not release.with_fact:
+                    return []  # looked-up rows only, all equal: every shard drops it
+                self.applied_seq += 1
+                return self.join.apply(Transaction(SNAPSHOT_XID, self.applied_seq,
+                                                   release.commit_ts_ms, events,
+                                                   correction=True))
+            self.applied_seq += 1
+            if not rows:
+                return []  # nothing of it here: no pass over it
+            return self.join.apply(Transaction(release.xid, self.applied_seq,
+                                               release.commit_ts_ms, rows, release.source))
+        finally:
+            self.batch_join_s += time.perf_counter() - started
+
+    def apply_effects(self, effects: AppliedEffects, changes: Iterable[OutputChange]) -> None:
+        """Bring this shard forward over a batch it processed before (no join evaluation)."""
+        for event in effects.events:
+            self._add(event)
+        for release in effects.releases:
+            self._take(release)
+        self.applied_seq = effects.applied_seq
+        self.snapshot_released = effects.snapshot_released
+        self.join.replay_journal(effects.journal, changes)
 
     # -- introspection and checkpointing --------------------------------------------------
 
@@ -252,12 +357,14 @@ class ShardApplier:
     def commit_seq(self) -> int:
         return self.applied_seq
 
+    def buffered_rows(self) -> int:
+        """The snapshot rows and events it buffers (``state_log.engine_rows``)."""
+        return (len(self.snapshot.rows) + len(self.incremental)
+                + sum(len(p.events) for p in self.pending.values()))
+
     def outputs(self) -> dict[tuple[Any, ...], dict[str, Any]]:
         unpack_row = self.join.unpack
         return {key: unpack_row(packed) for key, packed in self.join.outputs.items()}
-
-    FIELDS = ("pending", "incremental", "incremental_read_to", "released", "applied_seq",
-              "snapshot_released")
 
     def state_bytes(self) -> bytes:
         """The whole state (the job itself is not included)."""
@@ -265,10 +372,10 @@ class ShardApplier:
                      "snapshot": self.snapshot.state(), "join": self.join.state()})
 
     @classmethod
-    def from_state(cls, job: Job, blob: bytes, shard: int = 0, n_shards: int = 1
-                   ) -> ShardApplier:
+    def from_state(cls, job: Job, blob: bytes, policy: IncompletePolicy | None = None,
+                   shard: int = 0, n_shards: int = 1) -> ShardApplier:
         state = unpack(blob)
-        applier = cls(job, shard, n_shards)
+        applier = cls(job, shard, n_shards, policy)
         for name in cls.FIELDS:
             setattr(applier, name, state[name])
         applier._released_sets = {s: set(order) for s, order in applier.released.items()}
@@ -278,69 +385,94 @@ class ShardApplier:
 
 
 class StagedEngine:
-    """A sequencer and ``n`` shard appliers, each persisted after every batch (as a
-    checkpoint would), with the interface of ``sharded.ShardedEngine``."""
+    """A sequencer and ``n`` shard appliers, each with its own log in a :class:`MemoryStore`
+    (as Spark's state store holds them), with the interface of ``sharded.ShardedEngine``."""
 
     def __init__(self, job: Job, n_shards: int, policy: IncompletePolicy | None = None) -> None:
         self.job = job
         self.router = Router(job, n_shards)
         self.policy = policy or IncompletePolicy()
-        self.sequencer = Sequencer(job, self.policy)
-        self.appliers = [ShardApplier(job, s, n_shards) for s in range(n_shards)]
-        self.saved_sequencer = self.sequencer.state_bytes()
-        self.saved = [a.state_bytes() for a in self.appliers]
+        self.sequencer_store = MemoryStore()
+        self.stores = [MemoryStore() for _ in range(n_shards)]
+        self.sequencer: Sequencer | None = None
+        self.cache: dict[int, ShardApplier] = {}
         self.last_releases: list[Release] = []
 
     @property
     def n_shards(self) -> int:
-        return len(self.appliers)
+        return len(self.stores)
+
+    def sequencer_log(self) -> ShardLog:
+        return ShardLog(self.sequencer_store, self.job, SEQUENCER, self.n_shards, self.policy,
+                        where="the sequencer", engine_class=Sequencer,
+                        layouts=(STAGED_LAYOUT, (STAGED_LAYOUT,)))
+
+    def shard_log(self, shard: int) -> ShardLog:
+        return ShardLog(self.stores[shard], self.job, shard, self.n_shards, self.policy,
+                        engine_class=ShardApplier,  # type: ignore[arg-type]
+                        layouts=(STAGED_LAYOUT, (STAGED_LAYOUT,)))
 
     def route(self, records: Iterable[tuple[str, int, int, str | None]]
-              ) -> tuple[list[ChangeEvent | TxMarker], list[list[ChangeEvent]]]:
-        """The sequencer's input (every record's metadata) and each shard's (the events
+              ) -> tuple[list[Routed], list[list[ChangeEvent]]]:
+        """The sequencer's input (every record's metadata, the fact table's streaming
+        events as columns, as Spark's sequencer takes them) and each shard's (the events
         whose rows it holds)."""
-        meta: list[ChangeEvent | TxMarker] = []
-        per_shard: list[list[ChangeEvent]] = [[] for _ in self.appliers]
+        meta: list[Routed] = []
+        per_shard: list[list[ChangeEvent]] = [[] for _ in self.stores]
         for topic, partition, offset, value in records:
             item = decode(value, Position(topic, partition, offset))
             if item is None:
                 continue
             if isinstance(item, TxMarker):
-                meta.append(item)
+                meta.append(Routed(item, 0))
                 continue
             routed = self.router.route(item, 0)
             if routed[0] is None:
                 continue  # a table the job does not read
-            meta.append(metadata_only(routed[0].item))  # type: ignore[arg-type]
+            meta.append(Routed(metadata_only(routed[0].item), 0))  # type: ignore[arg-type]
             for shard, one in enumerate(routed):
                 event = one.item  # type: ignore[union-attr]
                 assert isinstance(event, ChangeEvent)
                 if not is_metadata_only(event):
                     per_shard[shard].append(event)
-        return meta, per_shard
+        return gather_foreign(self.job.fact, meta), per_shard
 
     def process(self, records: Iterable[tuple[str, int, int, str | None]],
                 caught_up: Iterable[str] = (), drop_cache: Iterable[int] = (),
                 partitions: TopicPartitions | None = None,
                 drop_sequencer: bool = False) -> list[OutputChange]:
-        """One micro-batch; ``drop_cache``: shards that go on from their saved state (a
-        restart); ``drop_sequencer``: the sequencer too."""
-        job = self.job
+        """One micro-batch; ``drop_cache``: shards that go on from their logs (a restart);
+        ``drop_sequencer``: the sequencer too."""
         for shard in drop_cache:
-            self.appliers[shard] = ShardApplier.from_state(job, self.saved[shard], shard,
-                                                           self.n_shards)
+            self.cache.pop(shard, None)
         if drop_sequencer:
-            self.sequencer = Sequencer.from_state(job, self.saved_sequencer, self.policy)
-        meta, per_shard = self.route(records)
-        releases = self.sequencer.sequence(meta, caught_up, partitions)
-        self.last_releases = releases
+            self.sequencer = None
+        with long_lived_state():
+            meta, per_shard = self.route(records)
+        caught = list(caught_up)
+        with long_lived_state():
+            result = self.sequencer_log().process(self.sequencer, meta, caught, partitions)
+        sequencer = result.engine
+        assert isinstance(sequencer, Sequencer)
+        self.sequencer = sequencer
+        releases = self.last_releases = sequencer.releases
         changes: list[OutputChange] = []
-        for shard, applier in enumerate(self.appliers):
-            changes.extend(applier.process(per_shard[shard], releases))
-        self.saved_sequencer = self.sequencer.state_bytes()
-        self.saved = [a.state_bytes() for a in self.appliers]
+        for shard, events in enumerate(per_shard):
+            items: Sequence[Routed] = [*(Routed(e, 0) for e in events),
+                                       *(Routed(r, 0) for r in releases)]  # type: ignore[arg-type]
+            with long_lived_state():
+                done = self.shard_log(shard).process(self.cache.get(shard), items, caught,  # type: ignore[arg-type]
+                                                     partitions)
+            applier = done.engine
+            assert isinstance(applier, ShardApplier)
+            self.cache[shard] = applier
+            changes.extend(done.changes)
         changes.sort(key=lambda ch: ch.commit_seq)
         return changes
+
+    @property
+    def appliers(self) -> list[ShardApplier]:
+        return [self.cache[s] for s in range(self.n_shards)]
 
     @property
     def commit_seq(self) -> int:
@@ -350,7 +482,7 @@ class StagedEngine:
 
     @property
     def snapshot_done(self) -> bool:
-        return self.sequencer.snapshot_done
+        return self.sequencer is not None and self.sequencer.snapshot_done
 
     @property
     def snapshot_released(self) -> bool:

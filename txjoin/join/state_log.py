@@ -162,10 +162,8 @@ def chain_token(parent: str, version: int) -> str:
 def engine_rows(engine: ShardEngine) -> int:
     """The shard's size in rows (current rows, outputs, and the snapshot rows and events
     it buffers): a deterministic measure of what a snapshot of it writes."""
-    buffered = sum(len(a.snapshot.rows) + sum(len(p.events) for p in a.pending.values())
-                   for a in engine.assemblers.values())
     return (sum(len(rows) for rows in engine.join.rows.values()) + len(engine.join.outputs)
-            + buffered)
+            + engine.buffered_rows())
 
 
 class _Chunks:
@@ -227,7 +225,15 @@ class ShardLog:
 
     def __init__(self, store: BlobStore, job: Job, shard: int, n_shards: int,
                  policy: IncompletePolicy | None = None, where: str = "",
-                 max_transaction_bytes: int | None = None) -> None:
+                 max_transaction_bytes: int | None = None,
+                 engine_class: type[ShardEngine] = ShardEngine,
+                 layouts: tuple[int, tuple[int, ...]] = (LAYOUT_VERSION, CONTINUED_LAYOUTS)
+                 ) -> None:
+        """``engine_class``: what the log holds (a :class:`ShardEngine`, or a part of the
+        staged engine, ``join/staged.py``, with the same interface); ``layouts``: the layout
+        it writes and those it continues."""
+        self.engine_class = engine_class
+        self.layout, self.continued = layouts
         self.store = store
         self.max_transaction_bytes = max_transaction_bytes
         self.job = job
@@ -241,13 +247,13 @@ class ShardLog:
     def _meta(self) -> dict[str, Any]:
         meta = self.store.get_meta()
         if meta is None:
-            return {"layout": LAYOUT_VERSION, "shards": self.n_shards, "version": 0,
+            return {"layout": self.layout, "shards": self.n_shards, "version": 0,
                     "token": "", "snapshot": None, "snapshot_rows": 0, "since_snapshot": 0,
                     "segments": 0}
-        if meta.get("layout") not in CONTINUED_LAYOUTS:
+        if meta.get("layout") not in self.continued:
             raise ConfigError(
                 f"{self.where}: the checkpoint's state has layout {meta.get('layout')}, this "
-                f"txjoin needs layout {LAYOUT_VERSION}; {RECOVER}")
+                f"txjoin needs layout {self.layout}; {RECOVER}")
         if meta.get("shards") != self.n_shards:
             raise ConfigError(
                 f"{self.where}: the checkpoint was written with --shards {meta.get('shards')}, "
@@ -307,13 +313,13 @@ class ShardLog:
         return engine, "restored"
 
     def _new(self) -> ShardEngine:
-        return ShardEngine(self.job, self.shard, self.n_shards, self.policy)
+        return self.engine_class(self.job, self.shard, self.n_shards, self.policy)
 
     def _restore_snapshot(self, version: int) -> ShardEngine:
         state = self._read(SNAPSHOT, version)
-        engine = ShardEngine.from_state(self.job, state["engine"], self.policy,
-                                        shard=self.shard, n_shards=self.n_shards)
-        assert isinstance(engine, ShardEngine)
+        engine = self.engine_class.from_state(self.job, state["engine"], self.policy,
+                                              shard=self.shard, n_shards=self.n_shards)
+        assert isinstance(engine, self.engine_class)
         engine.log_version = version
         engine.log_token = state["token"]
         return engine
@@ -354,7 +360,7 @@ class ShardLog:
         assert effects is not None
         engine.last_effects = None
         size = len(effects.journal) + len(effects.snapshot_events) + len(changes)
-        meta = dict(meta, layout=LAYOUT_VERSION, version=version, token=token,
+        meta = dict(meta, layout=self.layout, version=version, token=token,
                     segments=meta["segments"] + 1,
                     since_snapshot=meta["since_snapshot"] + size)
         if (meta["since_snapshot"] > max(meta["snapshot_rows"], SNAPSHOT_MIN_ROWS)

@@ -26,6 +26,10 @@ from txjoin.join.state import restore_fields, save_fields
 from txjoin.sequence.assembly import SNAPSHOT_XID, Assembler, IncompletePolicy, Transaction
 
 
+RELEASED_MEMORY = 100_000
+"""Released xids a frontier remembers (and a staged engine's shard, ``join/staged.py``)."""
+
+
 class Frontier:
     """The commit-order queue and the memory of what was released."""
 
@@ -34,7 +38,7 @@ class Frontier:
     FIELDS = ("queue", "memory", "commit_seq", "last_xid", "skipped", "remembered")
     RELEASED_FIELDS = ("released", "_released_order")
 
-    def __init__(self, memory: int = 100_000) -> None:
+    def __init__(self, memory: int = RELEASED_MEMORY) -> None:
         self.queue: deque[int] = deque()  # xids in END order, not yet released
         self.released: set[int] = set()
         self._released_order: deque[int] = deque()
