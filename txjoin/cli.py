@@ -40,6 +40,7 @@ from txjoin.ingest.debezium import (
     DEFAULT_TOPIC_PREFIX,
     TIME_PRECISION_MODES,
 )
+from txjoin.join import ENGINES, SHARDED
 from txjoin.package import COMPRESS_LEVEL, DEFAULT_ARCHIVE
 
 if TYPE_CHECKING:
@@ -192,6 +193,11 @@ def _env(name: str) -> str:
 @click.option("--shards", envvar=_env("SHARDS"), show_envvar=True, type=click.IntRange(min=1),
               default=None, help="Shards the join's state and work are split into (fixed for "
                                  "a checkpoint). Default: Spark's default parallelism.")
+@click.option("--engine", envvar=_env("ENGINE"), show_envvar=True,
+              type=click.Choice(ENGINES), default=SHARDED, show_default=True,
+              help="sharded: every shard assembles and orders every transaction; staged: "
+                   "one sequencer stage orders them from every record's metadata, then each "
+                   "shard applies only the rows it holds (fixed for a checkpoint).")
 @click.option("--maintain-every", envvar=_env("MAINTAIN_EVERY"), show_envvar=True,
               type=click.IntRange(min=1), default=None,
               help="Compact the Delta changelog's small files once N micro-batches were "
@@ -238,6 +244,7 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
         incomplete_timeout: float, decimal_handling_mode: str | None,
         time_precision_mode: str | None, binary_handling_mode: str | None,
         spark_conf: tuple[str, ...], max_transaction_bytes: int, shards: int | None,
+        engine: str,
         maintain_every: int | None, delta_commit_interval: float,
         delta_max_pending_batches: int, delta_max_pending_mb: int,
         vacuum_retention_hours: float | None,
@@ -291,7 +298,8 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
         output_dir=output_dir or str(directory / "output"), master=master,
         postgres_dsn=None if no_postgres else postgres_dsn, until_idle=until_idle,
         on_incomplete=on_incomplete, incomplete_timeout_s=incomplete_timeout,
-        spark_conf=_parse_conf(spark_conf), shards=shards, source=source, rebuild=rebuild,
+        spark_conf=_parse_conf(spark_conf), shards=shards, engine=engine, source=source,
+        rebuild=rebuild,
         max_transaction_bytes=max_transaction_bytes,
         postgres_retry_timeout_s=postgres_retry_timeout, maintain_every=maintain_every,
         vacuum_retention_hours=vacuum_retention_hours, metrics_port=metrics_port,
@@ -509,9 +517,11 @@ def _parse_conf(items: tuple[str, ...]) -> dict[str, str]:
               show_default=True, help="Spark master URL.")
 @click.option("--shards", type=click.IntRange(min=1), default=None,
               help="Shards of the join (default: Spark's default parallelism).")
+@click.option("--engine", type=click.Choice(ENGINES), default=SHARDED, show_default=True,
+              help="The partitioned engine (txjoin run --engine).")
 def replay(files: tuple[Path, ...], as_json: bool, postgres_dsn: str | None,
            workdir: Path | None, keep: bool, core_only: bool, master: str,
-           shards: int | None) -> None:
+           shards: int | None, engine: str) -> None:
     """Replay scenario FILES through the real pipeline and check the sinks after every batch.
 
     Exit code 0: every check held; 1: a check failed; 2: a file is invalid.
@@ -548,7 +558,8 @@ def replay(files: tuple[Path, ...], as_json: bool, postgres_dsn: str | None,
 
                 assert root is not None
                 result = run_scenario_spark(spark, scenario, str(root / scenario.name),
-                                            postgres_dsn=postgres_dsn, shards=shards)
+                                            postgres_dsn=postgres_dsn, shards=shards,
+                                            engine=engine)
             failed = failed or not result.passed
             if as_json:
                 click.echo(jsonlib.dumps(result.to_json()))

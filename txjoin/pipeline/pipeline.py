@@ -54,9 +54,17 @@ from txjoin.errors import RECOVER, ConfigError
 from txjoin.ingest.debezium import DEFAULT_TOPIC_PREFIX
 from txjoin.ingest.spark.kafka import KafkaFacts, KafkaTopics
 from txjoin.job import Job, Table
+from txjoin.join import ENGINES, SHARDED, STAGED
 from txjoin.join.output import output_schema
 from txjoin.join.spark.routing import route
 from txjoin.join.spark.shards import OUTPUT_SCHEMA, ShardProcessor, shard_labels
+from txjoin.join.spark.staged import (
+    ApplierProcessor,
+    SequencerProcessor,
+    route_staged,
+    staged_stages,
+)
+from txjoin.join.staged import STAGED_LAYOUT
 from txjoin.join.state_log import CONTINUED_LAYOUTS, LAYOUT_VERSION
 from txjoin.pipeline.sink_tasks import SUMMARY_SCHEMA, PartWriter, in_commit_order, summarise
 from txjoin.sequence.assembly import IncompletePolicy
@@ -95,6 +103,9 @@ class RunConfig:
     incomplete_timeout_s: float = 300.0
     spark_conf: dict[str, str] = field(default_factory=dict)
     shards: int | None = None  # None: Spark's default parallelism
+    # "sharded": every shard sequences every transaction; "staged": one sequencer stage,
+    # then shards that hold only their rows (txjoin/join/staged.py)
+    engine: str = SHARDED
     # None: no limit (an open transaction spills to the worker's disk: sequence/spill.py)
     max_transaction_bytes: int | None = None
     source: str = "kafka"  # or "files:DIR" (txjoin.ingest.spark.files)
@@ -178,7 +189,11 @@ def stage_seconds(compute_s: float, info: dict[str, Any]) -> dict[str, float]:
 
 
 def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
-    """One progress record from the shards' (the frontier is the same in every shard)."""
+    """One progress record from the shards' (the frontier is the same in every shard).
+
+    The staged engine's sequencer reports through shard 0 (``sequencer``): its seconds are
+    added to the slowest shard's per stage (its stage runs before theirs), and it is one
+    more task in ``per_shard`` (shard -1)."""
     if not infos:
         return {}
     merged = dict(max(infos, key=lambda i: i["commit_seq"]))
@@ -193,8 +208,14 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
                          for k in infos[0].get("seconds", {})}
     # and each shard's own, for what a cluster's batch costs (its slowest task) against the
     # work of all tasks together (``txjoin bench --shard-sweep``)
-    merged["per_shard"] = [{k: i[k] for k in PER_SHARD if k in i}
-                           for i in sorted(infos, key=lambda i: i.get("shard", 0))]
+    tasks = sorted(infos, key=lambda i: i.get("shard", 0))
+    sequencer = next((i["sequencer"] for i in infos if i.get("sequencer")), None)
+    if sequencer is not None:
+        tasks.insert(0, sequencer)
+        for stage, seconds in sequencer.get("seconds", {}).items():
+            merged["seconds"][stage] = merged["seconds"].get(stage, 0.0) + seconds
+    merged.pop("sequencer", None)
+    merged["per_shard"] = [{k: i[k] for k in PER_SHARD if k in i} for i in tasks]
     return merged
 
 
@@ -209,38 +230,48 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 LAYOUT_FILE = "txjoin-layout.json"
 
 
-def check_layout(checkpoint: Path, n_shards: int | None, record: bool = True) -> int:
+def check_layout(checkpoint: Path, n_shards: int | None, record: bool = True,
+                 engine: str = SHARDED) -> int:
     """Check (or record) the checkpoint's state layout and shard count; its shuffle partitions.
 
     A checkpoint written by txjoin 0.1 (one engine value per query) has Spark
     state but no layout file: refused with what to do, like one with another
-    shard count (the state is split by shard). ``n_shards`` None: whatever the
-    checkpoint recorded; ``record=False`` only checks (``txjoin run`` before Spark).
+    shard count (the state is split by shard) or of the other ``--engine``.
+    ``n_shards`` None: whatever the checkpoint recorded; ``record=False`` only checks
+    (``txjoin run`` before Spark).
     """
     marker = checkpoint / LAYOUT_FILE
+    layout, continued = ((STAGED_LAYOUT, (STAGED_LAYOUT,)) if engine == STAGED
+                         else (LAYOUT_VERSION, CONTINUED_LAYOUTS))
     if marker.exists():
         recorded = json.loads(marker.read_text())
-        if recorded.get("layout") not in CONTINUED_LAYOUTS:
+        written_by = recorded.get("engine", SHARDED)
+        if written_by != engine:
+            raise ConfigError(
+                f"checkpoint {checkpoint} was written by the {written_by} engine, not the "
+                f"{engine} one: run with --engine {written_by} (the state is the engine's), or "
+                f"start from a new checkpoint (txjoin run --rebuild)")
+        if recorded.get("layout") not in continued:
             raise ConfigError(
                 f"checkpoint {checkpoint} has state layout {recorded.get('layout')}, this txjoin "
-                f"needs {LAYOUT_VERSION}: {RECOVER}")
+                f"needs {layout}: {RECOVER}")
         if n_shards is not None and recorded.get("shards") != n_shards:
             raise ConfigError(
                 f"checkpoint {checkpoint} was written with --shards {recorded.get('shards')}, "
                 f"not {n_shards}: run with --shards {recorded.get('shards')} (the state is split "
                 f"by shard), or start from a new checkpoint")
-        if record and recorded["layout"] != LAYOUT_VERSION:  # continued: an older txjoin
-            marker.write_text(json.dumps({**recorded, "layout": LAYOUT_VERSION}) + "\n")
+        if record and recorded["layout"] != layout:  # continued: an older txjoin
+            marker.write_text(json.dumps({**recorded, "layout": layout}) + "\n")
         return int(recorded.get("partitions", recorded.get("shards")))
     if (checkpoint / "offsets").exists() or (checkpoint / "state").exists():
         raise ConfigError(
             f"checkpoint {checkpoint} was written by an older txjoin (state layout 1: one "
-            f"engine value); this txjoin needs layout {LAYOUT_VERSION}: {RECOVER}")
+            f"engine value); this txjoin needs layout {layout}: {RECOVER}")
     if not record or n_shards is None:
         return n_shards or 0
     checkpoint.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps({"layout": LAYOUT_VERSION, "shards": n_shards,
-                                  "partitions": n_shards}) + "\n")
+    marker.write_text(json.dumps({"layout": layout, "shards": n_shards, "partitions": n_shards,
+                                  **({"engine": engine} if engine != SHARDED else {})}) + "\n")
     return n_shards
 
 
@@ -385,7 +416,10 @@ class Pipeline:
         n = self.n_shards()
         if n < 1:
             raise ConfigError(f"--shards must be at least 1, got {n}")
-        partitions = check_layout(Path(self.checkpoint), n)
+        engine = self.config.engine
+        if engine not in ENGINES:
+            raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        partitions = check_layout(Path(self.checkpoint), n, engine=engine)
         # Stateful operators: RocksDB (transformWithState needs it) with changelog
         # checkpointing (a batch uploads its puts, not the store). The shuffle gets one
         # partition per shard; a restarted checkpoint keeps its own partition count.
@@ -394,8 +428,16 @@ class Pipeline:
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
         labels = shard_labels(n, partitions)
+        token = uuid.uuid4().hex
+        if engine == STAGED:
+            return staged_stages(
+                route_staged(source, self.job, self.prefixes, labels),
+                SequencerProcessor(self.job, labels, self.config.policy, self.prefixes, token,
+                                   kafka_facts=self.kafka_facts),
+                ApplierProcessor(self.job, labels, self.config.policy, self.prefixes, token),
+                OUTPUT_SCHEMA)
         processor = ShardProcessor(self.job, labels, self.config.policy,
-                                   self.prefixes, uuid.uuid4().hex,
+                                   self.prefixes, token,
                                    kafka_facts=self.kafka_facts,
                                    max_transaction_bytes=self.config.max_transaction_bytes)
         return (route(source, self.job, self.prefixes, labels)

@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 
 from txjoin.errors import TxjoinError, from_worker
 from txjoin.ingest.spark.replay import SOURCE_NAME, ReplaySource, write_schedule
+from txjoin.join import SHARDED
 from txjoin.pipeline.pipeline import BatchReport, Pipeline, RunConfig
 from txjoin.scenarios.checks import RunObservation, ScenarioReport, check_scenario
 from txjoin.scenarios.schedule import ReplayBatch, Restart, compile_schedule
@@ -33,20 +34,22 @@ from txjoin.sinks.build import build_sinks
 
 def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | None = None,
                        postgres_dsn: str | None = None, shards: int | None = None,
-                       delta: bool = True) -> ScenarioReport:
+                       delta: bool = True, engine: str = SHARDED) -> ScenarioReport:
     """Replay one scenario through Spark; check every sink after every batch.
 
     Checkpoints and Delta output go to ``workdir``, or to a temporary directory
     removed at the end. ``shards``: how many shards the join runs in (default:
     Spark's default parallelism). ``delta=False`` leaves the Delta sink out (it needs
     ``postgres_dsn`` then): for checking the shards with the quicker sink only.
+    ``engine``: ``txjoin run --engine``.
     """
     if not delta and not postgres_dsn:
         raise ValueError("without the Delta sink a scenario needs the PostgreSQL sink")
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix=f"txjoin-replay-{scenario.name}-",
                                          ignore_cleanup_errors=True) as temporary:
-            return run_scenario_spark(spark, scenario, temporary, postgres_dsn, shards, delta)
+            return run_scenario_spark(spark, scenario, temporary, postgres_dsn, shards, delta,
+                                      engine)
     started = time.perf_counter()
     schedule = compile_schedule(scenario)
     job = scenario.job
@@ -69,7 +72,7 @@ def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | N
     config = RunConfig(topic_prefix=scenario.topic_prefix,
                        topic_prefixes=dict(scenario.prefixes) if scenario.multi_source else {},
                        checkpoint_dir=str(work / "checkpoints"), output_dir=str(work / "output"),
-                       postgres_dsn=postgres_dsn, shards=shards)
+                       postgres_dsn=postgres_dsn, shards=shards, engine=engine)
     _register_once(spark)
     seen: dict[str, RunObservation] = {}
     error: str | None = None

@@ -25,7 +25,6 @@ from txjoin.ingest.debezium import ChangeEvent, TxMarker
 from txjoin.join.state import restore_fields, save_fields
 from txjoin.sequence.assembly import SNAPSHOT_XID, Assembler, IncompletePolicy, Transaction
 
-
 RELEASED_MEMORY = 100_000
 """Released xids a frontier remembers (and a staged engine's shard, ``join/staged.py``)."""
 

@@ -69,21 +69,47 @@ def route(source: DataFrame, job: Job, prefixes: str | Mapping[str, str],
     The expressions are SQL text, one ``selectExpr`` per step: built with Spark's Column
     functions they took ~1,700 calls into the JVM at every query start (0.35-0.5 s warm,
     1.4 s in a new session); the text is parsed into the same expressions in the JVM."""
+    rows = envelopes(source, job, prefixes, len(labels), every_table=False)
+    exploded = rows.selectExpr(
+        "*", f"posexplode(array({', '.join(str(int(label)) for label in labels)})) AS (i, shard)")
+    owner = "(i = before_shard OR i = after_shard)"
+    return exploded.selectExpr(
+        "CAST(shard AS INT) AS shard", *_READ[:3],
+        f"CASE WHEN NOT routed OR {owner} THEN `value` END AS `value`",
+        # a marker row (txjoin.ingest.spark.markers.is_marker: a negative offset)
+        "CASE WHEN `offset` < 0 THEN false "
+        "WHEN routed THEN i = least(before_shard, after_shard) ELSE i = 0 END AS counted",
+        *_METADATA, f"{_ELSEWHERE} AS after_elsewhere",
+    )
+
+
+def envelopes(source: DataFrame, job: Job, prefixes: str | Mapping[str, str], n: int,
+              every_table: bool) -> DataFrame:
+    """``source`` rows with what routing reads of each record, computed once per record:
+    ``routed`` (routing read it: the metadata columns below are set), the fact key's shard
+    of its ``before`` and ``after`` image (of ``n``), and the metadata columns. Only the
+    fact table's records are read, or ``every_table`` of the job (the staged engine's
+    sequencer takes every record's metadata: ``join/spark/staged.py``)."""
     fact = job.table(job.fact)
     topics = fact_topics(job, prefixes)
+    read = ([t for t, stream in job.streams(prefixes).items() if stream in job.table_names]
+            if every_table else topics)
+    is_read = f"`topic` IN ({', '.join(map(_text, read))})" if read else "false"
     is_fact = f"`topic` IN ({', '.join(map(_text, topics))})" if topics else "false"
     # (one select per step: each parse runs once, not once per column it feeds)
     rows = source.selectExpr(
         *_READ,
-        f"CASE WHEN {is_fact} AND `value` IS NOT NULL THEN "
-        f"from_json(CAST(`value` AS STRING), {_text(ENVELOPE_SCHEMA)}) END AS doc")
+        f"CASE WHEN {is_read} AND `value` IS NOT NULL THEN "
+        f"from_json(CAST(`value` AS STRING), {_text(ENVELOPE_SCHEMA)}) END AS doc",
+        f"{is_fact} AS fact_topic")
     top = ", ".join(f"{_text(f)}, doc.{_name(f)}"
                     for f in ("op", "source", "transaction", "before", "after"))
     rows = rows.selectExpr(
-        *_READ, f"CASE WHEN doc.op IS NULL AND doc.payload IS NOT NULL THEN doc.payload "
+        *_READ, "fact_topic",
+        f"CASE WHEN doc.op IS NULL AND doc.payload IS NOT NULL THEN doc.payload "
         f"ELSE named_struct({top}) END AS env")
     rows = rows.selectExpr(
-        *_READ, "env.op AS op",
+        *_READ, "fact_topic", "env.op AS op",
         "concat(env.source.`schema`, '.', env.source.`table`) AS tbl",
         "env.source.txId AS tx_id", "env.source.lsn AS raw_lsn",
         "env.source.ts_ms AS raw_ts", "lower(env.source.snapshot) AS snapshot",
@@ -91,25 +117,29 @@ def route(source: DataFrame, job: Job, prefixes: str | Mapping[str, str],
         "env.`transaction`.data_collection_order AS raw_dco",
         "env.`before` AS `before`", "env.`after` AS `after`")
     keys = _text(f"struct<{', '.join(f'{_name(k)}: string' for k in fact.key)}>")
-    rows = rows.selectExpr("*", f"from_json(`before`, {keys}) AS before_key",
-                           f"from_json(`after`, {keys}) AS after_key")
+    rows = rows.selectExpr("*", f"CASE WHEN fact_topic THEN from_json(`before`, {keys}) END "
+                                f"AS before_key",
+                           f"CASE WHEN fact_topic THEN from_json(`after`, {keys}) END "
+                           f"AS after_key")
     xid_text = "substring_index(tx, ':', 1)"
     lsn_text = "substr(tx, instr(tx, ':') + 1)"  # after the first colon
     rows = rows.selectExpr(
         "*", f"CASE WHEN {xid_text} RLIKE {_text(_INT)} "
              f"THEN try_cast({xid_text} AS BIGINT) END AS xid")
-    routed = _routable(fact.name, list(fact.key), lsn_text)
-    n = len(labels)
+    tables = sorted(job.table_names) if every_table else [fact.name]
+    routed = _routable(fact.name, tables, list(fact.key), lsn_text)
     before_shard = _shard("before_key", list(fact.key), n)
     after_shard = _shard("after_key", list(fact.key), n)
     # Everything that is the same in every shard's copy of a record (its metadata, its
     # digest) is computed once per record, before the copies: computed after them, each
     # copy paid for the md5, the regular expressions and the casts again.
     rows = rows.selectExpr("*", f"{routed} AS routed")
-    rows = rows.selectExpr(
-        *_READ, "routed",
-        f"CASE WHEN routed AND `before` IS NOT NULL THEN {before_shard} END AS before_shard",
-        f"CASE WHEN routed AND `after` IS NOT NULL THEN {after_shard} END AS after_shard",
+    return rows.selectExpr(
+        *_READ, "routed", "fact_topic",
+        f"CASE WHEN routed AND fact_topic AND `before` IS NOT NULL THEN {before_shard} END "
+        f"AS before_shard",
+        f"CASE WHEN routed AND fact_topic AND `after` IS NOT NULL THEN {after_shard} END "
+        f"AS after_shard",
         "CASE WHEN routed THEN op END AS op",
         "CASE WHEN routed THEN tbl END AS tbl",
         # integers as decimal text: pandas would turn a nullable bigint into floats
@@ -121,19 +151,13 @@ def route(source: DataFrame, job: Job, prefixes: str | Mapping[str, str],
         f"CASE WHEN routed AND raw_dco RLIKE {_text(_INT)} "
         "THEN CAST(try_cast(raw_dco AS BIGINT) AS STRING) END AS dco",
         "CASE WHEN routed THEN unhex(md5(coalesce(`after`, `before`))) END AS digest")
-    exploded = rows.selectExpr(
-        "*", f"posexplode(array({', '.join(str(int(label)) for label in labels)})) AS (i, shard)")
-    owner = "(i = before_shard OR i = after_shard)"
-    return exploded.selectExpr(
-        "CAST(shard AS INT) AS shard", *_READ[:3],
-        f"CASE WHEN NOT routed OR {owner} THEN `value` END AS `value`",
-        # a marker row (txjoin.ingest.spark.markers.is_marker: a negative offset)
-        "CASE WHEN `offset` < 0 THEN false "
-        "WHEN routed THEN i = least(before_shard, after_shard) ELSE i = 0 END AS counted",
-        "routed", "op", "tbl", "xid", "lsn", "ts_ms", "snapshot", "dco", "digest",
-        "coalesce(routed AND i = before_shard AND after_shard != before_shard, false) "
-        "AS after_elsewhere",
-    )
+
+
+_METADATA = ("routed", "op", "tbl", "xid", "lsn", "ts_ms", "snapshot", "dco", "digest")
+"""The metadata columns of a routed row, after ``counted``."""
+
+_ELSEWHERE = ("coalesce(routed AND i = before_shard AND after_shard != before_shard, false)")
+"""Whether the copy for shard ``i`` is the before-owner's of a key that moved to another."""
 
 
 _READ = ("`topic`", "`partition`", "`offset`", "`value`")
@@ -150,9 +174,10 @@ def _text(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _routable(fact: str, key: list[str], lsn_text: str) -> str:
+def _routable(fact: str, tables: list[str], key: list[str], lsn_text: str) -> str:
     """Whether routing read everything a shard without the rows needs (else the record
-    goes whole to every shard, whose decoding says what is wrong)."""
+    goes whole to every shard, whose decoding says what is wrong): a record of one of
+    ``tables``, and of a fact topic a fact record with its key."""
     images_ok = ("CASE WHEN op IN ('c', 'r', 'u') THEN `after` IS NOT NULL "
                  "ELSE `before` IS NOT NULL END")
     keys_ok = " AND ".join(["true"] + [
@@ -162,8 +187,10 @@ def _routable(fact: str, key: list[str], lsn_text: str) -> str:
              f"AND (NOT contains(tx, ':') OR {lsn_text} = '' OR {lsn_text} RLIKE {_text(_INT)}) "
              f"AND (tx_id IS NULL OR tx_id = CAST(xid AS STRING)) END")
     ts_ok = f"raw_ts IS NULL OR raw_ts RLIKE {_text(_INT)}"
-    return (f"coalesce(op IN ('c', 'u', 'd', 'r') AND tbl = {_text(fact)} AND ({images_ok}) "
-            f"AND ({keys_ok}) AND ({tx_ok}) AND ({ts_ok}), false)")
+    table_ok = (f"CASE WHEN fact_topic THEN tbl = {_text(fact)} AND ({keys_ok}) "
+                f"ELSE tbl IN ({', '.join(map(_text, tables))}) END")
+    return (f"coalesce(op IN ('c', 'u', 'd', 'r') AND ({table_ok}) AND ({images_ok}) "
+            f"AND ({tx_ok}) AND ({ts_ok}), false)")
 
 
 def _shard(key: str, columns: list[str], n: int) -> str:

@@ -43,7 +43,7 @@ from txjoin.ingest.spark.markers import is_marker, read_markers
 from txjoin.job import Job
 from txjoin.join.output import changes_to_table
 from txjoin.join.routing import METADATA_SIZE, ForeignFacts, Routed, row_digest
-from txjoin.join.shard import ShardEngine, long_lived_state
+from txjoin.join.shard import long_lived_state
 from txjoin.join.spark import host, input_frames
 from txjoin.join.state_log import ShardLog, engine_rows
 from txjoin.join.temporal import OutputChange
@@ -76,7 +76,7 @@ input_frames.install()
 # Engines cached in this process (a shard's host, or a Python worker):
 # (query token, shard) -> engine. Only a cache
 # (state_log.ShardLog validates it against the checkpoint's version and token).
-_CACHE: OrderedDict[tuple[str, int], ShardEngine] = OrderedDict()
+_CACHE: OrderedDict[tuple[str, int], Any] = OrderedDict()
 _CACHE_SIZE = 16
 # When each was last used: one unused for host.IDLE_S is dropped (its query has ended,
 # or moved its shard elsewhere; it would be restored from the log if it came back).
@@ -142,9 +142,12 @@ def routed_items(job: Job, n_shards: int, frame: pa.Table | pd.DataFrame) -> lis
     table = frame if isinstance(frame, pa.Table) else pa.Table.from_pandas(
         frame, preserve_index=False)
     # routed, no bytes, and not a snapshot row (a row without an op is not one)
+    # (of the fact table: the staged engine's sequencer gets every table's metadata)
     foreign = pc.and_(pc.and_(pc.fill_null(table["routed"].cast(pa.bool_()), False),
                               pc.is_null(table["value"])),
-                      pc.fill_null(pc.not_equal(table["op"].cast(pa.string()), "r"), True))
+                      pc.and_(pc.fill_null(pc.not_equal(table["op"].cast(pa.string()), "r"), True),
+                              pc.fill_null(pc.equal(table["tbl"].cast(pa.string()), fact),
+                                           False)))
     if pc.any(foreign).as_py():
         theirs = table.filter(foreign)
         table = table.filter(pc.invert(foreign))
@@ -257,7 +260,7 @@ class ShardProcessor(StatefulProcessor):
         import pandas as pd
 
         frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        shard = self.labels.index(int(key[0]))
+        shard = self.host(key)
         # tests only (txjoin.crashpoints): the host has no task context to tell the batch
         batch = crashpoints.task_batch_id() if crashpoints.armed(crashpoints.SHARD_APPLY) \
             else None
@@ -279,8 +282,12 @@ class ShardProcessor(StatefulProcessor):
         spec: bytes | None = getattr(self, "_spec", None)
         if spec is None:
             spec = self._spec = cloudpickle.dumps(
-                {k: v for k, v in vars(self).items() if k not in ("store", "_spec")})
+                (type(self), {k: v for k, v in vars(self).items() if k not in ("store", "_spec")}))
         return spec
+
+    def host(self, key: Any) -> int:
+        """The number of the host that runs this group's batches (the shard's)."""
+        return self.labels.index(int(key[0]))
 
     def handle(self, shard: int, frame: pa.Table, started: float) -> dict[str, list[Any]]:
         """Run one batch of the shard on its engine (cached in this process): the output
@@ -288,38 +295,18 @@ class ShardProcessor(StatefulProcessor):
         # This process's CPU over the batch: in a shard's host, the shard's own (the host
         # serves one shard); the shard sweep of `txjoin bench` compares it across shards.
         cpu_started = time.process_time()
-        markers = is_marker(frame["offset"])
-        if self.kafka_facts is None:
-            marker_rows = frame.filter(markers)
-            caught, partitions = read_markers(
-                zip(marker_rows["topic"].to_pylist(), marker_rows["partition"].to_pylist(),
-                    marker_rows["offset"].to_pylist(), strict=True), self.streams)
-        else:
-            read = {} if self.kafka_facts.max_events is None else {
-                c["values"].as_py(): c["counts"].as_py()
-                for c in pc.value_counts(frame.filter(pc.invert(markers))["topic"])}
-            caught, partitions = self._kafka_facts(self.kafka_facts, read)
-        records = frame.filter(pc.invert(markers))
+        caught, partitions, records = self.batch_facts(frame)
         read_started = time.perf_counter()
         items = routed_items(self.job, len(self.labels), records)
         read_s = time.perf_counter() - read_started
-        cache: OrderedDict[tuple[str, int], ShardEngine] = importlib.import_module(
-            __name__)._CACHE
-        cache_key = (self.query_token, shard)
-        cached = cache.pop(cache_key, None)
+        cached = self.cached(shard)
         self.store.written = 0
         log = ShardLog(self.store, self.job, shard, len(self.labels), self.policy,
                        where=f"shard {shard} of {len(self.labels)}",
                        max_transaction_bytes=self.max_transaction_bytes)
         result = log.process(cached, items, caught, partitions)
         engine = result.engine
-        cache[cache_key] = engine
-        now = time.monotonic()
-        _CACHE_USED[cache_key] = now
-        for key in list(cache):
-            if len(cache) > _CACHE_SIZE or now - _CACHE_USED.get(key, now) > host.IDLE_S:
-                del cache[key]
-                _CACHE_USED.pop(key, None)
+        self.keep(shard, engine)
         result.seconds["read_records"] += read_s
         info = {"shard": shard,
                 "records": int(pc.sum(records["counted"].cast(pa.int64())).as_py() or 0),
@@ -334,6 +321,41 @@ class ShardProcessor(StatefulProcessor):
                 "seconds": {**result.seconds, "total": time.perf_counter() - started},
                 "cpu_seconds": time.process_time() - cpu_started}
         return changes_columns(self.job, shard, result.changes, info)
+
+    def cached(self, number: int) -> Any:
+        """This query's engine of shard ``number`` cached in this process (None: none),
+        taken out of the cache."""
+        cache: OrderedDict[tuple[str, int], Any] = importlib.import_module(__name__)._CACHE
+        return cache.pop((self.query_token, number), None)
+
+    def keep(self, number: int, engine: Any) -> None:
+        """Cache ``engine`` as this query's shard ``number``; drop engines unused for
+        ``host.IDLE_S`` or past ``_CACHE_SIZE``."""
+        cache: OrderedDict[tuple[str, int], Any] = importlib.import_module(__name__)._CACHE
+        cache_key = (self.query_token, number)
+        cache[cache_key] = engine
+        now = time.monotonic()
+        _CACHE_USED[cache_key] = now
+        for key in list(cache):
+            if len(cache) > _CACHE_SIZE or now - _CACHE_USED.get(key, now) > host.IDLE_S:
+                del cache[key]
+                _CACHE_USED.pop(key, None)
+
+    def batch_facts(self, frame: pa.Table) -> tuple[set[str], TopicPartitions | None, pa.Table]:
+        """What the batch says of its topics (the streams read to their end, partitioned
+        topics: ``Engine.process``) and its records (without marker rows)."""
+        markers = is_marker(frame["offset"])
+        if self.kafka_facts is None:
+            marker_rows = frame.filter(markers)
+            caught, partitions = read_markers(
+                zip(marker_rows["topic"].to_pylist(), marker_rows["partition"].to_pylist(),
+                    marker_rows["offset"].to_pylist(), strict=True), self.streams)
+        else:
+            read = {} if self.kafka_facts.max_events is None else {
+                c["values"].as_py(): c["counts"].as_py()
+                for c in pc.value_counts(frame.filter(pc.invert(markers))["topic"])}
+            caught, partitions = self._kafka_facts(self.kafka_facts, read)
+        return caught, partitions, frame.filter(pc.invert(markers))
 
     def _kafka_facts(self, facts: KafkaFacts, records: dict[str, int]
                      ) -> tuple[set[str], TopicPartitions | None]:
@@ -363,8 +385,9 @@ def run_batch(request: tuple[bytes, int, pa.Table, float, int | None],
     crashpoints.shard_batch(batch)
     processor = _PROCESSORS.get(spec)
     if processor is None:
-        processor = ShardProcessor.__new__(ShardProcessor)
-        vars(processor).update(pickle.loads(spec))
+        cls, fields = pickle.loads(spec)
+        processor = cls.__new__(cls)
+        vars(processor).update(fields)
         _PROCESSORS.clear()
         _PROCESSORS[spec] = processor
     processor.store = store

@@ -1,0 +1,194 @@
+"""The Spark side of the staged engine (``join/staged.py``): a sequencer stage, then the shards.
+
+Shape (``txjoin run --engine staged``)::
+
+    source -> envelopes (the JVM: what routing reads of every job table's records,
+              the fact key's shard: join/spark/routing.py)
+      -> copies (route_staged): one per record for the sequencer (its metadata as
+         columns; a marker, or a record routing could not read, whole), one per shard
+         that holds its rows (a fact to the owner(s) of its key, every other table's
+         rows to every shard; no marker, no other shard's fact)
+      -> groupBy(SEQUENCER_LABEL).transformWithStateInPandas(SequencerProcessor)
+         one task: the core's assembly and commit order (its log in the state store),
+         and the batch's releases, one row per shard (RELEASES_OFFSET)
+      -> union with the shards' copies
+      -> groupBy(shard).transformWithStateInPandas(ApplierProcessor): each shard's
+         rows kept per open transaction and applied as released (its log, its output)
+
+Spark runs the second stateful operator on the first one's output in the same
+micro-batch, so a transaction released by the sequencer is applied by the shards in the
+batch that completes it, as in the sharded engine. Both stages keep their state in
+Spark's state store (RocksDB) as ``state_log.ShardLog`` logs (layout
+``STAGED_LAYOUT``), and each runs in its host process (``host.py``) like a shard: after a
+crash Spark re-runs the batch from the previous state, and both being deterministic,
+the same releases and changes come out.
+
+What it costs: the source's rows are read by two branches of the plan (the sequencer's
+copies and the shards'), so the JVM parses and Spark's source reads each batch twice;
+and the sequencer is one task (a single Python stage, ~0.1 s a batch here before any
+work: docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import pickle
+import resource
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+
+from txjoin.ingest.debezium import ChangeEvent, transaction_topic
+from txjoin.job import Job
+from txjoin.join.routing import METADATA_SIZE, Routed, is_metadata_only, metadata_only
+from txjoin.join.spark.routing import _METADATA, _READ, envelopes
+from txjoin.join.spark.shards import ShardProcessor, changes_columns, routed_items
+from txjoin.join.staged import SEQUENCER, STAGED_LAYOUT, Release, Sequencer, ShardApplier
+from txjoin.join.state_log import ShardLog, engine_rows
+
+SEQUENCER_LABEL = -1
+"""The sequencer's grouping label (the shards' are ``shards.shard_labels``, never
+negative)."""
+
+RELEASES_OFFSET = -100
+"""The offset of a release row: the sequencer's output to one shard (negative, as a marker
+row's, but none of the sources' marker codes: ``ingest/spark/markers.py``)."""
+
+ROUTED_SCHEMA = ("shard int, topic string, partition int, offset long, value binary, "
+                 "counted boolean, routed boolean, op string, tbl string, xid string, "
+                 "lsn string, ts_ms string, snapshot string, dco string, digest binary, "
+                 "after_elsewhere boolean")
+"""The rows both stages read (``routing.ROUTED_COLUMNS``, the value as bytes): the
+sequencer's output has it too, so the two unite."""
+
+_STAGED_LOG = {"engine_class": Sequencer, "layouts": (STAGED_LAYOUT, (STAGED_LAYOUT,))}
+
+
+def route_staged(source: DataFrame, job: Job, prefixes: str | Mapping[str, str],
+                 labels: Sequence[int]) -> DataFrame:
+    """``source`` rows -> the rows of both stages (``ROUTED_SCHEMA``): the sequencer's copy
+    of every record (``SEQUENCER_LABEL``) and each shard's copies."""
+    rows = envelopes(source, job, prefixes, len(labels), every_table=True)
+    markers = sorted({transaction_topic(p) for p in (
+        [prefixes] if isinstance(prefixes, str) else prefixes.values())})
+    is_marker_topic = f"`topic` IN ({', '.join(repr(t) for t in markers)})"
+    everyone = ", ".join(str(int(label)) for label in [SEQUENCER_LABEL, *labels])
+    exploded = rows.selectExpr("*", f"posexplode(array({everyone})) AS (j, shard)")
+    i = "(j - 1)"  # the shard's number
+    owner = f"({i} = before_shard OR {i} = after_shard)"
+    sequencer = "`offset` < 0 OR `value` IS NOT NULL OR routed"  # not a tombstone
+    shard = (f"`offset` >= 0 AND `value` IS NOT NULL AND NOT {is_marker_topic} "
+             f"AND (NOT (routed AND fact_topic) OR {owner})")
+    kept = exploded.where(f"CASE WHEN j = 0 THEN {sequencer} ELSE {shard} END")
+    return kept.selectExpr(
+        "CAST(shard AS INT) AS shard", *_READ[:3],
+        "CASE WHEN j = 0 AND routed THEN NULL ELSE CAST(`value` AS BINARY) END AS `value`",
+        "j = 0 AND `offset` >= 0 AS counted", *_METADATA,
+        f"coalesce(j > 0 AND routed AND {i} = before_shard AND after_shard != before_shard, "
+        f"false) AS after_elsewhere")
+
+
+def sequencer_items(job: Job, n_shards: int, records: pa.Table) -> list[Routed]:
+    """The sequencer's routed rows (no marker rows) -> its items: every record's metadata
+    (a record it got whole is decoded, then kept without its rows)."""
+    return [Routed(metadata_only(r.item), METADATA_SIZE)
+            if isinstance(r.item, ChangeEvent) and not is_metadata_only(r.item) else r
+            for r in routed_items(job, n_shards, records)]
+
+
+class SequencerProcessor(ShardProcessor):
+    """The sequencer stage: one group, the whole batch's metadata; a release row per shard."""
+
+    def host(self, key: Any) -> int:
+        return SEQUENCER
+
+    def handle(self, shard: int, frame: pa.Table, started: float) -> dict[str, list[Any]]:
+        cpu_started = time.process_time()
+        caught, partitions, records = self.batch_facts(frame)
+        read_started = time.perf_counter()
+        items = sequencer_items(self.job, len(self.labels), records)
+        read_s = time.perf_counter() - read_started
+        self.store.written = 0
+        log = ShardLog(self.store, self.job, SEQUENCER, len(self.labels), self.policy,
+                       where="the sequencer", **_STAGED_LOG)  # type: ignore[arg-type]
+        result = log.process(self.cached(SEQUENCER), items, caught, partitions)
+        engine = result.engine
+        assert isinstance(engine, Sequencer)
+        self.keep(SEQUENCER, engine)
+        result.seconds["read_records"] += read_s
+        info = {"shard": SEQUENCER,
+                "records": int(pc.sum(records["counted"].cast(pa.int64())).as_py() or 0),
+                "snapshot_done": engine.snapshot_done, "waiting": engine.waiting,
+                "released": result.released, "duplicates": engine.duplicates,
+                "skipped": engine.skipped, "state": result.restored,
+                "state_bytes_written": self.store.written,
+                "snapshot_rows": engine.batch_snapshot_rows, "state_rows": engine_rows(engine),
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+                "seconds": {**result.seconds, "total": time.perf_counter() - started},
+                "cpu_seconds": time.process_time() - cpu_started}
+        payload = pickle.dumps((engine.releases, info), pickle.HIGHEST_PROTOCOL)
+        n = len(self.labels)
+        none: list[Any] = [None] * n
+        return {"shard": list(self.labels), "topic": [""] * n, "partition": [0] * n,
+                "offset": [RELEASES_OFFSET] * n, "value": [payload] * n,
+                "counted": [False] * n, "routed": [False] * n, "op": none, "tbl": none,
+                "xid": none, "lsn": none, "ts_ms": none, "snapshot": none, "dco": none,
+                "digest": none, "after_elsewhere": [False] * n}
+
+
+class ApplierProcessor(ShardProcessor):
+    """A shard of the staged engine: its rows and the sequencer's release row of the batch."""
+
+    def handle(self, shard: int, frame: pa.Table, started: float) -> dict[str, list[Any]]:
+        cpu_started = time.process_time()
+        released = pc.equal(frame["offset"], RELEASES_OFFSET)
+        payloads = frame.filter(released)["value"].to_pylist()
+        assert len(payloads) <= 1, f"shard {shard}: {len(payloads)} release rows in a batch"
+        releases: list[Release]
+        releases, sequencer = pickle.loads(payloads[0]) if payloads else ([], {})
+        read_started = time.perf_counter()
+        items = routed_items(self.job, len(self.labels), frame.filter(pc.invert(released)))
+        read_s = time.perf_counter() - read_started
+        self.store.written = 0
+        log = ShardLog(self.store, self.job, shard, len(self.labels), self.policy,
+                       where=f"shard {shard} of {len(self.labels)}",
+                       **{**_STAGED_LOG, "engine_class": ShardApplier})  # type: ignore[arg-type]
+        releasing = [Routed(r, 0) for r in releases]  # type: ignore[arg-type]
+        result = log.process(self.cached(shard), [*items, *releasing], ())
+        applier = result.engine
+        assert isinstance(applier, ShardApplier)
+        self.keep(shard, applier)
+        result.seconds["read_records"] += read_s
+        first = shard == 0  # reports what the sequencer did once
+        info = {"shard": shard,
+                "records": sequencer.get("records", 0) if first else 0,
+                "commit_seq": applier.commit_seq,
+                "snapshot_done": sequencer.get("snapshot_done", False),
+                "snapshot_released": applier.snapshot_released,
+                "waiting": sequencer.get("waiting", 0),
+                "released": sequencer.get("released", 0),
+                "duplicates": sequencer.get("duplicates", 0),
+                "skipped": sequencer.get("skipped", []), "state": result.restored,
+                "state_bytes_written": self.store.written + (
+                    sequencer.get("state_bytes_written", 0) if first else 0),
+                "snapshot_rows": sequencer.get("snapshot_rows", 0),
+                "state_rows": engine_rows(applier),
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+                "seconds": {**result.seconds, "total": time.perf_counter() - started},
+                "cpu_seconds": time.process_time() - cpu_started}
+        if first and sequencer:
+            info["sequencer"] = sequencer
+        return changes_columns(self.job, shard, result.changes, info)
+
+
+def staged_stages(routed: DataFrame, sequencer: SequencerProcessor,
+                  appliers: ApplierProcessor, output_schema: str) -> DataFrame:
+    """The two stateful stages over :func:`route_staged`'s rows: the shards' output."""
+    releases = (routed.where(f"shard = {SEQUENCER_LABEL}").groupBy("shard")
+                .transformWithStateInPandas(sequencer, ROUTED_SCHEMA, "Append", "None"))
+    return (routed.where(f"shard <> {SEQUENCER_LABEL}").unionByName(releases)
+            .groupBy("shard")
+            .transformWithStateInPandas(appliers, output_schema, "Append", "None"))
