@@ -52,6 +52,7 @@ import psutil
 from txjoin.errors import ConfigError
 from txjoin.ingest.debezium import transaction_topic
 from txjoin.job import Job, load_job
+from txjoin.join import ENGINES, SHARDED
 from txjoin.join.engine import Engine
 from txjoin.join.spark import host as shard_host
 from txjoin.peers import PEERS
@@ -294,7 +295,8 @@ def release_memory() -> int:
 def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: str,
               keep: bool = False, snapshot_orders: int = 0, source_kind: str = "kafka",
               shards: int | None = None, partitions: int = 1,
-              also_jobs: Sequence[Path] = (), api_vs_run: bool = False) -> dict[str, Any]:
+              also_jobs: Sequence[Path] = (), api_vs_run: bool = False,
+              engine: str = SHARDED) -> dict[str, Any]:
     from pyspark.sql import DataFrame
 
     from txjoin.ingest.spark.kafka import read_stream
@@ -336,6 +338,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
         spark = get_session(master, app_name="txjoin-bench")
         n_shards = shards or spark.sparkContext.defaultParallelism
         result["shards"] = n_shards
+        result["engine"] = engine
         if source_kind == "kafka":
             def source(limit: int | None = max_events) -> DataFrame:
                 assert bootstrap is not None
@@ -392,7 +395,8 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                            bootstrap_servers=bootstrap,
                            max_events_per_trigger=max_events,
                            checkpoint_dir=str(work / "ckpt"), output_dir=str(work / "out"),
-                           postgres_dsn=dsn(pg.port, "sink"), master=master, shards=n_shards)
+                           postgres_dsn=dsn(pg.port, "sink"), master=master, shards=n_shards,
+                           engine=engine)
         sinks = build_sinks(job, config, spark)
         commits: list[GroupCommit] = []
         pipeline = Pipeline(spark, job, config, sinks, on_sink_commit=commits.append)
@@ -746,6 +750,9 @@ def sink_figures(commits: list[GroupCommit]) -> dict[str, Any]:
                    "and report per count the slowest shard's and the summed shards' seconds "
                    "per steady batch, per stage and in CPU, and each shard's state rows and "
                    "peak RSS (kafka and replay sources; --chart: a PNG of it).")
+@click.option("--engine", type=click.Choice(ENGINES), default=SHARDED, show_default=True,
+              help="The partitioned engine (txjoin run --engine); with --shard-sweep the "
+                   "sequencer's task counts as one more task (shard -1).")
 @click.option("--keep", is_flag=True, help="Keep the work directory (checkpoints, Delta, logs).")
 @click.option("--peer", "peers", multiple=True, type=click.Choice(PEERS),
               help="Also run this system on the same workload, archived as files, and compare "
@@ -774,7 +781,8 @@ def sink_figures(commits: list[GroupCommit]) -> dict[str, Any]:
 def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, master: str,
           snapshot_orders: int, source_kind: str, shards: int | None, partitions: int,
           keep: bool, peers: tuple[str, ...], chart: Path | None,
-          also_jobs: tuple[Path, ...], sweep: str | None, api_vs_run: bool) -> None:
+          also_jobs: tuple[Path, ...], sweep: str | None, api_vs_run: bool,
+          engine: str) -> None:
     """Benchmark the full pipeline (source -> shards -> Delta + PostgreSQL) against its ceiling.
 
     With --peer or --source files:DIR: the same workload through txjoin's file source and
@@ -792,7 +800,7 @@ def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, 
             raise ConfigError("--shard-sweep sets --shards itself and runs with the kafka and "
                               "replay sources, without --peer or --also-job")
         run_sweep(parse_counts(sweep), transactions, max_events_per_trigger, seed, out,
-                  master, keep, snapshot_orders, source_kind, partitions, chart)
+                  master, keep, snapshot_orders, source_kind, partitions, chart, engine)
         return
     if peers or chart is not None or source_kind.startswith("files:"):
         if also_jobs:
@@ -814,7 +822,8 @@ def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, 
                           "it with --source kafka")
     result = run_bench(transactions, max_events_per_trigger, seed, out, master, keep,
                        snapshot_orders=snapshot_orders, source_kind=source_kind, shards=shards,
-                       partitions=partitions, also_jobs=also_jobs, api_vs_run=api_vs_run)
+                       partitions=partitions, also_jobs=also_jobs, api_vs_run=api_vs_run,
+                       engine=engine)
     shown = {k: v for k, v in result.items() if k != "batches"}  # per batch: in the file
     width = max(len(k) for k in shown)
     for key, value in shown.items():
@@ -836,7 +845,7 @@ def parse_counts(text: str) -> list[int]:
 
 def run_sweep(counts: list[int], transactions: int, max_events: int, seed: int, out: Path,
               master: str, keep: bool, snapshot_orders: int, source_kind: str,
-              partitions: int, chart: Path | None) -> None:
+              partitions: int, chart: Path | None, engine: str = SHARDED) -> None:
     """``--shard-sweep``: :func:`run_bench` once per shard count, one after another, into one
     results file (each run whole under ``runs``, its batches left out) with the ratios."""
     runs: dict[int, dict[str, Any]] = {}
@@ -845,7 +854,7 @@ def run_sweep(counts: list[int], transactions: int, max_events: int, seed: int, 
         with tempfile.TemporaryDirectory(prefix="txjoin-sweep-") as tmp:
             result = run_bench(transactions, max_events, seed, Path(tmp) / "run.json", master,
                                keep, snapshot_orders=snapshot_orders, source_kind=source_kind,
-                               shards=n, partitions=partitions)
+                               shards=n, partitions=partitions, engine=engine)
         result.pop("batches", None)
         runs[n] = result
         figures = result.get("per_shard", {})
@@ -859,6 +868,7 @@ def run_sweep(counts: list[int], transactions: int, max_events: int, seed: int, 
                    f"({figures['sum']['cpu']:.3f} s CPU); state rows per shard "
                    f"{figures['state_rows']}; peak RSS per shard {figures['peak_rss_mb']} MB")
     summary = {"shard_sweep": counts, "master": master, "transactions": transactions,
+               "engine": engine,
                **sweep_figures(runs), "runs": {str(n): r for n, r in runs.items()}}
     for n, ratio in summary["ratios_to_base"].items():
         click.echo(f"{n:>3} shard(s): " + ", ".join(f"{k} {v}" for k, v in ratio.items()))

@@ -13,6 +13,9 @@ with ``TXJOIN_CRASH_RECORD=<file>``, one JSON line appended to that file and fsy
 
 Points (in a micro-batch's order):
 
+- ``sequenced``: the staged engine's sequencer (``txjoin run --engine staged``) has
+  logged the batch's releases in its state store, no shard has applied them (an
+  executor-side point, in the sequencer's host);
 - ``shard_apply``: in a shard, after the engine applied a released transaction to its
   state and before the batch's state is saved (an executor-side point: the shard's
   host or Python worker kills the group);
@@ -70,6 +73,7 @@ from txjoin.errors import ConfigError
 CRASH_ENV = "TXJOIN_CRASH_AT"
 RECORD_ENV = "TXJOIN_CRASH_RECORD"
 
+SEQUENCED = "sequenced"
 SHARD_APPLY = "shard_apply"
 POSTGRES_STAGED = "postgres_staged"
 POSTGRES_APPLIED = "postgres_applied"
@@ -84,9 +88,12 @@ DELTA_GROUP_COMMITTED = "delta_group_committed"
 DELTA_RECOVERED = "delta_recovered"
 VERIFY_APPEND = "verify_append"
 VERIFY_APPENDED = "verify_appended"
-POINTS = (SHARD_APPLY, POSTGRES_STAGED, POSTGRES_APPLIED, DELTA_STAGED, FIRST_SINK,
+POINTS = (SEQUENCED, SHARD_APPLY, POSTGRES_STAGED, POSTGRES_APPLIED, DELTA_STAGED, FIRST_SINK,
           DELTA_PUBLISHED, DELTA_BETWEEN_TABLES, DELTA_CURRENT_WRITTEN, HANDOFF_STORE,
           SINKS_COMMITTED, DELTA_GROUP_COMMITTED, DELTA_RECOVERED, VERIFY_APPEND, VERIFY_APPENDED)
+
+EXECUTOR_POINTS = (SEQUENCED, SHARD_APPLY)
+"""The points reached in a shard's (or the sequencer's) host or Python worker."""
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 """The local property Spark's micro-batch execution sets on a batch's jobs (its tasks see it)."""
@@ -112,7 +119,7 @@ def reached(point: str, batch_id: int | None) -> None:
     if _ARMED[1] is not None and _ARMED[1] != batch_id:
         return
     _say(point, batch_id)
-    if point == SHARD_APPLY:
+    if point in EXECUTOR_POINTS:
         jvm = _spark_jvm()
         if jvm is not None:
             os.killpg(os.getpgid(jvm), signal.SIGKILL)
@@ -169,15 +176,16 @@ def shard_batch(batch_id: int | None) -> None:
     _SHARD_BATCH = batch_id
 
 
-def in_shard() -> None:
-    """The ``shard_apply`` point, at the batch :func:`shard_batch` recorded."""
+def in_shard(point: str = SHARD_APPLY) -> None:
+    """An executor-side ``point``, at the batch :func:`shard_batch` recorded."""
     if _ARMED is not None:
-        reached(SHARD_APPLY, _SHARD_BATCH)
+        reached(point, _SHARD_BATCH)
 
 
-def armed(point: str) -> bool:
-    """Whether ``TXJOIN_CRASH_AT`` names ``point`` (callers skip gathering its batch id)."""
-    return _ARMED is not None and _ARMED[0] == point
+def armed(*points: str) -> bool:
+    """Whether ``TXJOIN_CRASH_AT`` names one of ``points`` (callers skip gathering its batch
+    id)."""
+    return _ARMED is not None and _ARMED[0] in points
 
 
 def task_batch_id() -> int | None:

@@ -40,6 +40,7 @@ from txjoin.crashpoints import (
     FIRST_SINK,
     HANDOFF_STORE,
     RECORD_ENV,
+    SEQUENCED,
     SHARD_APPLY,
     SINKS_COMMITTED,
     fired,
@@ -48,6 +49,7 @@ from txjoin.delta_tables import read_table
 from txjoin.errors import user_error
 from txjoin.ingest.spark.replay import ReplaySource, write_schedule
 from txjoin.job import load_job
+from txjoin.join import STAGED
 from txjoin.join.oracle import outputs_after_each
 from txjoin.pipeline.pipeline import BatchReport, RunConfig
 from txjoin.scenarios.checks import check_exactly_once, check_final, check_prefix_consistent
@@ -484,5 +486,63 @@ def test_kill_9_at_each_crash_point_and_restart_loses_nothing_and_applies_nothin
             # the kill target's committer commits back to back, at most 2 batches pending:
             # groups of several batches, through every kill above
             assert _check_every_version(sink, outputs) > 0, "no group of several batches"
+        sink.close()
+    assert len(outputs[-1]) > 10
+
+
+def test_kill_9_inside_the_staged_engine_loses_nothing_and_applies_nothing_twice(
+        spark: SparkSession, pg_dsn: str, tmp_path: Path) -> None:
+    """``--engine staged``: killed after its sequencer logged a batch's releases and before
+    any shard applied them (``sequenced``), inside a shard after it applied a released
+    transaction (``shard_apply``), and after both sinks committed a batch
+    (``sinks_committed``); each restart re-runs the batch from both stages' logs, and the
+    sinks end with the oracle's output, every change exactly once. The sink-side points the
+    engine does not change are the test above's."""
+    shards, partitions, n_tx, whole = 3, 3, 40, 30
+    schedule, snapshot, txs = _kill_schedule(tmp_path, n_tx, whole, partitions)
+    job = load_job(ORDERS)
+    outputs = outputs_after_each(job, snapshot, txs)
+    work = tmp_path / "work"
+    cmd = [sys.executable, "-m", "tests.spark.kill_target", str(schedule), str(work), pg_dsn,
+           str(ORDERS), f"--shards={shards}", f"--engine={STAGED}"]
+    deaths: list[Death] = []
+    for run, (point, planned) in enumerate([(SEQUENCED, 2), (SHARD_APPLY, AFTER),
+                                            (SINKS_COMMITTED, AFTER)]):
+        batch = _after(deaths[-1]) if planned == AFTER else planned
+        log = tmp_path / f"run{run}.log"
+        proc = _start(cmd, log, f"{point}:{batch}")
+        _stop(proc, 300)
+        out = log.read_text()
+        assert proc.returncode == -signal.SIGKILL, f"{point}: exit {proc.returncode}\n{out[-3000:]}"
+        where = fired(_record(log))
+        assert where and {(p, b) for p, b in where} == {(point, batch)}, (point, batch, where,
+                                                                         out[-3000:])
+        death = _death(job, work, pg_dsn)
+        if deaths:
+            _check_replay(deaths[-1], out.splitlines(keepends=True))
+        # Spark planned the batch and did not commit it
+        assert (death.offsets, death.commits) == (batch, batch - 1), (point, death)
+        if point == SINKS_COMMITTED:
+            assert (death.delta, death.pg) == (batch, batch), death
+        else:
+            assert (death.delta, death.pg) == (batch - 1, batch - 1), death
+        deaths.append(death)
+
+    assert os.environ.get(CRASH_ENV) is None
+    spark.dataSource.register(ReplaySource)
+    finish = io.StringIO()
+    with contextlib.redirect_stdout(finish):
+        kill_target.run(spark, str(schedule), str(work), pg_dsn, str(ORDERS), shards, True,
+                        kill_target.report, engine=STAGED)
+    _check_replay(deaths[-1], finish.getvalue().splitlines(keepends=True))
+    config = RunConfig(checkpoint_dir=str(work / "ckpt"), output_dir=str(work / "out"),
+                       postgres_dsn=pg_dsn)
+    for sink in build_sinks(job, config):
+        current = [without_metadata(r) for r in sink.read_current()]
+        result = check_final(current, outputs[-1], ["order_id"])
+        assert result.ok, f"{sink.name}: {result.message}"
+        once = check_exactly_once(sink.read_changelog(), ["order_id"], sink.read_current(),
+                                  outputs)
+        assert once.ok, f"{sink.name}: {once.message}"
         sink.close()
     assert len(outputs[-1]) > 10

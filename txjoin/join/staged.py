@@ -47,6 +47,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from txjoin import crashpoints
 from txjoin.ingest.debezium import INCREMENTAL, ChangeEvent, Position, TxMarker, decode
 from txjoin.job import Job
 from txjoin.join.engine import EngineStats
@@ -336,8 +337,10 @@ class ShardApplier:
             self.applied_seq += 1
             if not rows:
                 return []  # nothing of it here: no pass over it
-            return self.join.apply(Transaction(release.xid, self.applied_seq,
-                                               release.commit_ts_ms, rows, release.source))
+            out = self.join.apply(Transaction(release.xid, self.applied_seq,
+                                              release.commit_ts_ms, rows, release.source))
+            crashpoints.in_shard()  # tests only: the transaction applied, the batch not saved
+            return out
         finally:
             self.batch_join_s += time.perf_counter() - started
 

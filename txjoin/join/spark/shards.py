@@ -262,7 +262,7 @@ class ShardProcessor(StatefulProcessor):
         frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         shard = self.host(key)
         # tests only (txjoin.crashpoints): the host has no task context to tell the batch
-        batch = crashpoints.task_batch_id() if crashpoints.armed(crashpoints.SHARD_APPLY) \
+        batch = crashpoints.task_batch_id() if crashpoints.armed(*crashpoints.EXECUTOR_POINTS) \
             else None
         # Arrow, not pandas, to the engine: a shard's host then never imports pandas
         # (1.4 s of CPU at each host's start here), and the rows travel as buffers

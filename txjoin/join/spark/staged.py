@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
+from txjoin import crashpoints
 from txjoin.ingest.debezium import ChangeEvent, transaction_topic
 from txjoin.job import Job
 from txjoin.join.routing import METADATA_SIZE, Routed, is_metadata_only, metadata_only
@@ -79,7 +80,9 @@ def route_staged(source: DataFrame, job: Job, prefixes: str | Mapping[str, str],
     exploded = rows.selectExpr("*", f"posexplode(array({everyone})) AS (j, shard)")
     i = "(j - 1)"  # the shard's number
     owner = f"({i} = before_shard OR {i} = after_shard)"
-    sequencer = "`offset` < 0 OR `value` IS NOT NULL OR routed"  # not a tombstone
+    # the sequencer gets every row, tombstones too: under a read limit it tells a topic
+    # read to its end by the records the batch read of it (ingest/spark/kafka.py)
+    sequencer = "true"
     shard = (f"`offset` >= 0 AND `value` IS NOT NULL AND NOT {is_marker_topic} "
              f"AND (NOT (routed AND fact_topic) OR {owner})")
     kept = exploded.where(f"CASE WHEN j = 0 THEN {sequencer} ELSE {shard} END")
@@ -118,6 +121,7 @@ class SequencerProcessor(ShardProcessor):
         engine = result.engine
         assert isinstance(engine, Sequencer)
         self.keep(SEQUENCER, engine)
+        crashpoints.in_shard(crashpoints.SEQUENCED)  # tests only: logged, not applied
         result.seconds["read_records"] += read_s
         info = {"shard": SEQUENCER,
                 "records": int(pc.sum(records["counted"].cast(pa.int64())).as_py() or 0),
