@@ -8,10 +8,10 @@ Shape (``txjoin run --engine staged``)::
          columns; a marker, or a record routing could not read, whole), one per shard
          that holds its rows (a fact to the owner(s) of its key, every other table's
          rows to every shard; no marker, no other shard's fact)
-      -> groupBy(SEQUENCER_LABEL).transformWithStateInPandas(SequencerProcessor)
-         one task: the core's assembly and commit order (its log in the state store),
-         and the batch's releases, one row per shard (RELEASES_OFFSET)
-      -> union with the shards' copies
+      -> groupBy(shard).transformWithStateInPandas(SequencerProcessor): the
+         sequencer's group (SEQUENCER_LABEL, one task): the core's assembly and commit
+         order (its log in the state store), and the batch's releases, one row per shard
+         (RELEASES_OFFSET); each shard's group passes its copies through unchanged
       -> groupBy(shard).transformWithStateInPandas(ApplierProcessor): each shard's
          rows kept per open transaction and applied as released (its log, its output)
 
@@ -23,10 +23,12 @@ Spark's state store (RocksDB) as ``state_log.ShardLog`` logs (layout
 crash Spark re-runs the batch from the previous state, and both being deterministic,
 the same releases and changes come out.
 
-What it costs: the source's rows are read by two branches of the plan (the sequencer's
-copies and the shards'), so the JVM parses and Spark's source reads each batch twice;
-and the sequencer is one task (a single Python stage, ~0.1 s a batch here before any
-work: docs/benchmarks.md).
+Why the shards' copies pass through the first stage: a streaming source used by two
+branches of a query is two sources to Spark, each planning its own offsets (a Kafka topic
+written meanwhile could end elsewhere for each, and the sequencer would see records the
+shards do not); through one stage the source appears once. What it costs: each shard's
+copies cross into Python and back once more (its own group: in parallel, as the shards),
+and the sequencer is one task.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from __future__ import annotations
 import pickle
 import resource
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,6 +51,9 @@ from txjoin.join.spark.routing import _METADATA, _READ, envelopes
 from txjoin.join.spark.shards import ShardProcessor, changes_columns, routed_items
 from txjoin.join.staged import SEQUENCER, STAGED_LAYOUT, Release, Sequencer, ShardApplier
 from txjoin.join.state_log import ShardLog, engine_rows
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SEQUENCER_LABEL = -1
 """The sequencer's grouping label (the shards' are ``shards.shard_labels``, never
@@ -103,10 +108,21 @@ def sequencer_items(job: Job, n_shards: int, records: pa.Table) -> list[Routed]:
 
 
 class SequencerProcessor(ShardProcessor):
-    """The sequencer stage: one group, the whole batch's metadata; a release row per shard."""
+    """The first stage: the sequencer's group (``SEQUENCER_LABEL``: the whole batch's
+    metadata; out, a release row per shard), and each shard's group passed through as it
+    came (the source appears once in the query: see the module docstring)."""
 
     def host(self, key: Any) -> int:
         return SEQUENCER
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
+                        timerValues: Any) -> Iterator[pd.DataFrame]:
+        if int(key[0]) != SEQUENCER_LABEL:
+            for frame in rows:
+                if len(frame):
+                    yield frame
+            return
+        yield from super().handleInputRows(key, rows, timerValues)
 
     def handle(self, shard: int, frame: pa.Table, started: float) -> dict[str, list[Any]]:
         cpu_started = time.process_time()
@@ -191,8 +207,7 @@ class ApplierProcessor(ShardProcessor):
 def staged_stages(routed: DataFrame, sequencer: SequencerProcessor,
                   appliers: ApplierProcessor, output_schema: str) -> DataFrame:
     """The two stateful stages over :func:`route_staged`'s rows: the shards' output."""
-    releases = (routed.where(f"shard = {SEQUENCER_LABEL}").groupBy("shard")
-                .transformWithStateInPandas(sequencer, ROUTED_SCHEMA, "Append", "None"))
-    return (routed.where(f"shard <> {SEQUENCER_LABEL}").unionByName(releases)
+    return (routed.groupBy("shard")
+            .transformWithStateInPandas(sequencer, ROUTED_SCHEMA, "Append", "None")
             .groupBy("shard")
             .transformWithStateInPandas(appliers, output_schema, "Append", "None"))
