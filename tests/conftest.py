@@ -69,6 +69,7 @@ LONGEST_UNITS = (
     "tests/spark/test_cli_process.py",
     "tests/e2e/test_faults.py",
     "tests/spark/test_kill.py",
+    "tests/spark/test_staged.py",
     "tests/e2e/test_two_sources.py",
     "tests/spark/test_sinks.py",
     "tests/spark/test_file_source.py",
