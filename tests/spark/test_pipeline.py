@@ -84,12 +84,14 @@ def _scenario_yaml(snapshot: dict[str, Any], txs: list[Any], delivery: list[Any]
 # six processes, both sinks), and a shard restored from its log after every batch equals
 # one that never stopped at 1-4 shards without Spark
 # (tests/unit/test_sharding.py::test_a_shard_restored_from_its_log_equals_one_that_never_stopped).
-def test_restart_at_every_batch_boundary_changes_nothing(spark: SparkSession, pg_dsn: str,
-                                                         tmp_path: Path) -> None:
-    shards = SHARDS
-    snapshot, txs = pizzeria_workload(12, seed=7)
+def restart_every_batch(tmp_path: Path, transactions: int, seed: int, delivery_seed: int
+                        ) -> tuple[Path, int]:
+    """A scenario file of a random pizzeria workload with a restart between every two
+    batches, half the transactions torn (their data first, their BEGIN/END in the next
+    batch); its path and its batch count."""
+    snapshot, txs = pizzeria_workload(transactions, seed=seed)
     delivery: list[Any] = [["snapshot:*"], "restart"]
-    rnd = random.Random(3)
+    rnd = random.Random(delivery_seed)
     for tx in txs:
         tables = sorted({c.table for c in tx.changes})
         if tables and rnd.random() < 0.5:
@@ -101,7 +103,13 @@ def test_restart_at_every_batch_boundary_changes_nothing(spark: SparkSession, pg
     doc = _scenario_yaml(snapshot, txs, delivery[:-1])
     path = tmp_path / "restart_every_batch.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path, sum(1 for d in delivery if d != "restart")
+
+
+def test_restart_at_every_batch_boundary_changes_nothing(spark: SparkSession, pg_dsn: str,
+                                                         tmp_path: Path) -> None:
+    path, batches = restart_every_batch(tmp_path, 12, seed=7, delivery_seed=3)
     report = run_scenario_spark(spark, load_scenario(path), str(tmp_path / "run"),
-                                postgres_dsn=pg_dsn, shards=shards, delta=True)
+                                postgres_dsn=pg_dsn, shards=SHARDS, delta=True)
     assert report.passed, "\n".join(report.failures)
-    assert report.batches == sum(1 for d in delivery if d != "restart")
+    assert report.batches == batches

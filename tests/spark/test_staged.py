@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.spark.test_pipeline import ROOT, _scenario_yaml
+from tests.spark.test_pipeline import ROOT, restart_every_batch
 from txjoin.errors import ConfigError
 from txjoin.join import SHARDED, STAGED
 from txjoin.pipeline.pipeline import check_layout
@@ -52,29 +52,11 @@ def test_scenarios_hold_in_both_sinks_through_the_staged_engine(
 
 def test_a_restart_at_every_batch_boundary_changes_nothing_in_the_staged_engine(
         spark: SparkSession, pg_dsn: str, tmp_path: Path) -> None:
-    import random
-
-    import yaml
-
-    from txjoin.scenarios.workload import pizzeria_workload
-
-    snapshot, txs = pizzeria_workload(10, seed=11)
-    delivery: list[object] = [["snapshot:*"], "restart"]
-    rnd = random.Random(5)
-    for tx in txs:
-        tables = sorted({c.table for c in tx.changes})
-        if tables and rnd.random() < 0.5:
-            delivery += [[f"{tx.name}:{t}" for t in tables], "restart",
-                         [f"{tx.name}:begin", f"{tx.name}:end"], "restart"]
-        else:
-            delivery += [[f"{tx.name}:*"], "restart"]
-    path = tmp_path / "restart_every_batch.yaml"
-    path.write_text(yaml.safe_dump(_scenario_yaml(snapshot, txs, delivery[:-1]),
-                                   sort_keys=False))
+    path, batches = restart_every_batch(tmp_path, 10, seed=11, delivery_seed=5)
     report = run_scenario_spark(spark, load_scenario(path), str(tmp_path / "run"),
                                 postgres_dsn=pg_dsn, shards=2, delta=True, engine=STAGED)
     assert report.passed, "\n".join(report.failures)
-    assert report.batches == sum(1 for d in delivery if d != "restart")
+    assert report.batches == batches
 
 
 def test_a_checkpoint_of_one_engine_is_refused_by_the_other(tmp_path: Path) -> None:

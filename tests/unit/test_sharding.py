@@ -429,11 +429,14 @@ def test_a_snapshot_loaded_over_many_batches_is_compacted_a_few_times(
 SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "scenarios").glob("*.yaml"))
 
 
-def observe_sharded(scenario: Any, schedule: Any, n_shards: int) -> RunObservation:
+def observe_sharded(scenario: Any, schedule: Any, n_shards: int,
+                    staged: bool = False) -> RunObservation:
     """:func:`observe_core` with the job split over ``n_shards`` shard logs; a ``restart``
-    drops every shard's cached engine, so each goes on from its log (the checkpoint)."""
+    drops every shard's cached engine, so each goes on from its log (the checkpoint).
+    ``staged``: the staged engine (``join/staged.py``), whose sequencer a restart drops too."""
     job = scenario.job
-    engine = ShardedEngine(job, n_shards)
+    engine: ShardedEngine | StagedEngine = (StagedEngine if staged else ShardedEngine)(
+        job, n_shards)
     current: dict[Any, Any] = {}
     seen = RunObservation(outputs=[], changelog=[], released=[])
     assert seen.released is not None
@@ -444,16 +447,37 @@ def observe_sharded(scenario: Any, schedule: Any, n_shards: int) -> RunObservati
             continue
         records = [(r.topic, 0, r.offset, r.value) for r in step.records]
         try:
-            changes = engine.process(records, schedule.caught_up_tables(step), drop_cache=drop)
+            if isinstance(engine, StagedEngine):
+                changes = engine.process(records, schedule.caught_up_tables(step),
+                                         drop_cache=drop, drop_sequencer=bool(drop))
+            else:
+                changes = engine.process(records, schedule.caught_up_tables(step),
+                                         drop_cache=drop)
         except TxjoinError as exc:
             seen.error = f"{type(exc).__name__}: {exc}"
             break
         drop = []
         observe_batch(seen, job, current, changes)
-        first = engine.engines()[0]
         seq = engine.commit_seq  # asserts every shard released the same prefix
-        seen.released.append(seq if seq > 0 else (0 if first.snapshot_released else None))
+        seen.released.append(seq if seq > 0 else (0 if engine.snapshot_released else None))
     return seen
+
+
+def assert_the_cores_changes(scenario: Any, schedule: Any, core: RunObservation,
+                             staged: bool = False) -> None:
+    """The scenario's own checks hold at 1-4 shards, and every shard count produces the
+    unsharded core's (``core``) change stream: the same rows, the same (key, commit)
+    versions, batch for batch."""
+    for n_shards in (1, 2, 3, 4):
+        seen = observe_sharded(scenario, schedule, n_shards, staged)
+        failures = check_scenario(scenario, schedule, seen)
+        assert not failures, f"shards {n_shards}:\n" + "\n".join(failures)
+        assert seen.error == core.error, f"shards {n_shards}"
+        assert seen.released == core.released, f"shards {n_shards}"
+        assert sorted(seen.changelog, key=_changelog_key) == sorted(
+            core.changelog, key=_changelog_key), f"shards {n_shards}"
+        for n, (a, b) in enumerate(zip(seen.outputs, core.outputs, strict=True)):
+            assert sorted(map(repr, a)) == sorted(map(repr, b)), f"shards {n_shards}, batch {n}"
 
 
 def _changelog_key(row: dict[str, Any]) -> tuple[int, str]:
@@ -469,16 +493,7 @@ def test_every_scenario_gives_the_same_changes_at_every_shard_count(path: Path) 
     schedule = compile_schedule(scenario)
     unsharded = observe_core(scenario, schedule)
     assert not check_scenario(scenario, schedule, unsharded)
-    for n_shards in (1, 2, 3, 4):
-        seen = observe_sharded(scenario, schedule, n_shards)
-        failures = check_scenario(scenario, schedule, seen)
-        assert not failures, f"shards {n_shards}:\n" + "\n".join(failures)
-        assert seen.error == unsharded.error, f"shards {n_shards}"
-        assert seen.released == unsharded.released, f"shards {n_shards}"
-        assert sorted(seen.changelog, key=_changelog_key) == sorted(
-            unsharded.changelog, key=_changelog_key), f"shards {n_shards}"
-        for n, (a, b) in enumerate(zip(seen.outputs, unsharded.outputs, strict=True)):
-            assert sorted(map(repr, a)) == sorted(map(repr, b)), f"shards {n_shards}, batch {n}"
+    assert_the_cores_changes(scenario, schedule, unsharded)
 
 
 @given(data=st.data())

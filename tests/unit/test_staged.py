@@ -25,19 +25,18 @@ from tests.unit.strategies import deliveries, incremental_snapshots, produce, wo
 from tests.unit.test_incomplete import EVERY_STREAM, ORDERS, order, shop, short_of_a_client
 from tests.unit.test_incremental_snapshots import PREFIX, run_and_check
 from tests.unit.test_properties import JOB_VARIANTS
-from tests.unit.test_sharding import SCENARIOS, _changelog_key, run_sharded
+from tests.unit.test_sharding import SCENARIOS, assert_the_cores_changes, run_sharded
 from tests.unit.test_spill import spilling_past
 from tests.unit.test_two_sources import _check_run
-from txjoin.errors import IncompleteTransactionError, TxjoinError
+from txjoin.errors import IncompleteTransactionError
 from txjoin.ingest.debezium import ChangeEvent, TxMarker
 from txjoin.join.engine import Engine
 from txjoin.join.routing import ForeignFacts, shard_of
 from txjoin.join.sharded import ShardedEngine
 from txjoin.join.staged import SKIP, StagedEngine
 from txjoin.join.temporal import TemporalJoin
-from txjoin.scenarios.checks import RunObservation, check_scenario
-from txjoin.scenarios.core_runner import observe_batch, observe_core
-from txjoin.scenarios.schedule import Restart, compile_schedule
+from txjoin.scenarios.core_runner import observe_core
+from txjoin.scenarios.schedule import compile_schedule
 from txjoin.scenarios.spec import load_scenario
 from txjoin.sequence.assembly import IncompletePolicy
 
@@ -118,47 +117,12 @@ def test_two_sources_through_the_staged_engine_keep_one_prefix_per_source(data: 
     _check_run(data, data.draw(st.integers(1, 4), label="shards"), staged=True)
 
 
-def observe_staged(scenario: Any, schedule: Any, n_shards: int) -> RunObservation:
-    """``observe_core`` through the staged engine; a ``restart`` has the sequencer and
-    every shard go on from their saved state."""
-    job = scenario.job
-    engine = StagedEngine(job, n_shards)
-    current: dict[Any, Any] = {}
-    seen = RunObservation(outputs=[], changelog=[], released=[])
-    assert seen.released is not None
-    restart = False
-    for step in schedule.steps:
-        if isinstance(step, Restart):
-            restart = True
-            continue
-        records = [(r.topic, 0, r.offset, r.value) for r in step.records]
-        try:
-            changes = engine.process(records, schedule.caught_up_tables(step),
-                                     drop_cache=range(n_shards) if restart else (),
-                                     drop_sequencer=restart)
-        except TxjoinError as exc:
-            seen.error = f"{type(exc).__name__}: {exc}"
-            break
-        restart = False
-        observe_batch(seen, job, current, changes)
-        seq = engine.commit_seq
-        seen.released.append(seq if seq > 0 else (0 if engine.snapshot_released else None))
-    return seen
-
-
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_every_scenario_gives_the_cores_changes_through_the_staged_engine(path: Path) -> None:
+    """At 1-4 shards, a restart having the sequencer and every shard go on from their logs."""
     scenario = load_scenario(path)
     schedule = compile_schedule(scenario)
-    core = observe_core(scenario, schedule)
-    for n_shards in (1, 2, 3, 4):
-        seen = observe_staged(scenario, schedule, n_shards)
-        failures = check_scenario(scenario, schedule, seen)
-        assert not failures, f"shards {n_shards}:\n" + "\n".join(failures)
-        assert seen.error == core.error, f"shards {n_shards}"
-        assert seen.released == core.released, f"shards {n_shards}"
-        assert sorted(seen.changelog, key=_changelog_key) == sorted(
-            core.changelog, key=_changelog_key), f"shards {n_shards}"
+    assert_the_cores_changes(scenario, schedule, observe_core(scenario, schedule), staged=True)
 
 
 # -- what each part receives and does ------------------------------------------------------

@@ -86,6 +86,10 @@ class ShardedEngine:
     def snapshot_done(self) -> bool:
         return self.engines()[0].snapshot_done
 
+    @property
+    def snapshot_released(self) -> bool:
+        return self.engines()[0].snapshot_released
+
     def outputs(self) -> dict:
         merged: dict = {}
         for engine in self.engines():
