@@ -27,6 +27,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from tests.fixtures.postgres import new_database
 from tests.spark import kill_target
 from txjoin.bench import spread
 from txjoin.crashpoints import (
@@ -499,6 +500,7 @@ def test_kill_9_inside_the_staged_engine_loses_nothing_and_applies_nothing_twice
     sinks end with the oracle's output, every change exactly once. The sink-side points the
     engine does not change are the test above's."""
     shards, partitions, n_tx, whole = 3, 3, 40, 30
+    pg_dsn = new_database(pg_dsn, "kill_staged")  # the sinks of this test's own
     schedule, snapshot, txs = _kill_schedule(tmp_path, n_tx, whole, partitions)
     job = load_job(ORDERS)
     outputs = outputs_after_each(job, snapshot, txs)

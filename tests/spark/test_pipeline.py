@@ -61,14 +61,15 @@ def test_every_scenario_holds_in_both_sinks(spark: SparkSession, pg_dsn: str, pa
     assert report.batches > 0
 
 
-def _scenario_yaml(snapshot: dict[str, Any], txs: list[Any], delivery: list[Any]) -> dict:
+def _scenario_yaml(snapshot: dict[str, Any], txs: list[Any], delivery: list[Any],
+                   name: str = "restart_every_batch") -> dict:
     def op(change: Any) -> dict:
         if change.op == "delete":
             return {"delete": change.table, "key": {"id": change.row["id"]}}
         return {change.op: change.table, "row": dict(change.row)}
 
     return {
-        "name": "restart_every_batch", "job": str(ORDERS),
+        "name": name, "job": str(ORDERS),
         "about": "A random pizzeria workload with a processor restart between every batch.",
         "snapshot": {t: rows for t, rows in snapshot.items() if rows},
         "transactions": [{"name": tx.name, "ops": [op(c) for c in tx.changes]} for tx in txs],
@@ -84,11 +85,12 @@ def _scenario_yaml(snapshot: dict[str, Any], txs: list[Any], delivery: list[Any]
 # six processes, both sinks), and a shard restored from its log after every batch equals
 # one that never stopped at 1-4 shards without Spark
 # (tests/unit/test_sharding.py::test_a_shard_restored_from_its_log_equals_one_that_never_stopped).
-def restart_every_batch(tmp_path: Path, transactions: int, seed: int, delivery_seed: int
-                        ) -> tuple[Path, int]:
+def restart_every_batch(tmp_path: Path, transactions: int, seed: int, delivery_seed: int,
+                        name: str = "restart_every_batch") -> tuple[Path, int]:
     """A scenario file of a random pizzeria workload with a restart between every two
     batches, half the transactions torn (their data first, their BEGIN/END in the next
-    batch); its path and its batch count."""
+    batch); its path and its batch count. ``name``: the scenario's, which names its
+    PostgreSQL sink tables (a run's of its own)."""
     snapshot, txs = pizzeria_workload(transactions, seed=seed)
     delivery: list[Any] = [["snapshot:*"], "restart"]
     rnd = random.Random(delivery_seed)
@@ -100,8 +102,8 @@ def restart_every_batch(tmp_path: Path, transactions: int, seed: int, delivery_s
                          [f"{tx.name}:begin", f"{tx.name}:end"], "restart"]
         else:
             delivery += [[f"{tx.name}:*"], "restart"]
-    doc = _scenario_yaml(snapshot, txs, delivery[:-1])
-    path = tmp_path / "restart_every_batch.yaml"
+    doc = _scenario_yaml(snapshot, txs, delivery[:-1], name)
+    path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path, sum(1 for d in delivery if d != "restart")
 

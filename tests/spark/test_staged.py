@@ -52,7 +52,8 @@ def test_scenarios_hold_in_both_sinks_through_the_staged_engine(
 
 def test_a_restart_at_every_batch_boundary_changes_nothing_in_the_staged_engine(
         spark: SparkSession, pg_dsn: str, tmp_path: Path) -> None:
-    path, batches = restart_every_batch(tmp_path, 10, seed=11, delivery_seed=5)
+    path, batches = restart_every_batch(tmp_path, 10, seed=11, delivery_seed=5,
+                                        name="restart_every_batch_staged")
     report = run_scenario_spark(spark, load_scenario(path), str(tmp_path / "run"),
                                 postgres_dsn=pg_dsn, shards=2, delta=True, engine=STAGED)
     assert report.passed, "\n".join(report.failures)
