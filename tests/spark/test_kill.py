@@ -246,6 +246,17 @@ def _check_replay(death: Death, lines: list[str]) -> None:
     assert written == {"postgres": death.pg < batch, "delta": True}, (death, written)
 
 
+def _assert_the_oracles_end_exactly_once(sink: Any, outputs: list[dict]) -> None:
+    """``sink`` holds the oracle's output after the last transaction, and its changelog
+    every change exactly once."""
+    current = [without_metadata(r) for r in sink.read_current()]
+    result = check_final(current, outputs[-1], ["order_id"])
+    assert result.ok, f"{sink.name}: {result.message}"
+    once = check_exactly_once(sink.read_changelog(), ["order_id"], sink.read_current(),
+                              outputs)
+    assert once.ok, f"{sink.name}: {once.message}"
+
+
 def _versions(path: str) -> list[tuple[int, list[dict], dict[str, Any]]]:
     """Every version of the Delta table at ``path`` as a reader reading it by time travel
     gets it: (version, its rows without txjoin's columns, its commit's txjoin lineage)."""
@@ -477,12 +488,7 @@ def test_kill_9_at_each_crash_point_and_restart_loses_nothing_and_applies_nothin
 
     sinks = build_sinks(job, config)
     for sink in sinks:
-        current = [without_metadata(r) for r in sink.read_current()]
-        result = check_final(current, outputs[-1], ["order_id"])
-        assert result.ok, f"{sink.name}: {result.message}"
-        once = check_exactly_once(sink.read_changelog(), ["order_id"], sink.read_current(),
-                                  outputs)
-        assert once.ok, f"{sink.name}: {once.message}"
+        _assert_the_oracles_end_exactly_once(sink, outputs)
         if isinstance(sink, DeltaSink):
             # the kill target's committer commits back to back, at most 2 batches pending:
             # groups of several batches, through every kill above
@@ -540,11 +546,6 @@ def test_kill_9_inside_the_staged_engine_loses_nothing_and_applies_nothing_twice
     config = RunConfig(checkpoint_dir=str(work / "ckpt"), output_dir=str(work / "out"),
                        postgres_dsn=pg_dsn)
     for sink in build_sinks(job, config):
-        current = [without_metadata(r) for r in sink.read_current()]
-        result = check_final(current, outputs[-1], ["order_id"])
-        assert result.ok, f"{sink.name}: {result.message}"
-        once = check_exactly_once(sink.read_changelog(), ["order_id"], sink.read_current(),
-                                  outputs)
-        assert once.ok, f"{sink.name}: {once.message}"
+        _assert_the_oracles_end_exactly_once(sink, outputs)
         sink.close()
     assert len(outputs[-1]) > 10

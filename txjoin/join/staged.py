@@ -75,6 +75,9 @@ STAGED_LAYOUT = 11
 ``state_log.ShardLog`` entries holding a :class:`Sequencer` or a :class:`ShardApplier`.
 A checkpoint of today's sharded engine (layouts 6-10) is not one of it, nor the reverse."""
 
+STAGED_LAYOUTS = (STAGED_LAYOUT, (STAGED_LAYOUT,))
+"""``ShardLog``'s ``layouts`` for both parts: the layout written, and those continued."""
+
 SEQUENCER = -1
 """The sequencer's number where a shard's would go (its log's ``where``, its host)."""
 
@@ -125,15 +128,6 @@ class Sequencer(ShardEngine):
                        partitions: TopicPartitions | None = None) -> list[OutputChange]:
         self.releases = []
         return super().process_routed(records, caught_up, partitions)
-
-    def sequence(self, items: Iterable[ChangeEvent | TxMarker], caught_up: Iterable[str] = (),
-                 partitions: TopicPartitions | None = None) -> list[Release]:
-        """One micro-batch of metadata (events without rows, markers; any order): what it
-        releases, in order. Raises what the core raises (an incomplete transaction under
-        ``fail``, a record of an undeclared partition, ...)."""
-        self.releases = []
-        self.process_decoded(sorted(items, key=_position_key), caught_up, partitions)
-        return self.releases
 
     def _record_skips(self) -> None:
         """Transactions the incomplete policy dropped since the last call (``Frontier.enforce``
@@ -408,12 +402,12 @@ class StagedEngine:
     def sequencer_log(self) -> ShardLog:
         return ShardLog(self.sequencer_store, self.job, SEQUENCER, self.n_shards, self.policy,
                         where="the sequencer", engine_class=Sequencer,
-                        layouts=(STAGED_LAYOUT, (STAGED_LAYOUT,)))
+                        layouts=STAGED_LAYOUTS)
 
     def shard_log(self, shard: int) -> ShardLog:
         return ShardLog(self.stores[shard], self.job, shard, self.n_shards, self.policy,
                         engine_class=ShardApplier,  # type: ignore[arg-type]
-                        layouts=(STAGED_LAYOUT, (STAGED_LAYOUT,)))
+                        layouts=STAGED_LAYOUTS)
 
     def route(self, records: Iterable[tuple[str, int, int, str | None]]
               ) -> tuple[list[Routed], list[list[ChangeEvent]]]:

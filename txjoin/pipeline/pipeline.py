@@ -64,7 +64,7 @@ from txjoin.join.spark.staged import (
     route_staged,
     staged_stages,
 )
-from txjoin.join.staged import STAGED_LAYOUT
+from txjoin.join.staged import STAGED_LAYOUTS
 from txjoin.join.state_log import CONTINUED_LAYOUTS, LAYOUT_VERSION
 from txjoin.pipeline.sink_tasks import SUMMARY_SCHEMA, PartWriter, in_commit_order, summarise
 from txjoin.sequence.assembly import IncompletePolicy
@@ -241,7 +241,7 @@ def check_layout(checkpoint: Path, n_shards: int | None, record: bool = True,
     (``txjoin run`` before Spark).
     """
     marker = checkpoint / LAYOUT_FILE
-    layout, continued = ((STAGED_LAYOUT, (STAGED_LAYOUT,)) if engine == STAGED
+    layout, continued = (STAGED_LAYOUTS if engine == STAGED
                          else (LAYOUT_VERSION, CONTINUED_LAYOUTS))
     if marker.exists():
         recorded = json.loads(marker.read_text())

@@ -45,7 +45,7 @@ from txjoin.join.output import changes_to_table
 from txjoin.join.routing import METADATA_SIZE, ForeignFacts, Routed, row_digest
 from txjoin.join.shard import long_lived_state
 from txjoin.join.spark import host, input_frames
-from txjoin.join.state_log import ShardLog, engine_rows
+from txjoin.join.state_log import BatchResult, ShardLog, engine_rows
 from txjoin.join.temporal import OutputChange
 from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
 
@@ -313,14 +313,20 @@ class ShardProcessor(StatefulProcessor):
                 "commit_seq": engine.commit_seq, "snapshot_done": engine.snapshot_done,
                 "snapshot_released": engine.snapshot_released, "waiting": engine.waiting,
                 "released": result.released, "duplicates": engine.duplicates,
-                "skipped": engine.skipped, "state": result.restored,
-                "state_bytes_written": self.store.written,
-                "snapshot_rows": engine.batch_snapshot_rows,
-                "state_rows": engine_rows(engine),
+                "skipped": engine.skipped, "snapshot_rows": engine.batch_snapshot_rows,
+                **self.task_figures(result, started, cpu_started)}
+        return changes_columns(self.job, shard, result.changes, info)
+
+    def task_figures(self, result: BatchResult, started: float, cpu_started: float
+                     ) -> dict[str, Any]:
+        """What a task reports of its batch whatever its stage: how its state was loaded,
+        the bytes it wrote, the rows its state holds, its process's peak RSS, its stages'
+        seconds and its CPU seconds (``merge_infos``: ``per_shard``)."""
+        return {"state": result.restored, "state_bytes_written": self.store.written,
+                "state_rows": engine_rows(result.engine),
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
                 "seconds": {**result.seconds, "total": time.perf_counter() - started},
                 "cpu_seconds": time.process_time() - cpu_started}
-        return changes_columns(self.job, shard, result.changes, info)
 
     def cached(self, number: int) -> Any:
         """This query's engine of shard ``number`` cached in this process (None: none),

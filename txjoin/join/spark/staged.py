@@ -34,7 +34,6 @@ and the sequencer is one task.
 from __future__ import annotations
 
 import pickle
-import resource
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -49,8 +48,8 @@ from txjoin.job import Job
 from txjoin.join.routing import METADATA_SIZE, Routed, is_metadata_only, metadata_only
 from txjoin.join.spark.routing import _METADATA, _READ, envelopes
 from txjoin.join.spark.shards import ShardProcessor, changes_columns, routed_items
-from txjoin.join.staged import SEQUENCER, STAGED_LAYOUT, Release, Sequencer, ShardApplier
-from txjoin.join.state_log import ShardLog, engine_rows
+from txjoin.join.staged import SEQUENCER, STAGED_LAYOUTS, Release, Sequencer, ShardApplier
+from txjoin.join.state_log import ShardLog
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -69,9 +68,6 @@ ROUTED_SCHEMA = ("shard int, topic string, partition int, offset long, value bin
                  "after_elsewhere boolean")
 """The rows both stages read (``routing.ROUTED_COLUMNS``, the value as bytes): the
 sequencer's output has it too, so the two unite."""
-
-_STAGED_LOG = {"engine_class": Sequencer, "layouts": (STAGED_LAYOUT, (STAGED_LAYOUT,))}
-
 
 def route_staged(source: DataFrame, job: Job, prefixes: str | Mapping[str, str],
                  labels: Sequence[int]) -> DataFrame:
@@ -132,7 +128,7 @@ class SequencerProcessor(ShardProcessor):
         read_s = time.perf_counter() - read_started
         self.store.written = 0
         log = ShardLog(self.store, self.job, SEQUENCER, len(self.labels), self.policy,
-                       where="the sequencer", **_STAGED_LOG)  # type: ignore[arg-type]
+                       where="the sequencer", engine_class=Sequencer, layouts=STAGED_LAYOUTS)
         result = log.process(self.cached(SEQUENCER), items, caught, partitions)
         engine = result.engine
         assert isinstance(engine, Sequencer)
@@ -143,12 +139,8 @@ class SequencerProcessor(ShardProcessor):
                 "records": int(pc.sum(records["counted"].cast(pa.int64())).as_py() or 0),
                 "snapshot_done": engine.snapshot_done, "waiting": engine.waiting,
                 "released": result.released, "duplicates": engine.duplicates,
-                "skipped": engine.skipped, "state": result.restored,
-                "state_bytes_written": self.store.written,
-                "snapshot_rows": engine.batch_snapshot_rows, "state_rows": engine_rows(engine),
-                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-                "seconds": {**result.seconds, "total": time.perf_counter() - started},
-                "cpu_seconds": time.process_time() - cpu_started}
+                "skipped": engine.skipped, "snapshot_rows": engine.batch_snapshot_rows,
+                **self.task_figures(result, started, cpu_started)}
         payload = pickle.dumps((engine.releases, info), pickle.HIGHEST_PROTOCOL)
         n = len(self.labels)
         none: list[Any] = [None] * n
@@ -175,7 +167,8 @@ class ApplierProcessor(ShardProcessor):
         self.store.written = 0
         log = ShardLog(self.store, self.job, shard, len(self.labels), self.policy,
                        where=f"shard {shard} of {len(self.labels)}",
-                       **{**_STAGED_LOG, "engine_class": ShardApplier})  # type: ignore[arg-type]
+                       engine_class=ShardApplier,  # type: ignore[arg-type]
+                       layouts=STAGED_LAYOUTS)
         releasing = [Routed(r, 0) for r in releases]  # type: ignore[arg-type]
         result = log.process(self.cached(shard), [*items, *releasing], ())
         applier = result.engine
@@ -191,15 +184,11 @@ class ApplierProcessor(ShardProcessor):
                 "waiting": sequencer.get("waiting", 0),
                 "released": sequencer.get("released", 0),
                 "duplicates": sequencer.get("duplicates", 0),
-                "skipped": sequencer.get("skipped", []), "state": result.restored,
-                "state_bytes_written": self.store.written + (
-                    sequencer.get("state_bytes_written", 0) if first else 0),
+                "skipped": sequencer.get("skipped", []),
                 "snapshot_rows": sequencer.get("snapshot_rows", 0),
-                "state_rows": engine_rows(applier),
-                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-                "seconds": {**result.seconds, "total": time.perf_counter() - started},
-                "cpu_seconds": time.process_time() - cpu_started}
+                **self.task_figures(result, started, cpu_started)}
         if first and sequencer:
+            info["state_bytes_written"] += sequencer.get("state_bytes_written", 0)
             info["sequencer"] = sequencer
         return changes_columns(self.job, shard, result.changes, info)
 
