@@ -90,6 +90,18 @@ def test_the_sweep_takes_the_slowest_shard_and_the_sum_per_batch_then_the_median
     assert shard_figures([SimpleNamespace(per_shard=[])]) == {}
 
 
+def test_the_staged_sequencer_is_a_stage_before_the_shards_so_its_task_adds_to_the_slowest(
+) -> None:
+    # shard -1 is the staged engine's sequencer: a batch waits for it, then for its
+    # slowest shard, so the slowest figure is their sum, and the sum counts it once
+    batches = [[_shard(-1, 0.4, 0.3, 0, 50), _shard(0, 1.0, 0.9, 10, 100),
+                _shard(1, 3.0, 2.0, 12, 130)]]
+    figures = shard_figures([SimpleNamespace(per_shard=b) for b in batches])
+    assert figures["slowest"]["total"] == 3.4 and figures["sum"]["total"] == 4.4
+    assert figures["slowest"]["cpu"] == 2.3 and figures["sum"]["cpu"] == 3.2
+    assert figures["state_rows"] == [0, 10, 12]
+
+
 def test_sweep_ratios_are_to_the_fewest_shards_run() -> None:
     def run(slowest: float, total: float, rows: list[int], rate: int) -> dict[str, object]:
         return {"events_per_s": rate, "per_shard": {
