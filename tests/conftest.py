@@ -50,6 +50,22 @@ in a run where the two cores were the bound). They keep their G1 collector."""
 os.environ.setdefault(STACK_JAVA_OPTIONS_ENV, STACK_TEST_JVM_OPTIONS)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def spark_scratch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Spark's scratch (``SPARK_LOCAL_DIRS``: every JVM's ``spark-*`` folders, the state
+    stores' working copies) and txjoin's spill files under this run's temporary folder,
+    which pytest keeps for the last three runs only. In /tmp, every JVM a test kills with
+    -9 left its folder behind (30-40 MB each, ~40 a run), and a machine's disk filled."""
+    scratch = tmp_path_factory.mktemp("spark-scratch")
+    before = os.environ.get("SPARK_LOCAL_DIRS")
+    os.environ["SPARK_LOCAL_DIRS"] = str(scratch)
+    yield scratch
+    if before is None:
+        os.environ.pop("SPARK_LOCAL_DIRS", None)
+    else:
+        os.environ["SPARK_LOCAL_DIRS"] = before
+
+
 # -- lanes: every test has exactly one of these markers, the one of its directory ---------------
 
 LANES = {"unit": "unit", "spark": "spark", "e2e": "e2e"}
