@@ -172,7 +172,7 @@ def test_a_supervised_driver_survives_losing_a_worker_then_its_own_kill_exactly_
         workload.start()
         started = time.monotonic()
         submitted = subprocess.run(line, capture_output=True, text=True, timeout=120,
-                                   check=False)
+                                   check=False, env={**os.environ, **cluster.java_env})
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         driver_id = next(w for w in (submitted.stdout + submitted.stderr).split()
                          if w.startswith("driver-"))
@@ -232,7 +232,7 @@ def test_a_supervised_driver_survives_losing_a_worker_then_its_own_kill_exactly_
             # the master stops the supervised driver for good
             subprocess.run([str(SPARK_HOME / "bin" / "spark-submit"), "--master",
                             cluster.master_url, "--kill", driver_id], capture_output=True,
-                           timeout=60, check=False)
+                           timeout=60, check=False, env={**os.environ, **cluster.java_env})
             deadline = time.monotonic() + 60
             while driver_pid(tmp_path) is not None and time.monotonic() < deadline:
                 time.sleep(0.3)
