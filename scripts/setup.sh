@@ -36,6 +36,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     uv_pin=$(sed -n 's/^package = \["\(uv[^"]*\)".*/\1/p' pyproject.toml)
     PYTHONWARNINGS="$build_warnings" .venv/bin/python -m pip install -q --disable-pip-version-check "$uv_pin"
     PYTHONWARNINGS="$build_warnings" .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python -e ".[dev,stack,package]"
+    # pyspark comes as a source archive and uv builds it again on every fresh install, keeping
+    # each build (0.5-1.4 GB) in its cache: on a CI machine that outlives its runs, 44 GB of
+    # them and /tmp's leftovers filled the disk and failed a run. On CI (CI set) the builds
+    # no environment refers to any more are removed; a developer's shared cache is theirs.
+    if [ -n "${CI:-}" ]; then .venv/bin/uv cache prune -q || true; fi
     touch "$stamp" "$compiled"
 fi
 if [ ! -f "$compiled" ]; then  # a .venv installed before its packages were compiled
