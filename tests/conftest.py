@@ -57,13 +57,9 @@ def spark_scratch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     which pytest keeps for the last three runs only. In /tmp, every JVM a test kills with
     -9 left its folder behind (30-40 MB each, ~40 a run), and a machine's disk filled."""
     scratch = tmp_path_factory.mktemp("spark-scratch")
-    before = os.environ.get("SPARK_LOCAL_DIRS")
-    os.environ["SPARK_LOCAL_DIRS"] = str(scratch)
-    yield scratch
-    if before is None:
-        os.environ.pop("SPARK_LOCAL_DIRS", None)
-    else:
-        os.environ["SPARK_LOCAL_DIRS"] = before
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SPARK_LOCAL_DIRS", str(scratch))
+        yield scratch
 
 
 # -- lanes: every test has exactly one of these markers, the one of its directory ---------------
