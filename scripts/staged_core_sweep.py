@@ -10,7 +10,13 @@ replay source cuts it, through two engines in this one process, at each shard co
 - ``sharded``: today's (``join/sharded.py``): every shard assembles and orders every
   transaction (``ShardEngine.process_routed``);
 - ``staged``: ``join/staged.py``: the sequencer once (``Sequencer.process_routed``), then
-  each shard its own rows and the releases (``ShardApplier.process``).
+  each shard its own rows and the releases (``ShardApplier.process``);
+- ``split``: the staged engine with every lookup it can split split (``join/owners.py``):
+  the sequencer, then the owner stages (one per depth of split lookups), then the shards;
+  its ``slowest_s`` is the batch's critical path (the sequencer, the slowest owner of each
+  stage and the slowest shard, summed) and its ``sum_s`` every task's CPU, the sequencer's
+  included; ``largest_shard_rows`` / ``largest_owner_rows``: the rows the largest shard /
+  owner holds at the end (current rows and last outputs).
 
 Per steady batch (the first 2 left out) it times, in CPU seconds of this process
 (``time.process_time``), each shard's call and the sequencer's, and reports the p50 over
@@ -35,6 +41,8 @@ from typing import Any
 from txjoin.bench import JOB, replay_schedule, spread
 from txjoin.ingest.debezium import transaction_topic
 from txjoin.job import load_job
+from txjoin.join.placement import owner_of, splittable
+from txjoin.join.routing import Routed
 from txjoin.join.shard import ShardEngine, long_lived_state
 from txjoin.join.sharded import ShardedEngine
 from txjoin.join.staged import Sequencer, ShardApplier, StagedEngine
@@ -61,6 +69,11 @@ def batches(transactions: int, seed: int, max_events: int) -> list[tuple[list, l
 
 def p50(values: list[float]) -> float:
     return round(statistics.median(values), 4) if values else 0.0
+
+
+def state_rows(part: Any) -> int:
+    """The rows a part holds: its tables' current rows and its last outputs."""
+    return sum(len(r) for r in part.join.rows.values()) + len(part.join.outputs)
 
 
 def run_sharded(job: Any, n: int, work: list[tuple[list, list[str]]]) -> dict[str, Any]:
@@ -90,7 +103,7 @@ def run_staged(job: Any, n: int, work: list[tuple[list, list[str]]]) -> dict[str
     appliers = [ShardApplier(job, s, n) for s in range(n)]
     slowest, total, sequencer = [], [], []
     for records, caught in work:
-        meta, per_shard = engine.route(records)
+        meta, per_shard, _ = engine.route(records)
         with long_lived_state():
             started = time.process_time()
             the_sequencer.process_routed(meta, caught)
@@ -106,6 +119,64 @@ def run_staged(job: Any, n: int, work: list[tuple[list, list[str]]]) -> dict[str
         total.append(sum(times))
     return {"slowest_s": p50(slowest[WARM_UP:]), "sum_s": p50(total[WARM_UP:]),
             "sequencer_s": p50(sequencer[WARM_UP:]),
+            "largest_shard_rows": max(state_rows(a) for a in appliers),
+            "output": {k: v for a in appliers for k, v in a.outputs().items()}}
+
+
+def run_split(job: Any, n: int, work: list[tuple[list, list[str]]]) -> dict[str, Any]:
+    """The staged engine with every lookup it can split split (``join/owners.py``): the
+    sequencer, then each owner stage (one per depth), then the shards."""
+    engine = StagedEngine(job, n, split=splittable(job))
+    the_sequencer = Sequencer(job)
+    owners = {d: [cls(job, o, n) for o in range(n)] for d, cls in engine.owner_classes.items()}
+    appliers = [ShardApplier(job, s, n) for s in range(n)]
+    stages: dict[str, list[float]] = {}  # per stage: the slowest task of each batch
+    slowest, total = [], []
+    for records, caught in work:
+        meta, per_shard, owned = engine.route(records)
+        with long_lived_state():
+            started = time.process_time()
+            the_sequencer.process_routed(meta, caught)
+            releases = the_sequencer.releases
+            path = spent = time.process_time() - started
+        stages.setdefault("sequencer", []).append(path)
+        to_shards: list[list[Any]] = [[] for _ in range(n)]
+        flags: set[Any] = set()
+        messages: dict[int, list[Any]] = {}
+        for depth, stage in owners.items():
+            below: dict[int, list[Any]] = {}
+            times = []
+            for o, owner in enumerate(stage):
+                items = [Routed(x, 0) for x in [*owned[(depth, o)], *releases,
+                                                *messages.get(o, ())]]
+                with long_lived_state():
+                    started = time.process_time()
+                    owner.process_routed(items, caught)  # type: ignore[arg-type]
+                    times.append(time.process_time() - started)
+                for forward in owner.forwards:
+                    to_shards[forward.shard].append(forward)
+                flags.update(owner.corrections_changed)
+                for message in owner.messages:
+                    below.setdefault(owner_of(message.key, n), []).append(message)
+            messages = below
+            stages.setdefault(f"owners {depth}", []).append(max(times))
+            path += max(times)
+            spent += sum(times)
+        times = []
+        for applier, events, forwards in zip(appliers, per_shard, to_shards, strict=True):
+            items = [Routed(x, 0) for x in [*events, *releases, *forwards, *sorted(flags)]]
+            with long_lived_state():
+                started = time.process_time()
+                applier.process_routed(items, caught)  # type: ignore[arg-type]
+                times.append(time.process_time() - started)
+        stages.setdefault("shards", []).append(max(times))
+        slowest.append(path + max(times))
+        total.append(spent + sum(times))
+    return {"slowest_s": p50(slowest[WARM_UP:]), "sum_s": p50(total[WARM_UP:]),
+            "stages_slowest_s": {k: p50(v[WARM_UP:]) for k, v in stages.items()},
+            "largest_shard_rows": max(state_rows(a) for a in appliers),
+            "largest_owner_rows": max((state_rows(o) for stage in owners.values() for o in stage),
+                                      default=0),
             "output": {k: v for a in appliers for k, v in a.outputs().items()}}
 
 
@@ -126,14 +197,19 @@ def main() -> None:
     for n in [int(x) for x in args.shards.split(",")]:
         sharded = run_sharded(job, n, work)
         staged = run_staged(job, n, work)
-        assert sharded.pop("output") == staged.pop("output"), f"{n} shards: outputs differ"
-        results["per_shards"][n] = {"sharded": sharded, "staged": staged}
+        split = run_split(job, n, work)
+        expected = sharded.pop("output")
+        assert staged.pop("output") == expected, f"{n} shards: the staged outputs differ"
+        assert split.pop("output") == expected, f"{n} shards: the split outputs differ"
+        results["per_shards"][n] = {"sharded": sharded, "staged": staged, "split": split}
         print(f"{n} shards: sharded slowest {sharded['slowest_s']} s, sum {sharded['sum_s']} s; "
               f"staged slowest {staged['slowest_s']} s, sum {staged['sum_s']} s, "
-              f"sequencer {staged['sequencer_s']} s (CPU per steady batch, p50)")
+              f"sequencer {staged['sequencer_s']} s; split slowest (sequencer + owners + "
+              f"shard) {split['slowest_s']} s, sum {split['sum_s']} s, largest shard "
+              f"{split['largest_shard_rows']} rows (CPU per steady batch, p50)")
     runs = results["per_shards"]
     base, top = min(runs), max(runs)
-    for engine in ("sharded", "staged"):
+    for engine in ("sharded", "staged", "split"):
         results[f"{engine}_ratios"] = {
             "slowest": round(runs[top][engine]["slowest_s"] / runs[base][engine]["slowest_s"], 3),
             "sum": round(runs[top][engine]["sum_s"] / runs[base][engine]["sum_s"], 3)}

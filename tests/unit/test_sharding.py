@@ -25,6 +25,7 @@ from tests.unit.test_properties import JOB_VARIANTS
 from txjoin.errors import ConfigError, TxjoinError
 from txjoin.ingest.debezium import ChangeEvent, Position, TxMarker, decode
 from txjoin.join.oracle import outputs_after_each
+from txjoin.join.placement import splittable
 from txjoin.join.routing import (
     METADATA_SIZE,
     Routed,
@@ -51,13 +52,16 @@ def run_sharded(job: Any, workload: Any, data: Any, n_shards: int, parts: int = 
     """``parts``: table topics spread over that many partitions by key, read with any lag
     between partitions; the source reports caught-up partitions, or (drawn) whole topics
     only. ``staged``: the staged engine (``join/staged.py``), its sequencer too restarted
-    from its saved state at random."""
+    from its saved state at random, any of its splittable lookups split
+    (``join/placement.py``)."""
     production, where = split_partitions(produce(job, workload), parts)
     batches = data.draw(deliveries(production), label="delivery")
     expected = outputs_after_each(job, workload.snapshot, workload.transactions)
     counts = dict.fromkeys(job.table_names, parts) if parts > 1 else {}
-    engine: ShardedEngine | StagedEngine = (StagedEngine if staged else ShardedEngine)(
-        job, n_shards)
+    engine: ShardedEngine | StagedEngine = (
+        StagedEngine(job, n_shards, split=data.draw(
+            st.sets(st.sampled_from(splittable(job))) if splittable(job) else st.just(set()),
+            label="split lookups")) if staged else ShardedEngine(job, n_shards))
     applied: dict[Any, Any] = {}
     seen: set[tuple[Any, int]] = set()
     last_k = -1
@@ -430,13 +434,15 @@ SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "scenarios").glob("*.y
 
 
 def observe_sharded(scenario: Any, schedule: Any, n_shards: int,
-                    staged: bool = False) -> RunObservation:
+                    staged: bool = False, split: bool = False) -> RunObservation:
     """:func:`observe_core` with the job split over ``n_shards`` shard logs; a ``restart``
     drops every shard's cached engine, so each goes on from its log (the checkpoint).
-    ``staged``: the staged engine (``join/staged.py``), whose sequencer a restart drops too."""
+    ``staged``: the staged engine (``join/staged.py``), whose sequencer a restart drops too;
+    ``split``: with every lookup it can split split (``join/placement.py``)."""
     job = scenario.job
-    engine: ShardedEngine | StagedEngine = (StagedEngine if staged else ShardedEngine)(
-        job, n_shards)
+    engine: ShardedEngine | StagedEngine = (
+        StagedEngine(job, n_shards, split=splittable(job) if split else ())
+        if staged else ShardedEngine(job, n_shards))
     current: dict[Any, Any] = {}
     seen = RunObservation(outputs=[], changelog=[], released=[])
     assert seen.released is not None
@@ -464,12 +470,12 @@ def observe_sharded(scenario: Any, schedule: Any, n_shards: int,
 
 
 def assert_the_cores_changes(scenario: Any, schedule: Any, core: RunObservation,
-                             staged: bool = False) -> None:
+                             staged: bool = False, split: bool = False) -> None:
     """The scenario's own checks hold at 1-4 shards, and every shard count produces the
     unsharded core's (``core``) change stream: the same rows, the same (key, commit)
     versions, batch for batch."""
     for n_shards in (1, 2, 3, 4):
-        seen = observe_sharded(scenario, schedule, n_shards, staged)
+        seen = observe_sharded(scenario, schedule, n_shards, staged, split)
         failures = check_scenario(scenario, schedule, seen)
         assert not failures, f"shards {n_shards}:\n" + "\n".join(failures)
         assert seen.error == core.error, f"shards {n_shards}"

@@ -31,6 +31,7 @@ from tests.unit.test_two_sources import _check_run
 from txjoin.errors import IncompleteTransactionError
 from txjoin.ingest.debezium import ChangeEvent, TxMarker
 from txjoin.join.engine import Engine
+from txjoin.join.placement import splittable
 from txjoin.join.routing import ForeignFacts, shard_of
 from txjoin.join.sharded import ShardedEngine
 from txjoin.join.staged import SKIP, StagedEngine
@@ -108,7 +109,10 @@ def test_incremental_snapshot_corrections_are_the_cores_through_the_staged_engin
     workload = data.draw(incremental_snapshots(workload, rows), label="incremental")
     batches = run_and_check(job, workload, data)
     core = _stream(Engine(job), batches, data, PREFIX)
-    staged = StagedEngine(job, data.draw(st.integers(1, 6), label="shards"))
+    staged = StagedEngine(job, data.draw(st.integers(1, 6), label="shards"),
+                          split=data.draw(st.sets(st.sampled_from(splittable(job)))
+                                          if splittable(job) else st.just(set()),
+                                          label="split lookups"))
     assert _stream(staged, batches, data, PREFIX) == core
 
 
@@ -119,10 +123,14 @@ def test_two_sources_through_the_staged_engine_keep_one_prefix_per_source(data: 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_every_scenario_gives_the_cores_changes_through_the_staged_engine(path: Path) -> None:
-    """At 1-4 shards, a restart having the sequencer and every shard go on from their logs."""
+    """At 1-4 shards, a restart having the sequencer and every shard go on from their logs;
+    again with every lookup the job can split split (``join/placement.py``)."""
     scenario = load_scenario(path)
     schedule = compile_schedule(scenario)
-    assert_the_cores_changes(scenario, schedule, observe_core(scenario, schedule), staged=True)
+    core = observe_core(scenario, schedule)
+    assert_the_cores_changes(scenario, schedule, core, staged=True)
+    if splittable(scenario.job):
+        assert_the_cores_changes(scenario, schedule, core, staged=True, split=True)
 
 
 # -- what each part receives and does ------------------------------------------------------
@@ -136,7 +144,7 @@ def test_a_shard_receives_no_marker_and_no_other_shards_fact() -> None:
                                 for n in range(12)])
     records = [(r.topic, 0, r.offset, r.value) for r in pipe.all_records()]
     n_shards = 4
-    meta, per_shard = StagedEngine(ORDERS, n_shards).route(records)
+    meta, per_shard, _ = StagedEngine(ORDERS, n_shards).route(records)
     # each record once: the fact table's streaming events as one batch of columns
     assert sum(len(m.item) if isinstance(m.item, ForeignFacts) else 1
                for m in meta) == sum(1 for r in records if r[3] is not None)
@@ -163,9 +171,9 @@ def test_a_shard_spends_no_pass_on_a_transaction_without_rows_in_it(
     applied: list[int] = []
     apply = TemporalJoin.apply
 
-    def counting(self: TemporalJoin, tx: Any) -> Any:
+    def counting(self: TemporalJoin, tx: Any, forwarded: Any = ()) -> Any:
         applied.append(tx.xid)
-        return apply(self, tx)
+        return apply(self, tx, forwarded)
 
     monkeypatch.setattr(TemporalJoin, "apply", counting)
     pipe = shop()
@@ -220,3 +228,22 @@ def test_fail_stops_the_staged_engine_with_the_cores_line() -> None:
             engine.process(second, caught_up=set(ORDERS.table_names))
         errors.append(str(error.value))
     assert errors[0] == errors[1] and f"xid {pipe.xids['T1']}" in errors[0]
+
+
+# -- looked-up tables split by key (join/owners.py) ----------------------------------------
+
+SPLITTABLE = sorted(v for v, (job, _) in JOB_VARIANTS.items() if splittable(job))
+
+@given(data=st.data())
+def test_split_lookups_give_the_cores_change_stream(data: Any) -> None:
+    """Any splittable lookups split (their rows held once, by their key's owner, and
+    forwarded to the shards whose facts read them), any shard count, any restarts: batch for
+    batch the core's changes, commits, xids and commit times."""
+    variant = data.draw(st.sampled_from(SPLITTABLE), label="variant")
+    job, rows = JOB_VARIANTS[variant]
+    workload = data.draw(workloads(rows), label="workload")
+    batches = data.draw(deliveries(produce(job, workload)), label="delivery")
+    n_shards = data.draw(st.integers(1, 8), label="shards")
+    split = data.draw(st.sets(st.sampled_from(splittable(job))), label="split")
+    core = _stream(Engine(job), batches, data)
+    assert _stream(StagedEngine(job, n_shards, split=split), batches, data) == core

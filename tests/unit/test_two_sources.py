@@ -29,6 +29,7 @@ from txjoin.job import Job, Source, Table, load_job
 from txjoin.join.engine import Engine
 from txjoin.join.oracle import RowChange, SourceTransaction, outputs_by_source_prefixes
 from txjoin.join.output import changes_to_table, output_schema
+from txjoin.join.placement import splittable
 from txjoin.join.sharded import ShardedEngine
 from txjoin.join.staged import StagedEngine
 from txjoin.scenarios.core_runner import observe_core
@@ -62,8 +63,10 @@ def _check_run(data: Any, n_shards: int | None, staged: bool = False) -> None:
     silent = any(not any(workload.snapshot.get(t) for t in job.tables_of(s))
                  and not any(tx.source == s for tx in workload.transactions)
                  for s in job.source_names)
-    sharded = None if n_shards is None else (StagedEngine if staged else ShardedEngine)(
-        job, n_shards)
+    split = (data.draw(st.sets(st.sampled_from(splittable(job))), label="split lookups")
+             if staged and splittable(job) else set())
+    sharded = None if n_shards is None else (
+        StagedEngine(job, n_shards, split=split) if staged else ShardedEngine(job, n_shards))
     engine = Engine(job) if sharded is None else None
     applied: dict[Any, Any] = {}
     seen: set[tuple[Any, int]] = set()

@@ -21,8 +21,14 @@ as in one. The staged engine splits the two:
 The shards number the applied releases themselves (``commit_seq``), exactly as the core
 does: a correction (an incremental snapshot's rows) whose looked-up rows all equal the
 state is dropped unnumbered, which every shard decides alike because every shard holds the
-looked-up rows; a correction with a fact row is always numbered (the sequencer says which
-have one). So the union of the shards' outputs is the core's, release for release.
+copied looked-up rows and the owners of split ones say when theirs changed; a correction
+with a fact row is always numbered (the sequencer says which have one). So the union of
+the shards' outputs is the core's, release for release.
+
+A looked-up table may be **split** instead of copied into every shard
+(``join/placement.py``): its rows are then held once, by the owner of their key, in owner
+stages between the sequencer and the shards (``join/owners.py``), which send each shard the
+rows its facts read, release by release.
 
 Every rule stays where it is proven: the sequencer *is* the core's engine without a join,
 fed what every shard is fed today of the records it does not hold. What a shard decides on
@@ -44,13 +50,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from txjoin import crashpoints
+from txjoin.errors import JobError
 from txjoin.ingest.debezium import INCREMENTAL, ChangeEvent, Position, TxMarker, decode
 from txjoin.job import Job
 from txjoin.join.engine import EngineStats
+from txjoin.join.placement import CorrectionChanged, Forward, Placement, Subscribe, owner_of
 from txjoin.join.routing import Routed, Router, gather_foreign, is_metadata_only, metadata_only
 from txjoin.join.shard import ShardEngine, long_lived_state
 from txjoin.join.state import pack, unpack
@@ -146,11 +154,15 @@ class Sequencer(ShardEngine):
             if not all(a.snapshot.is_complete() for a in self.assemblers.values()):
                 return
             with_rows = False
+            latest: int | None = None  # the core's commit time of the snapshot
             for assembler in self.assemblers.values():
                 with_rows = with_rows or bool(assembler.snapshot.tables_with_rows)
+                if assembler.snapshot.rows:
+                    ts = latest_commit_ts(assembler.snapshot.rows)
+                    latest = ts if latest is None else max(latest, ts or 0)
                 assembler.snapshot.done = True
                 assembler.snapshot.rows = []
-            self.releases.append(Release(SNAPSHOT, with_rows=with_rows))
+            self.releases.append(Release(SNAPSHOT, commit_ts_ms=latest, with_rows=with_rows))
             self.snapshot_released = with_rows
         for source, frontier in self.frontiers.items():
             for tx in frontier.release_streaming(self.assemblers[source]):
@@ -182,6 +194,8 @@ class AppliedEffects:
     journal: list[tuple[str, Any, Any]]
     applied_seq: int
     snapshot_released: bool
+    # an owner's (join/owners.py): the subscriptions the batch added (alias, key, shard)
+    subscribed: list[tuple[str, Any, int]] = field(default_factory=list)
 
     @property
     def snapshot_events(self) -> list[ChangeEvent]:
@@ -195,8 +209,8 @@ class ShardApplier:
     Its input per batch (:meth:`process_routed`): its events (the rows it holds) and the
     batch's :class:`Release` entries, as ``Routed`` items."""
 
-    FIELDS = ("pending", "incremental", "incremental_read_to", "released", "applied_seq",
-              "snapshot_released")
+    FIELDS: tuple[str, ...] = ("pending", "incremental", "incremental_read_to", "released",
+                               "applied_seq", "snapshot_released")
 
     def __init__(self, job: Job, shard: int = 0, n_shards: int = 1,
                  policy: IncompletePolicy | None = None) -> None:
@@ -229,13 +243,20 @@ class ShardApplier:
     def process_routed(self, records: Iterable[Routed], caught_up: Iterable[str] = (),
                        partitions: TopicPartitions | None = None) -> list[OutputChange]:
         """Buffer the batch's events (in topic order per partition), then apply its releases
-        (in their order); the output changes, in commit order. ``caught_up`` and
-        ``partitions`` are the sequencer's business."""
+        (in their order) with the rows the owners forward for each (``join/owners.py``);
+        the output changes, in commit order. ``caught_up`` and ``partitions`` are the
+        sequencer's business."""
         events: list[ChangeEvent] = []
         releases: list[Release] = []
+        forwarded: dict[int, list[tuple[str, Any, Any]]] = {}
+        changed: set[int] = set()
         for item, _size in records:
             if isinstance(item, Release):
                 releases.append(item)
+            elif isinstance(item, Forward):
+                forwarded.setdefault(item.release, []).append((item.table, item.key, item.row))
+            elif isinstance(item, CorrectionChanged):
+                changed.add(item.release)
             else:
                 assert isinstance(item, ChangeEvent), item
                 events.append(item)
@@ -246,8 +267,9 @@ class ShardApplier:
             for event in events:
                 self._add(event)
             changes: list[OutputChange] = []
-            for release in releases:
-                changes.extend(self._release(release))
+            for index, release in enumerate(releases):
+                changes.extend(self._release(release, forwarded.get(index, ()),
+                                             index in changed))
             journal = self.join.journal
         finally:
             self.join.journal = None
@@ -308,7 +330,10 @@ class ShardApplier:
         self.stats.transactions_released += 1
         return in_table_order(tx.events)
 
-    def _release(self, release: Release) -> list[OutputChange]:
+    def _release(self, release: Release, forwarded: Sequence[tuple[str, Any, Any]] = (),
+                 owners_changed: bool = False) -> list[OutputChange]:
+        """Apply one release; ``forwarded``: the split tables' rows the owners sent for it,
+        ``owners_changed``: an owner's rows of a correction changed."""
         kind = release.kind
         rows = self._take(release)
         if kind == SKIP:
@@ -316,26 +341,30 @@ class ShardApplier:
         started = time.perf_counter()
         try:
             if kind == SNAPSHOT:
-                if not rows:
+                if not rows and not forwarded:
                     return []
-                return self.join.apply(Transaction(SNAPSHOT_XID, 0, latest_commit_ts(rows),
-                                                   rows))
+                ts = (latest_commit_ts(rows) if release.commit_ts_ms is None
+                      else release.commit_ts_ms)
+                return self.join.apply(Transaction(SNAPSHOT_XID, 0, ts, rows), forwarded)
             if kind == CORRECTION:
                 events = self.join.changing(rows)
-                if not events and not release.with_fact:
+                if not events and not release.with_fact and not owners_changed:
                     return []  # looked-up rows only, all equal: every shard drops it
                 self.applied_seq += 1
                 return self.join.apply(Transaction(SNAPSHOT_XID, self.applied_seq,
                                                    release.commit_ts_ms, events,
-                                                   correction=True))
+                                                   correction=True), forwarded)
             self.applied_seq += 1
-            if not rows:
+            if not rows and not forwarded:
                 return []  # nothing of it here: no pass over it
             out = self.join.apply(Transaction(release.xid, self.applied_seq,
-                                              release.commit_ts_ms, rows, release.source))
+                                              release.commit_ts_ms, rows, release.source),
+                                  forwarded)
             crashpoints.in_shard()  # tests only: the transaction applied, the batch not saved
             return out
         finally:
+            if forwarded and self.job.semantics != "current":
+                self.join.forget(forwarded)  # read for this release only (join/placement.py)
             self.batch_join_s += time.perf_counter() - started
 
     def apply_effects(self, effects: AppliedEffects, changes: Iterable[OutputChange]) -> None:
@@ -382,17 +411,28 @@ class ShardApplier:
 
 
 class StagedEngine:
-    """A sequencer and ``n`` shard appliers, each with its own log in a :class:`MemoryStore`
-    (as Spark's state store holds them), with the interface of ``sharded.ShardedEngine``."""
+    """A sequencer, the owner stages of the split tables (``join/owners.py``; none unless
+    ``split`` names lookups that can be, ``join/placement.py``) and ``n`` shard appliers,
+    each with its own log in a :class:`MemoryStore` (as Spark's state store holds them),
+    with the interface of ``sharded.ShardedEngine``."""
 
-    def __init__(self, job: Job, n_shards: int, policy: IncompletePolicy | None = None) -> None:
+    def __init__(self, job: Job, n_shards: int, policy: IncompletePolicy | None = None,
+                 split: Iterable[str] = ()) -> None:
+        from txjoin.join.owners import owner_class  # (owners.py builds on this module)
+
         self.job = job
         self.router = Router(job, n_shards)
         self.policy = policy or IncompletePolicy()
+        self.placement = Placement(job, split)
+        self.owner_classes = {d: owner_class(self.placement, d)
+                              for d in range(1, self.placement.depths + 1)}
         self.sequencer_store = MemoryStore()
         self.stores = [MemoryStore() for _ in range(n_shards)]
+        self.owner_stores = {(d, o): MemoryStore() for d in self.owner_classes
+                             for o in range(n_shards)}
         self.sequencer: Sequencer | None = None
         self.cache: dict[int, ShardApplier] = {}
+        self.owner_cache: dict[tuple[int, int], ShardApplier] = {}
         self.last_releases: list[Release] = []
 
     @property
@@ -409,13 +449,23 @@ class StagedEngine:
                         engine_class=ShardApplier,  # type: ignore[arg-type]
                         layouts=STAGED_LAYOUTS)
 
+    def owner_log(self, depth: int, owner: int) -> ShardLog:
+        return ShardLog(self.owner_stores[(depth, owner)], self.job, owner, self.n_shards,
+                        self.policy, where=f"owner {owner} of depth {depth}",
+                        engine_class=self.owner_classes[depth],  # type: ignore[arg-type]
+                        layouts=STAGED_LAYOUTS)
+
     def route(self, records: Iterable[tuple[str, int, int, str | None]]
-              ) -> tuple[list[Routed], list[list[ChangeEvent]]]:
+              ) -> tuple[list[Routed], list[list[ChangeEvent]],
+                         dict[tuple[int, int], list[ChangeEvent]]]:
         """The sequencer's input (every record's metadata, the fact table's streaming
-        events as columns, as Spark's sequencer takes them) and each shard's (the events
-        whose rows it holds)."""
+        events as columns, as Spark's sequencer takes them), each shard's (the events
+        whose rows it holds) and each owner's by (depth, owner): the events of its split
+        tables' rows and, at depth 1, the fact events whose references it owns."""
         meta: list[Routed] = []
         per_shard: list[list[ChangeEvent]] = [[] for _ in self.stores]
+        owned: dict[tuple[int, int], list[ChangeEvent]] = {k: [] for k in self.owner_stores}
+        placement, fact = self.placement, self.job.fact
         for topic, partition, offset, value in records:
             item = decode(value, Position(topic, partition, offset))
             if item is None:
@@ -427,25 +477,64 @@ class StagedEngine:
             if routed[0] is None:
                 continue  # a table the job does not read
             meta.append(Routed(metadata_only(routed[0].item), 0))  # type: ignore[arg-type]
+            if placement.is_split(item.table):
+                event = routed[0].item
+                assert isinstance(event, ChangeEvent)
+                depth = placement.depth[placement.table_alias[item.table]]
+                for owner in self._owners_of_row(event):
+                    owned[(depth, owner)].append(event)
+                continue
+            whole = None
             for shard, one in enumerate(routed):
                 event = one.item  # type: ignore[union-attr]
                 assert isinstance(event, ChangeEvent)
                 if not is_metadata_only(event):
                     per_shard[shard].append(event)
-        return gather_foreign(self.job.fact, meta), per_shard
+                    whole = whole or event
+            if item.table == fact and whole is not None:
+                for owner in self._owners_of_references(whole):
+                    owned[(1, owner)].append(whole)
+        return gather_foreign(self.job.fact, meta), per_shard, owned
+
+    def _owners_of_row(self, event: ChangeEvent) -> set[int]:
+        """The owners of a split table's event: of its ``before`` and ``after`` keys (a
+        truncate: every owner; a row that cannot be read: owner 0, which stops on it)."""
+        n = self.n_shards
+        if event.op == "t":
+            return set(range(n))
+        table = self.job.table(event.table)
+        try:
+            return {owner_of(table.convert_key(image), n)
+                    for image in (event.before, event.after) if image is not None}
+        except JobError:
+            return {0}
+
+    def _owners_of_references(self, event: ChangeEvent) -> set[int]:
+        """The depth-1 owners of the keys a fact event's row references."""
+        below = self.placement.below[self.job.fact_alias]
+        if not below or event.after is None:
+            return set()
+        try:
+            row = self.job.table(event.table).convert_row(event.after)
+        except JobError:
+            return set()  # its shard stops the job on it
+        return {owner_of(key, self.n_shards) for lk in below
+                for key in self.placement.references(lk, row)}
 
     def process(self, records: Iterable[tuple[str, int, int, str | None]],
                 caught_up: Iterable[str] = (), drop_cache: Iterable[int] = (),
                 partitions: TopicPartitions | None = None,
                 drop_sequencer: bool = False) -> list[OutputChange]:
-        """One micro-batch; ``drop_cache``: shards that go on from their logs (a restart);
-        ``drop_sequencer``: the sequencer too."""
+        """One micro-batch; ``drop_cache``: shards (and the owners of the same numbers)
+        that go on from their logs (a restart); ``drop_sequencer``: the sequencer too."""
         for shard in drop_cache:
             self.cache.pop(shard, None)
+            for depth in self.owner_classes:
+                self.owner_cache.pop((depth, shard), None)
         if drop_sequencer:
             self.sequencer = None
         with long_lived_state():
-            meta, per_shard = self.route(records)
+            meta, per_shard, owned = self.route(records)
         caught = list(caught_up)
         with long_lived_state():
             result = self.sequencer_log().process(self.sequencer, meta, caught, partitions)
@@ -453,13 +542,33 @@ class StagedEngine:
         assert isinstance(sequencer, Sequencer)
         self.sequencer = sequencer
         releases = self.last_releases = sequencer.releases
+        to_shards: list[list[Any]] = [[] for _ in self.stores]
+        flags: list[Any] = []
+        messages: dict[int, list[Subscribe]] = {}
+        for depth in self.owner_classes:
+            below: dict[int, list[Subscribe]] = {}
+            for o in range(self.n_shards):
+                owner_items: list[Any] = [*owned[(depth, o)], *releases, *messages.get(o, ())]
+                with long_lived_state():
+                    done = self.owner_log(depth, o).process(
+                        self.owner_cache.get((depth, o)),  # type: ignore[arg-type]
+                        [Routed(item, 0) for item in owner_items], caught, partitions)
+                owner = done.engine
+                self.owner_cache[(depth, o)] = owner  # type: ignore[assignment]
+                for forward in owner.forwards:  # type: ignore[attr-defined]
+                    to_shards[forward.shard].append(forward)
+                flags.extend(owner.corrections_changed)  # type: ignore[attr-defined]
+                for message in owner.messages:  # type: ignore[attr-defined]
+                    below.setdefault(owner_of(message.key, self.n_shards), []).append(message)
+            messages = below
+        flags = sorted(set(flags))
         changes: list[OutputChange] = []
         for shard, events in enumerate(per_shard):
-            items: Sequence[Routed] = [*(Routed(e, 0) for e in events),
-                                       *(Routed(r, 0) for r in releases)]  # type: ignore[arg-type]
+            shard_items: list[Any] = [*events, *releases, *to_shards[shard], *flags]
             with long_lived_state():
-                done = self.shard_log(shard).process(self.cache.get(shard), items, caught,  # type: ignore[arg-type]
-                                                     partitions)
+                done = self.shard_log(shard).process(
+                    self.cache.get(shard),  # type: ignore[arg-type]
+                    [Routed(item, 0) for item in shard_items], caught, partitions)
             applier = done.engine
             assert isinstance(applier, ShardApplier)
             self.cache[shard] = applier

@@ -210,9 +210,20 @@ class TemporalJoin:
             left[key] = after
         return out
 
-    def apply(self, tx: Transaction) -> list[OutputChange]:
-        """Apply one complete transaction; return the output changes it causes."""
+    def apply(self, tx: Transaction, forwarded: Iterable[tuple[str, Key, Row | None]] = ()
+              ) -> list[OutputChange]:
+        """Apply one complete transaction; return the output changes it causes.
+        ``forwarded``: rows of split tables as they are after it (the staged engine's
+        owners, ``join/owners.py``): (table, key, row or None when gone)."""
         facts, changed = self._apply_rows(tx)
+        for table, pk, row in forwarded:
+            held = self.rows[table].get(pk)
+            if held is not None:
+                self._remove(table, pk, held)
+                changed[table].append(held)
+            if row is not None:
+                self._put(table, pk, row)
+                changed[table].append(row)
         if self.job.semantics == "current":
             facts |= self._affected_facts(changed)
         else:
@@ -234,6 +245,14 @@ class TemporalJoin:
                 out.append(OutputChange(key, "c" if old is None else "u", new, tx.commit_seq,
                                         tx.xid, tx.commit_ts_ms, tx.source))
         return out
+
+    def forget(self, forwarded: Iterable[tuple[str, Key, Row | None]]) -> None:
+        """Let go of forwarded rows once their release is applied (``as_of_fact``: a fact
+        reads a split table's rows only when it changes, ``join/placement.py``)."""
+        for table, pk, _row in forwarded:
+            old = self.rows[table].get(pk)
+            if old is not None:
+                self._remove(table, pk, old)
 
     def _apply_rows(self, tx: Transaction) -> tuple[set[Key], dict[str, list[Row]]]:
         """Apply the transaction's row changes: the keys of the fact rows touched, and of

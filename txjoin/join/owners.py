@@ -1,0 +1,206 @@
+"""The owner stages of the staged engine: split looked-up tables, each row held once
+(issue 65; which tables are split: ``join/placement.py``).
+
+One owner stage per depth of split aliases runs between the sequencer and the shards; in a
+stage, owner ``o`` holds the rows of that depth's split tables whose key it owns. Its
+input per batch: its rows' events, the batch's releases, and what tells it which shards
+read which of its rows: the fact events whose references it owns (depth 1), or the
+``Subscribe`` messages of the stage above. It buffers its events per open transaction
+exactly as a shard does (``ShardApplier``: the same identities, redeliveries, snapshot and
+incremental snapshot rows) and, release by release, in the sequencer's order:
+
+1. takes the release's subscriptions (a fact event's shard for the keys its row references;
+   a parent row's subscribers for the keys the parent row references);
+2. applies the release's rows of its tables (an incremental snapshot's only where they
+   change the row: the owner alone can compare them, so it says so to every shard with a
+   ``CorrectionChanged`` entry, and every shard numbers the correction alike);
+3. sends each subscriber of a row the release touched, and each new subscriber of a row,
+   the row as it is after the release (``Forward``: a key and a row, or None when gone),
+   and the stage below a ``Subscribe`` for the keys those rows reference.
+
+A shard applies a release's forwarded rows with its own (``TemporalJoin.apply``), so it
+evaluates its facts against exactly the rows the core would read. Owners number nothing
+and emit no output change; their forwards and messages are the batch's output of the
+stage (as the sequencer's releases are).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from txjoin.errors import JobError
+from txjoin.ingest.debezium import ChangeEvent
+from txjoin.job import Job
+from txjoin.join.placement import (
+    CorrectionChanged,
+    Forward,
+    Key,
+    Placement,
+    Subscribe,
+    owner_of,
+)
+from txjoin.join.routing import Routed, shard_of
+from txjoin.join.staged import (
+    CORRECTION,
+    SKIP,
+    AppliedEffects,
+    Release,
+    ShardApplier,
+    _position_key,
+)
+from txjoin.join.temporal import OutputChange
+from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
+
+
+class LookupOwner(ShardApplier):
+    """Owner ``shard`` of ``n_shards`` in the owner stage of depth :attr:`depth` of
+    :attr:`placement` (a subclass per stage: :func:`owner_class`)."""
+
+    placement: Placement
+    depth: int
+    FIELDS = (*ShardApplier.FIELDS, "subscribers")
+
+    def __init__(self, job: Job, shard: int = 0, n_shards: int = 1,
+                 policy: IncompletePolicy | None = None) -> None:
+        super().__init__(job, shard, n_shards, policy)
+        self.aliases = self.placement.at_depth[self.depth]
+        # per alias: key -> the shards that read its row
+        self.subscribers: dict[str, dict[Key, set[int]]] = {a: {} for a in self.aliases}
+        self.forwards: list[Forward] = []
+        self.messages: list[Subscribe] = []
+        self.corrections_changed: list[CorrectionChanged] = []
+        self._subscribed: list[tuple[str, Key, int]] = []
+
+    def process_routed(self, records: Iterable[Routed], caught_up: Iterable[str] = (),
+                       partitions: TopicPartitions | None = None) -> list[OutputChange]:
+        events: list[ChangeEvent] = []
+        releases: list[Release] = []
+        incoming: dict[int, list[Subscribe]] = defaultdict(list)
+        for item, _size in records:
+            if isinstance(item, Release):
+                releases.append(item)
+            elif isinstance(item, Subscribe):
+                incoming[item.release].append(item)
+            else:
+                assert isinstance(item, ChangeEvent), item
+                events.append(item)
+        events.sort(key=_position_key)
+        self.forwards, self.messages, self.corrections_changed = [], [], []
+        self._subscribed = []
+        self.batch_join_s = 0.0
+        self.join.journal = []
+        try:
+            for event in events:
+                self._add(event)
+            for index, release in enumerate(releases):
+                self._own(index, release, incoming.get(index, ()))
+            journal = self.join.journal
+        finally:
+            self.join.journal = None
+        self.stats.batches += 1
+        self.last_effects = AppliedEffects(events, releases, journal, self.applied_seq,
+                                           self.snapshot_released, self._subscribed)
+        return []
+
+    def _own(self, index: int, release: Release, incoming: Iterable[Subscribe]) -> None:
+        rows = self._take(release)
+        if release.kind == SKIP:
+            return
+        fact = self.job.fact
+        facts = [e for e in rows if e.table == fact]
+        own = [e for e in rows if e.table != fact]
+        new: dict[str, dict[Key, set[int]]] = defaultdict(dict)
+        for message in incoming:
+            for shard in message.shards:
+                self._subscribe(message.alias, message.key, shard, new)
+        if facts:
+            self._subscribe_facts(facts, new)
+        if release.kind == CORRECTION:
+            own = self.join.changing(own)
+            if own:
+                self.corrections_changed.append(CorrectionChanged(index))
+        touched: dict[str, set[Key]] = defaultdict(set)
+        moved: set[tuple[str, Key]] = set()
+        for event in own:
+            for table, row in self.join._apply_event(event):
+                pk = self.job.table(table).key_of(row)
+                if owner_of(pk, self.n_shards) == self.shard:
+                    touched[table].add(pk)
+                else:
+                    moved.add((table, pk))
+        for table, pk in moved:  # a key changed inside one event: its new owner holds it
+            gone = self.join.rows[table].get(pk)
+            if gone is not None:
+                self.join._remove(table, pk, gone)
+        self._send(index, touched, new)
+
+    def _subscribe(self, alias: str, key: Key, shard: int,
+                   new: dict[str, dict[Key, set[int]]]) -> None:
+        if not self.placement.persistent:  # a read for this release only
+            new[alias].setdefault(key, set()).add(shard)
+            return
+        readers = self.subscribers[alias].setdefault(key, set())
+        if shard not in readers:
+            readers.add(shard)
+            new[alias].setdefault(key, set()).add(shard)
+            self._subscribed.append((alias, key, shard))
+
+    def _subscribe_facts(self, facts: list[ChangeEvent],
+                         new: dict[str, dict[Key, set[int]]]) -> None:
+        """Each fact event's shard reads the keys its row references that this owner owns."""
+        fact = self.job.table(self.job.fact)
+        below = self.placement.below[self.job.fact_alias]
+        for event in facts:
+            if event.after is None:
+                continue
+            try:
+                row = fact.convert_row(event.after, where=f"{event.position}:")
+            except JobError:
+                continue  # its shard stops the job on it, with the position
+            shard = shard_of(fact.key_of(row), self.n_shards)
+            for lk in below:
+                for key in self.placement.references(lk, row):
+                    if owner_of(key, self.n_shards) == self.shard:
+                        self._subscribe(lk.alias, key, shard, new)
+
+    def _send(self, index: int, touched: dict[str, set[Key]],
+              new: dict[str, dict[Key, set[int]]]) -> None:
+        rows_of = self.join.rows
+        for alias in self.aliases:
+            table = self.job.lookup(alias).table
+            subscribers = self.subscribers[alias]
+            changed, fresh = touched.get(table, set()), new.get(alias, {})
+            for key in sorted(changed | fresh.keys(), key=repr):
+                row = rows_of[table].get(key)
+                shards = (subscribers.get(key, set()) if key in changed else set()) | fresh.get(
+                    key, set())
+                if not shards or (row is None and key not in changed):
+                    continue
+                for shard in sorted(shards):
+                    self.forwards.append(Forward(shard, index, table, key, row))
+                if row is None:
+                    continue
+                for lk in self.placement.below[alias]:
+                    for ref in self.placement.references(lk, row):
+                        self.messages.append(Subscribe(index, lk.alias, ref,
+                                                       tuple(sorted(shards))))
+
+    def apply_effects(self, effects: AppliedEffects, changes: Iterable[OutputChange]) -> None:
+        super().apply_effects(effects, changes)
+        for alias, key, shard in effects.subscribed:
+            self.subscribers[alias].setdefault(key, set()).add(shard)
+
+
+_CLASSES: dict[tuple[int, int], type[LookupOwner]] = {}
+
+
+def owner_class(placement: Placement, depth: int) -> type[LookupOwner]:
+    """The owner class of ``placement``'s stage of depth ``depth`` (one per pair, so a log's
+    ``isinstance`` check holds across batches)."""
+    key = (id(placement), depth)
+    cls = _CLASSES.get(key)
+    if cls is None or cls.placement is not placement:
+        cls = _CLASSES[key] = type(f"LookupOwner{depth}", (LookupOwner,),
+                                   {"placement": placement, "depth": depth})
+    return cls

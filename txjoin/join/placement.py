@@ -1,0 +1,135 @@
+"""Where each looked-up table's rows live in the staged engine: copied or split (issue 65).
+
+A **copied** table is what the staged engine has always done: every shard receives every
+row of it and holds a full copy. A **split** table's rows are held once, by the *owner*
+of their key (``owner_of``: the same hash as a fact key's shard), in an owner stage before
+the shards (``join/owners.py``). A shard then holds only the rows of a split table that its
+own facts read, its *replica*: an owner sends a shard a row when one of the shard's facts
+first references it (a *subscription*) and every later change of a row the shard
+subscribed to. Subscriptions are never withdrawn (Debezium's update events carry no
+``before`` image without REPLICA IDENTITY FULL, so a fact's old reference is not known
+where the owner is): a replica holds every row any of its facts ever referenced.
+
+What can be split, today: a lookup on its table's whole primary key (``on`` names the key
+columns, in order; ``=``/``= ANY`` lookups of the key), of a table no other alias reads, whose
+parent is the fact or another split alias. Its rows are then found by key: the owner of a
+row is the owner of the value a parent reads. A lookup on other columns (``Pick``),
+``Children``, and everything below a copied alias stay copied (a shard needs every row
+below a copied row it holds). Each split alias has a *depth*: 1 below the fact, one more
+per split parent; an owner stage serves the aliases of one depth, and a depth's
+subscriptions come from the one above (the fact's events for depth 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
+
+from txjoin.errors import JobError
+from txjoin.ingest.types import UNAVAILABLE
+from txjoin.job import Children, Job, Lookup
+from txjoin.join.routing import shard_of
+
+Key = tuple[Any, ...]
+
+owner_of = shard_of
+"""The owner of a split table's row with key ``key`` among ``n`` owners: the fact's hash."""
+
+
+class Forward(NamedTuple):
+    """A split table's row for shard ``shard``'s replica, as it is after the batch's release
+    number ``release`` (None: the row is gone)."""
+
+    shard: int
+    release: int
+    table: str
+    key: Key
+    row: dict[str, Any] | None
+
+
+class Subscribe(NamedTuple):
+    """Shards ``shards`` read alias ``alias``'s row ``key`` from the batch's release number
+    ``release`` on: to the owner of ``key`` in the stage of ``alias``'s depth."""
+
+    release: int
+    alias: str
+    key: Key
+    shards: tuple[int, ...]
+
+
+class CorrectionChanged(NamedTuple):
+    """The batch's release number ``release`` (a correction) changed a split table's row."""
+
+    release: int
+
+
+def splittable(job: Job) -> list[str]:
+    """The aliases that may be split, parents before children (module docstring)."""
+    readers: dict[str, int] = {}
+    for lk in job.lookups:
+        readers[lk.table] = readers.get(lk.table, 0) + 1
+    out: list[str] = []
+    for lk in job.lookups:  # a parent is declared before its lookups (Job validates it)
+        if (isinstance(lk, Children) or lk.pick is not None or lk.table == job.fact
+                or readers[lk.table] > 1
+                or list(lk.on) != list(job.table(lk.table).key)
+                or (lk.parent != job.fact_alias and lk.parent not in out)):
+            continue
+        out.append(lk.alias)
+    return out
+
+
+class Placement:
+    """Which aliases of ``job`` are split, and what the owners need to know of them."""
+
+    def __init__(self, job: Job, split: Iterable[str] = ()) -> None:
+        self.job = job
+        wanted = set(split)
+        possible = splittable(job)
+        unknown = wanted - {lk.alias for lk in job.lookups}
+        if unknown:
+            raise JobError(f"job {job.name}: no lookup named {sorted(unknown)} to split")
+        # an alias below a copied one stays copied: keep only those whose parents are split
+        self.split: list[str] = []
+        for alias in possible:
+            lk = job.lookup(alias)
+            if alias in wanted and (lk.parent == job.fact_alias or lk.parent in self.split):
+                self.split.append(alias)
+        self.depth: dict[str, int] = {}
+        for alias in self.split:
+            parent = job.lookup(alias).parent
+            self.depth[alias] = 1 if parent == job.fact_alias else self.depth[parent] + 1
+        self.depths = max(self.depth.values(), default=0)
+        # ``current``: a shard keeps the rows its facts read (a change of one re-evaluates
+        # them); ``as_of_fact``: a fact reads them only when it changes, so an owner sends
+        # them for that release alone and the shard lets them go after it
+        self.persistent = job.semantics == "current"
+        self.table_alias: dict[str, str] = {job.lookup(a).table: a for a in self.split}
+        # split aliases by depth, and the split lookups below each (split) alias
+        self.at_depth: dict[int, list[str]] = {d: [a for a in self.split
+                                                   if self.depth[a] == d]
+                                               for d in range(1, self.depths + 1)}
+        self.below: dict[str, list[Lookup]] = {
+            parent: [lk for lk in job.lookups if lk.alias in self.depth
+                     and lk.parent == parent] for parent in [job.fact_alias, *self.split]}
+
+    def __bool__(self) -> bool:
+        return bool(self.split)
+
+    def is_split(self, table: str) -> bool:
+        return table in self.table_alias
+
+    def references(self, lk: Lookup, row: dict[str, Any] | None) -> Iterator[Key]:
+        """The keys of ``lk``'s table a parent row (converted) reads: one, or an array's
+        elements; none for a NULL (nothing matches it)."""
+        if row is None:
+            return
+        if lk.array:
+            column = next(iter(lk.on.values()))
+            for value in lk.elements(row.get(column)):
+                if value is not None and value != UNAVAILABLE:
+                    yield (value,)
+            return
+        values = tuple(row.get(c) for c in lk.on.values())
+        if not any(v is None or v == UNAVAILABLE for v in values):
+            yield values
