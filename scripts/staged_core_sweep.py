@@ -1,7 +1,7 @@
 """Issue 65: what the staged engine's split saves in the core, shard count by shard count.
 
     .venv/bin/python scripts/staged_core_sweep.py [-n 30000] [--shards 1,2,4,8]
-        [--max-events 25000] [--seed 1] [--out staged-core-sweep.json]
+        [--max-events 25000] [--seed 1] [--split ta,c] [--out staged-core-sweep.json]
 
 The bench's pizzeria workload (``txjoin bench``'s: ``-n`` transactions, no initial snapshot
 beyond the pizzeria's tables), cut into micro-batches of ``--max-events`` records as the
@@ -11,7 +11,8 @@ replay source cuts it, through two engines in this one process, at each shard co
   transaction (``ShardEngine.process_routed``);
 - ``staged``: ``join/staged.py``: the sequencer once (``Sequencer.process_routed``), then
   each shard its own rows and the releases (``ShardApplier.process``);
-- ``split``: the staged engine with every lookup it can split split (``join/owners.py``):
+- ``split``: the staged engine with the lookups ``--split`` names split (default: every one
+  it can; ``join/owners.py``):
   the sequencer, then the owner stages (one per depth of split lookups), then the shards;
   its ``slowest_s`` is the batch's critical path (the sequencer, the slowest owner of each
   stage and the slowest shard, summed) and its ``sum_s`` every task's CPU, the sequencer's
@@ -123,10 +124,11 @@ def run_staged(job: Any, n: int, work: list[tuple[list, list[str]]]) -> dict[str
             "output": {k: v for a in appliers for k, v in a.outputs().items()}}
 
 
-def run_split(job: Any, n: int, work: list[tuple[list, list[str]]]) -> dict[str, Any]:
-    """The staged engine with every lookup it can split split (``join/owners.py``): the
+def run_split(job: Any, n: int, work: list[tuple[list, list[str]]], split: list[str]
+              ) -> dict[str, Any]:
+    """The staged engine with the lookups ``split`` split (``join/owners.py``): the
     sequencer, then each owner stage (one per depth), then the shards."""
-    engine = StagedEngine(job, n, split=splittable(job))
+    engine = StagedEngine(job, n, split=split)
     the_sequencer = Sequencer(job)
     owners = {d: [cls(job, o, n) for o in range(n)] for d, cls in engine.owner_classes.items()}
     appliers = [ShardApplier(job, s, n) for s in range(n)]
@@ -186,6 +188,9 @@ def main() -> None:
     parser.add_argument("--shards", default="1,2,4,8")
     parser.add_argument("--max-events", type=int, default=25_000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--split", default="",
+                        help="the lookups the split engine splits, by alias (default: every "
+                             "one it can)")
     parser.add_argument("--out", type=Path, default=Path("staged-core-sweep.json"))
     args = parser.parse_args()
     job = load_job(JOB)
@@ -197,7 +202,8 @@ def main() -> None:
     for n in [int(x) for x in args.shards.split(",")]:
         sharded = run_sharded(job, n, work)
         staged = run_staged(job, n, work)
-        split = run_split(job, n, work)
+        split = run_split(job, n, work, args.split.split(",") if args.split
+                          else splittable(job))
         expected = sharded.pop("output")
         assert staged.pop("output") == expected, f"{n} shards: the staged outputs differ"
         assert split.pop("output") == expected, f"{n} shards: the split outputs differ"

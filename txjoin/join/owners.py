@@ -155,7 +155,7 @@ class LookupOwner(ShardApplier):
             if event.after is None:
                 continue
             try:
-                row = fact.convert_row(event.after, where=f"{event.position}:")
+                row = self.placement.fact_row(event.after, where=f"{event.position}:")
             except JobError:
                 continue  # its shard stops the job on it, with the position
             shard = shard_of(fact.key_of(row), self.n_shards)

@@ -11,8 +11,9 @@ subscribed to. Subscriptions are never withdrawn (Debezium's update events carry
 where the owner is): a replica holds every row any of its facts ever referenced.
 
 What can be split, today: a lookup on its table's whole primary key (``on`` names the key
-columns, in order; ``=``/``= ANY`` lookups of the key), of a table no other alias reads, whose
-parent is the fact or another split alias. Its rows are then found by key: the owner of a
+columns, in order; ``=``/``= ANY`` lookups of the key) of integer, text or uuid columns
+(:data:`KEY_KINDS`), of a table no other alias reads, whose parent is the fact or another
+split alias. Its rows are then found by key: the owner of a
 row is the owner of the value a parent reads. A lookup on other columns (``Pick``),
 ``Children``, and everything below a copied alias stay copied (a shard needs every row
 below a copied row it holds). Each split alias has a *depth*: 1 below the fact, one more
@@ -22,18 +23,42 @@ subscriptions come from the one above (the fact's events for depth 1).
 
 from __future__ import annotations
 
+import dataclasses
+import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from txjoin.errors import JobError
-from txjoin.ingest.types import UNAVAILABLE
+from txjoin.ingest.types import UNAVAILABLE, column_kind
 from txjoin.job import Children, Job, Lookup
-from txjoin.join.routing import shard_of
 
 Key = tuple[Any, ...]
 
-owner_of = shard_of
-"""The owner of a split table's row with key ``key`` among ``n`` owners: the fact's hash."""
+KEY_KINDS = frozenset({"smallint", "int", "bigint", "text", "uuid"})
+"""The column kinds a split table's key may have (``ingest.types.column_kind``): those whose
+typed value's text is the text of its JSON value, so the JVM can place a record by the same
+hash as :func:`owner_of` without typing it."""
+
+
+def owner_of(key: Key, n: int) -> int:
+    """The owner of a split table's row with key ``key`` among ``n`` owners: a CRC32 of the
+    values' text (joined by U+001F), which Spark computes alike from the JSON text
+    (``pmod(crc32(CAST(concat_ws(...) AS BINARY)), n)``)."""
+    if n == 1:
+        return 0
+    return zlib.crc32("\x1f".join(map(str, key)).encode()) % n
+
+
+def _key_kinds_fit(job: Job, lk: Lookup) -> bool:
+    """Whether the lookup's key columns, and the parent columns that read them, are of
+    :data:`KEY_KINDS` (an array's elements: of its element type)."""
+    parent = job.alias_table(lk.parent)
+    types = [job.table(lk.table).columns[c] for c in lk.on]
+    types += [parent.columns[c].removesuffix("[]") for c in lk.on.values()]
+    try:
+        return all(column_kind(t)[0] in KEY_KINDS for t in types)
+    except ValueError:
+        return False
 
 
 class Forward(NamedTuple):
@@ -73,6 +98,7 @@ def splittable(job: Job) -> list[str]:
         if (isinstance(lk, Children) or lk.pick is not None or lk.table == job.fact
                 or readers[lk.table] > 1
                 or list(lk.on) != list(job.table(lk.table).key)
+                or not _key_kinds_fit(job, lk)
                 or (lk.parent != job.fact_alias and lk.parent not in out)):
             continue
         out.append(lk.alias)
@@ -112,6 +138,20 @@ class Placement:
         self.below: dict[str, list[Lookup]] = {
             parent: [lk for lk in job.lookups if lk.alias in self.depth
                      and lk.parent == parent] for parent in [job.fact_alias, *self.split]}
+
+        # what an owner reads of a fact row: its key and the columns split lookups read
+        fact = job.table(job.fact)
+        read = {*fact.key, *(c for lk in self.below[job.fact_alias] for c in lk.on.values())}
+        self._fact_read = dataclasses.replace(
+            fact, columns={c: t for c, t in fact.columns.items() if c in read},
+            defaults={c: v for c, v in fact.defaults.items() if c in read})
+
+    def fact_row(self, raw: dict[str, Any], where: str = "") -> dict[str, Any]:
+        """The columns of a fact row (Debezium's JSON row) that place it and its references,
+        typed: the rest is the shard's to read."""
+        columns = self._fact_read.columns
+        return self._fact_read.convert_row({c: raw[c] for c in columns if c in raw},
+                                           where=where)
 
     def __bool__(self) -> bool:
         return bool(self.split)

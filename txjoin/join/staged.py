@@ -515,7 +515,7 @@ class StagedEngine:
         if not below or event.after is None:
             return set()
         try:
-            row = self.job.table(event.table).convert_row(event.after)
+            row = self.placement.fact_row(event.after)
         except JobError:
             return set()  # its shard stops the job on it
         return {owner_of(key, self.n_shards) for lk in below
