@@ -171,9 +171,9 @@ def test_a_shard_spends_no_pass_on_a_transaction_without_rows_in_it(
     applied: list[int] = []
     apply = TemporalJoin.apply
 
-    def counting(self: TemporalJoin, tx: Any, forwarded: Any = ()) -> Any:
+    def counting(self: TemporalJoin, tx: Any, *forwarded: Any) -> Any:
         applied.append(tx.xid)
-        return apply(self, tx, forwarded)
+        return apply(self, tx, *forwarded)
 
     monkeypatch.setattr(TemporalJoin, "apply", counting)
     pipe = shop()

@@ -338,6 +338,7 @@ class ShardApplier:
         rows = self._take(release)
         if kind == SKIP:
             return []
+        keep = self.job.semantics == "current"  # else read for this release only
         started = time.perf_counter()
         try:
             if kind == SNAPSHOT:
@@ -345,7 +346,8 @@ class ShardApplier:
                     return []
                 ts = (latest_commit_ts(rows) if release.commit_ts_ms is None
                       else release.commit_ts_ms)
-                return self.join.apply(Transaction(SNAPSHOT_XID, 0, ts, rows), forwarded)
+                return self.join.apply(Transaction(SNAPSHOT_XID, 0, ts, rows), forwarded,
+                                       keep)
             if kind == CORRECTION:
                 events = self.join.changing(rows)
                 if not events and not release.with_fact and not owners_changed:
@@ -353,18 +355,18 @@ class ShardApplier:
                 self.applied_seq += 1
                 return self.join.apply(Transaction(SNAPSHOT_XID, self.applied_seq,
                                                    release.commit_ts_ms, events,
-                                                   correction=True), forwarded)
+                                                   correction=True), forwarded, keep)
             self.applied_seq += 1
             if not rows and not forwarded:
                 return []  # nothing of it here: no pass over it
             out = self.join.apply(Transaction(release.xid, self.applied_seq,
                                               release.commit_ts_ms, rows, release.source),
-                                  forwarded)
+                                  forwarded, keep)
             crashpoints.in_shard()  # tests only: the transaction applied, the batch not saved
             return out
         finally:
-            if forwarded and self.job.semantics != "current":
-                self.join.forget(forwarded)  # read for this release only (join/placement.py)
+            if forwarded and not keep:
+                self.join.forget(forwarded)  # (join/placement.py)
             self.batch_join_s += time.perf_counter() - started
 
     def apply_effects(self, effects: AppliedEffects, changes: Iterable[OutputChange]) -> None:

@@ -210,20 +210,27 @@ class TemporalJoin:
             left[key] = after
         return out
 
-    def apply(self, tx: Transaction, forwarded: Iterable[tuple[str, Key, Row | None]] = ()
-              ) -> list[OutputChange]:
+    def apply(self, tx: Transaction, forwarded: Iterable[tuple[str, Key, Row | None]] = (),
+              keep: bool = True) -> list[OutputChange]:
         """Apply one complete transaction; return the output changes it causes.
         ``forwarded``: rows of split tables as they are after it (the staged engine's
-        owners, ``join/owners.py``): (table, key, row or None when gone)."""
+        owners, ``join/owners.py``): (table, key, row or None when gone); ``keep``: they
+        stay (else :meth:`forget` lets them go after it, and neither is journaled)."""
         facts, changed = self._apply_rows(tx)
-        for table, pk, row in forwarded:
-            held = self.rows[table].get(pk)
-            if held is not None:
-                self._remove(table, pk, held)
-                changed[table].append(held)
-            if row is not None:
-                self._put(table, pk, row)
-                changed[table].append(row)
+        journal = self.journal
+        if not keep:
+            self.journal = None
+        try:
+            for table, pk, row in forwarded:
+                held = self.rows[table].get(pk)
+                if held is not None:
+                    self._remove(table, pk, held)
+                    changed[table].append(held)
+                if row is not None:
+                    self._put(table, pk, row)
+                    changed[table].append(row)
+        finally:
+            self.journal = journal
         if self.job.semantics == "current":
             facts |= self._affected_facts(changed)
         else:
@@ -247,12 +254,17 @@ class TemporalJoin:
         return out
 
     def forget(self, forwarded: Iterable[tuple[str, Key, Row | None]]) -> None:
-        """Let go of forwarded rows once their release is applied (``as_of_fact``: a fact
-        reads a split table's rows only when it changes, ``join/placement.py``)."""
-        for table, pk, _row in forwarded:
-            old = self.rows[table].get(pk)
-            if old is not None:
-                self._remove(table, pk, old)
+        """Let go of rows applied with ``keep=False`` once their release is applied
+        (``as_of_fact``: a fact reads a split table's rows only when it changes,
+        ``join/placement.py``); the journal never saw them."""
+        journal, self.journal = self.journal, None
+        try:
+            for table, pk, _row in forwarded:
+                old = self.rows[table].get(pk)
+                if old is not None:
+                    self._remove(table, pk, old)
+        finally:
+            self.journal = journal
 
     def _apply_rows(self, tx: Transaction) -> tuple[set[Key], dict[str, list[Row]]]:
         """Apply the transaction's row changes: the keys of the fact rows touched, and of
