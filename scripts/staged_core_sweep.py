@@ -72,6 +72,14 @@ def p50(values: list[float]) -> float:
     return round(statistics.median(values), 4) if values else 0.0
 
 
+def cpu(call: Any, *args: Any) -> float:
+    """The CPU seconds ``call(*args)`` takes, its objects kept out of the collector's way."""
+    with long_lived_state():
+        started = time.process_time()
+        call(*args)
+        return time.process_time() - started
+
+
 def state_rows(part: Any) -> int:
     """The rows a part holds: its tables' current rows and its last outputs."""
     return sum(len(r) for r in part.join.rows.values()) + len(part.join.outputs)
@@ -83,12 +91,8 @@ def run_sharded(job: Any, n: int, work: list[tuple[list, list[str]]]) -> dict[st
     slowest, total = [], []
     for records, caught in work:
         routed = engine.route(records)
-        times = []
-        for shard, items in zip(shards, routed, strict=True):
-            with long_lived_state():
-                started = time.process_time()
-                shard.process_routed(items, caught)
-                times.append(time.process_time() - started)
+        times = [cpu(shard.process_routed, items, caught)
+                 for shard, items in zip(shards, routed, strict=True)]
         slowest.append(max(times))
         total.append(sum(times))
     merged: dict[Any, Any] = {}
@@ -105,17 +109,10 @@ def run_staged(job: Any, n: int, work: list[tuple[list, list[str]]]) -> dict[str
     slowest, total, sequencer = [], [], []
     for records, caught in work:
         meta, per_shard, _ = engine.route(records)
-        with long_lived_state():
-            started = time.process_time()
-            the_sequencer.process_routed(meta, caught)
-            releases = the_sequencer.releases
-            sequencer.append(time.process_time() - started)
-        times = []
-        for applier, events in zip(appliers, per_shard, strict=True):
-            with long_lived_state():
-                started = time.process_time()
-                applier.process(events, releases)
-                times.append(time.process_time() - started)
+        sequencer.append(cpu(the_sequencer.process_routed, meta, caught))
+        releases = the_sequencer.releases
+        times = [cpu(applier.process, events, releases)
+                 for applier, events in zip(appliers, per_shard, strict=True)]
         slowest.append(max(times))
         total.append(sum(times))
     return {"slowest_s": p50(slowest[WARM_UP:]), "sum_s": p50(total[WARM_UP:]),
@@ -136,11 +133,8 @@ def run_split(job: Any, n: int, work: list[tuple[list, list[str]]], split: list[
     slowest, total = [], []
     for records, caught in work:
         meta, per_shard, owned = engine.route(records)
-        with long_lived_state():
-            started = time.process_time()
-            the_sequencer.process_routed(meta, caught)
-            releases = the_sequencer.releases
-            path = spent = time.process_time() - started
+        path = spent = cpu(the_sequencer.process_routed, meta, caught)
+        releases = the_sequencer.releases
         stages.setdefault("sequencer", []).append(path)
         to_shards: list[list[Any]] = [[] for _ in range(n)]
         flags: set[Any] = set()
@@ -151,10 +145,7 @@ def run_split(job: Any, n: int, work: list[tuple[list, list[str]]], split: list[
             for o, owner in enumerate(stage):
                 items = [Routed(x, 0) for x in [*owned[(depth, o)], *releases,
                                                 *messages.get(o, ())]]
-                with long_lived_state():
-                    started = time.process_time()
-                    owner.process_routed(items, caught)  # type: ignore[arg-type]
-                    times.append(time.process_time() - started)
+                times.append(cpu(owner.process_routed, items, caught))
                 for forward in owner.forwards:
                     to_shards[forward.shard].append(forward)
                 flags.update(owner.corrections_changed)
@@ -167,10 +158,7 @@ def run_split(job: Any, n: int, work: list[tuple[list, list[str]]], split: list[
         times = []
         for applier, events, forwards in zip(appliers, per_shard, to_shards, strict=True):
             items = [Routed(x, 0) for x in [*events, *releases, *forwards, *sorted(flags)]]
-            with long_lived_state():
-                started = time.process_time()
-                applier.process_routed(items, caught)  # type: ignore[arg-type]
-                times.append(time.process_time() - started)
+            times.append(cpu(applier.process_routed, items, caught))
         stages.setdefault("shards", []).append(max(times))
         slowest.append(path + max(times))
         total.append(spent + sum(times))
