@@ -51,6 +51,7 @@ from txjoin.join.staged import (
 )
 from txjoin.join.temporal import OutputChange
 from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
+from txjoin.sequence.spill import drain
 
 
 class LookupOwner(ShardApplier):
@@ -107,33 +108,43 @@ class LookupOwner(ShardApplier):
         rows = self._take(release)
         if release.kind == SKIP:
             return
-        fact = self.job.fact
-        facts = [e for e in rows if e.table == fact]
-        own = [e for e in rows if e.table != fact]
         new: dict[str, dict[Key, set[int]]] = defaultdict(dict)
         for message in incoming:
             for shard in message.shards:
                 self._subscribe(message.alias, message.key, shard, new)
-        if facts:
-            self._subscribe_facts(facts, new)
-        if release.kind == CORRECTION:
-            own = self.join.changing(own)
-            if own:
-                self.corrections_changed.append(CorrectionChanged(index))
         touched: dict[str, set[Key]] = defaultdict(set)
         moved: set[tuple[str, Key]] = set()
-        for event in own:
-            for table, row in self.join._apply_event(event):
-                pk = self.job.table(table).key_of(row)
-                if owner_of(pk, self.n_shards) == self.shard:
-                    touched[table].add(pk)
-                else:
-                    moved.add((table, pk))
+        correction: list[ChangeEvent] = []
+        # one pass, each event let go as it is used (a large transaction's read back once)
+        for event in drain(rows):
+            if event.table == self.job.fact:
+                self._subscribe_fact(event, new)
+            elif release.kind == CORRECTION:
+                correction.append(event)
+            else:
+                self._apply_owned(event, touched, moved)
+        if correction:
+            changed = self.join.changing(correction)  # only the owner can compare them
+            if changed:
+                self.corrections_changed.append(CorrectionChanged(index))
+            for event in changed:
+                self._apply_owned(event, touched, moved)
         for table, pk in moved:  # a key changed inside one event: its new owner holds it
             gone = self.join.rows[table].get(pk)
             if gone is not None:
                 self.join._remove(table, pk, gone)
         self._send(index, touched, new)
+
+    def _apply_owned(self, event: ChangeEvent, touched: dict[str, set[Key]],
+                     moved: set[tuple[str, Key]]) -> None:
+        """Apply an event of a split table; note the keys it touched here, and those it put
+        that another owner holds."""
+        for table, row in self.join._apply_event(event):
+            pk = self.job.table(table).key_of(row)
+            if owner_of(pk, self.n_shards) == self.shard:
+                touched[table].add(pk)
+            else:
+                moved.add((table, pk))
 
     def _subscribe(self, alias: str, key: Key, shard: int,
                    new: dict[str, dict[Key, set[int]]]) -> None:
@@ -146,23 +157,20 @@ class LookupOwner(ShardApplier):
             new[alias].setdefault(key, set()).add(shard)
             self._subscribed.append((alias, key, shard))
 
-    def _subscribe_facts(self, facts: list[ChangeEvent],
-                         new: dict[str, dict[Key, set[int]]]) -> None:
-        """Each fact event's shard reads the keys its row references that this owner owns."""
-        fact = self.job.table(self.job.fact)
-        below = self.placement.below[self.job.fact_alias]
-        for event in facts:
-            if event.after is None:
-                continue
-            try:
-                row = self.placement.fact_row(event.after, where=f"{event.position}:")
-            except JobError:
-                continue  # its shard stops the job on it, with the position
-            shard = shard_of(fact.key_of(row), self.n_shards)
-            for lk in below:
-                for key in self.placement.references(lk, row):
-                    if owner_of(key, self.n_shards) == self.shard:
-                        self._subscribe(lk.alias, key, shard, new)
+    def _subscribe_fact(self, event: ChangeEvent, new: dict[str, dict[Key, set[int]]]
+                        ) -> None:
+        """A fact event's shard reads the keys its row references that this owner owns."""
+        if event.after is None:
+            return
+        try:
+            row = self.placement.fact_row(event.after, where=f"{event.position}:")
+        except JobError:
+            return  # its shard stops the job on it, with the position
+        shard = shard_of(self.job.table(self.job.fact).key_of(row), self.n_shards)
+        for lk in self.placement.below[self.job.fact_alias]:
+            for key in self.placement.references(lk, row):
+                if owner_of(key, self.n_shards) == self.shard:
+                    self._subscribe(lk.alias, key, shard, new)
 
     def _send(self, index: int, touched: dict[str, set[Key]],
               new: dict[str, dict[Key, set[int]]]) -> None:
