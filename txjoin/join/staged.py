@@ -154,15 +154,11 @@ class Sequencer(ShardEngine):
             if not all(a.snapshot.is_complete() for a in self.assemblers.values()):
                 return
             with_rows = False
-            latest: int | None = None  # the core's commit time of the snapshot
             for assembler in self.assemblers.values():
                 with_rows = with_rows or bool(assembler.snapshot.tables_with_rows)
-                if assembler.snapshot.rows:
-                    ts = latest_commit_ts(assembler.snapshot.rows)
-                    latest = ts if latest is None else max(latest, ts or 0)
                 assembler.snapshot.done = True
                 assembler.snapshot.rows = []
-            self.releases.append(Release(SNAPSHOT, commit_ts_ms=latest, with_rows=with_rows))
+            self.releases.append(Release(SNAPSHOT, with_rows=with_rows))
             self.snapshot_released = with_rows
         for source, frontier in self.frontiers.items():
             for tx in frontier.release_streaming(self.assemblers[source]):
@@ -344,10 +340,8 @@ class ShardApplier:
             if kind == SNAPSHOT:
                 if not rows and not forwarded:
                     return []
-                ts = (latest_commit_ts(rows) if release.commit_ts_ms is None
-                      else release.commit_ts_ms)
-                return self.join.apply(Transaction(SNAPSHOT_XID, 0, ts, rows), forwarded,
-                                       keep)
+                return self.join.apply(Transaction(SNAPSHOT_XID, 0, latest_commit_ts(rows),
+                                                   rows), forwarded, keep)
             if kind == CORRECTION:
                 events = self.join.changing(rows)
                 if not events and not release.with_fact and not owners_changed:
