@@ -246,4 +246,8 @@ def test_split_lookups_give_the_cores_change_stream(data: Any) -> None:
     n_shards = data.draw(st.integers(1, 8), label="shards")
     split = data.draw(st.sets(st.sampled_from(splittable(job))), label="split")
     core = _stream(Engine(job), batches, data)
-    assert _stream(StagedEngine(job, n_shards, split=split), batches, data) == core
+    staged = StagedEngine(job, n_shards, split=split)
+    assert _stream(staged, batches, data) == core
+    if staged.commit_seq == len(workload.transactions):  # all released: nothing waits
+        assert all(not o.pending and not o.reads  # type: ignore[attr-defined]
+                   for o in staged.owner_cache.values())

@@ -27,10 +27,11 @@ stage (as the sequencer's releases are).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from txjoin.errors import JobError
-from txjoin.ingest.debezium import ChangeEvent
+from txjoin.ingest.debezium import INCREMENTAL, ChangeEvent
 from txjoin.job import Job
 from txjoin.join.placement import (
     CorrectionChanged,
@@ -44,6 +45,7 @@ from txjoin.join.routing import Routed, shard_of
 from txjoin.join.staged import (
     CORRECTION,
     SKIP,
+    TRANSACTION,
     AppliedEffects,
     Release,
     ShardApplier,
@@ -60,7 +62,7 @@ class LookupOwner(ShardApplier):
 
     placement: Placement
     depth: int
-    FIELDS = (*ShardApplier.FIELDS, "subscribers")
+    FIELDS = (*ShardApplier.FIELDS, "subscribers", "reads")
 
     def __init__(self, job: Job, shard: int = 0, n_shards: int = 1,
                  policy: IncompletePolicy | None = None) -> None:
@@ -68,6 +70,10 @@ class LookupOwner(ShardApplier):
         self.aliases = self.placement.at_depth[self.depth]
         # per alias: key -> the shards that read its row
         self.subscribers: dict[str, dict[Key, set[int]]] = {a: {} for a in self.aliases}
+        # an open transaction's streaming fact events, as what they read here: (alias, key,
+        # the fact's shard); a redelivered event adds nothing
+        self.reads: dict[tuple[str, int], set[tuple[str, Key, int]]] = {}
+        self._taken_reads: set[tuple[str, Key, int]] = set()
         self.forwards: list[Forward] = []
         self.messages: list[Subscribe] = []
         self.corrections_changed: list[CorrectionChanged] = []
@@ -104,21 +110,46 @@ class LookupOwner(ShardApplier):
                                            self.snapshot_released, self._subscribed)
         return []
 
+    def _add(self, event: ChangeEvent) -> None:
+        """A streaming fact event is kept as the reads it makes here (not buffered whole
+        as a shard buffers it); any other event as a shard keeps it."""
+        if event.table != self.job.fact or event.snapshot == INCREMENTAL or event.is_snapshot:
+            super()._add(event)
+            return
+        self.stats.events += 1
+        assert event.xid is not None
+        source = self._sources[event.table]
+        if event.xid in self._released_sets[source]:
+            return  # a redelivery of a released transaction's event
+        self.reads.setdefault((source, event.xid), set()).update(self._references(event))
+
+    def _take(self, release: Release) -> Any:
+        """A shard's ``_take``, and the reads of the transaction it releases or skips set
+        aside (``_taken_reads``; catching up from the log lets them go)."""
+        if release.kind in (TRANSACTION, SKIP):
+            assert release.source is not None, release
+            self._taken_reads = self.reads.pop((release.source, release.xid), set())
+        return super()._take(release)
+
     def _own(self, index: int, release: Release, incoming: Iterable[Subscribe]) -> None:
         rows = self._take(release)
+        reads, self._taken_reads = self._taken_reads, set()
         if release.kind == SKIP:
             return
         new: dict[str, dict[Key, set[int]]] = defaultdict(dict)
         for message in incoming:
             for shard in message.shards:
                 self._subscribe(message.alias, message.key, shard, new)
+        for alias, key, shard in sorted(reads, key=repr):
+            self._subscribe(alias, key, shard, new)
         touched: dict[str, set[Key]] = defaultdict(set)
         moved: set[tuple[str, Key]] = set()
         correction: list[ChangeEvent] = []
         # one pass, each event let go as it is used (a large transaction's read back once)
         for event in drain(rows):
-            if event.table == self.job.fact:
-                self._subscribe_fact(event, new)
+            if event.table == self.job.fact:  # a snapshot's or a correction's
+                for alias, key, shard in self._references(event):
+                    self._subscribe(alias, key, shard, new)
             elif release.kind == CORRECTION:
                 correction.append(event)
             else:
@@ -157,9 +188,9 @@ class LookupOwner(ShardApplier):
             new[alias].setdefault(key, set()).add(shard)
             self._subscribed.append((alias, key, shard))
 
-    def _subscribe_fact(self, event: ChangeEvent, new: dict[str, dict[Key, set[int]]]
-                        ) -> None:
-        """A fact event's shard reads the keys its row references that this owner owns."""
+    def _references(self, event: ChangeEvent) -> Iterator[tuple[str, Key, int]]:
+        """What a fact event's row reads of the keys this owner owns: (alias, key, the
+        fact's shard)."""
         if event.after is None:
             return
         try:
@@ -170,7 +201,10 @@ class LookupOwner(ShardApplier):
         for lk in self.placement.below[self.job.fact_alias]:
             for key in self.placement.references(lk, row):
                 if owner_of(key, self.n_shards) == self.shard:
-                    self._subscribe(lk.alias, key, shard, new)
+                    yield lk.alias, key, shard
+
+    def buffered_rows(self) -> int:
+        return super().buffered_rows() + sum(len(r) for r in self.reads.values())
 
     def _send(self, index: int, touched: dict[str, set[Key]],
               new: dict[str, dict[Key, set[int]]]) -> None:
