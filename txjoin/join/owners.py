@@ -7,7 +7,8 @@ input per batch: its rows' events, the batch's releases, and what tells it which
 read which of its rows: the fact events whose references it owns (depth 1), or the
 ``Subscribe`` messages of the stage above. It buffers its events per open transaction
 exactly as a shard does (``ShardApplier``: the same identities, redeliveries, snapshot and
-incremental snapshot rows) and, release by release, in the sequencer's order:
+incremental snapshot rows; a streaming fact event only as the reads it makes of its keys)
+and, release by release, in the sequencer's order:
 
 1. takes the release's subscriptions (a fact event's shard for the keys its row references;
    a parent row's subscribers for the keys the parent row references);
