@@ -42,7 +42,7 @@ from typing import Any
 from txjoin.bench import JOB, replay_schedule, spread
 from txjoin.ingest.debezium import transaction_topic
 from txjoin.job import load_job
-from txjoin.join.placement import owner_of, splittable
+from txjoin.join.placement import splittable
 from txjoin.join.routing import Routed
 from txjoin.join.shard import ShardEngine, long_lived_state
 from txjoin.join.sharded import ShardedEngine
@@ -146,11 +146,7 @@ def run_split(job: Any, n: int, work: list[tuple[list, list[str]]], split: list[
                 items = [Routed(x, 0) for x in [*owned[(depth, o)], *releases,
                                                 *messages.get(o, ())]]
                 times.append(cpu(owner.process_routed, items, caught))
-                for forward in owner.forwards:
-                    to_shards[forward.shard].append(forward)
-                flags.update(owner.corrections_changed)
-                for message in owner.messages:
-                    below.setdefault(owner_of(message.key, n), []).append(message)
+                owner.hand_on(to_shards, flags, below)
             messages = below
             stages.setdefault(f"owners {depth}", []).append(max(times))
             path += max(times)

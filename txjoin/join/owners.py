@@ -195,14 +195,14 @@ class LookupOwner(ShardApplier):
         if event.after is None:
             return
         try:
-            row = self.placement.fact_row(event.after, where=f"{event.position}:")
+            fact_key, reads = self.placement.fact_reads(event.after,
+                                                        where=f"{event.position}:")
         except JobError:
             return  # its shard stops the job on it, with the position
-        shard = shard_of(self.job.table(self.job.fact).key_of(row), self.n_shards)
-        for lk in self.placement.below[self.job.fact_alias]:
-            for key in self.placement.references(lk, row):
-                if owner_of(key, self.n_shards) == self.shard:
-                    yield lk.alias, key, shard
+        shard = shard_of(fact_key, self.n_shards)
+        for alias, key in reads:
+            if owner_of(key, self.n_shards) == self.shard:
+                yield alias, key, shard
 
     def buffered_rows(self) -> int:
         return super().buffered_rows() + sum(len(r) for r in self.reads.values())
@@ -229,21 +229,24 @@ class LookupOwner(ShardApplier):
                         self.messages.append(Subscribe(index, lk.alias, ref,
                                                        tuple(sorted(shards))))
 
+    def hand_on(self, to_shards: list[list[Any]], flags: set[CorrectionChanged],
+                below: dict[int, list[Subscribe]]) -> None:
+        """Put the batch's output where the next stages take it: each forward in its shard's
+        list, the correction flags (every shard's), each message under its owner in the
+        next depth's stage."""
+        for forward in self.forwards:
+            to_shards[forward.shard].append(forward)
+        flags.update(self.corrections_changed)
+        for message in self.messages:
+            below.setdefault(owner_of(message.key, self.n_shards), []).append(message)
+
     def apply_effects(self, effects: AppliedEffects, changes: Iterable[OutputChange]) -> None:
         super().apply_effects(effects, changes)
         for alias, key, shard in effects.subscribed:
             self.subscribers[alias].setdefault(key, set()).add(shard)
 
 
-_CLASSES: dict[tuple[int, int], type[LookupOwner]] = {}
-
-
 def owner_class(placement: Placement, depth: int) -> type[LookupOwner]:
-    """The owner class of ``placement``'s stage of depth ``depth`` (one per pair, so a log's
-    ``isinstance`` check holds across batches)."""
-    key = (id(placement), depth)
-    cls = _CLASSES.get(key)
-    if cls is None or cls.placement is not placement:
-        cls = _CLASSES[key] = type(f"LookupOwner{depth}", (LookupOwner,),
-                                   {"placement": placement, "depth": depth})
-    return cls
+    """The owner class of ``placement``'s stage of depth ``depth`` (``StagedEngine`` makes
+    each once, so a log's ``isinstance`` check holds across batches)."""
+    return type(f"LookupOwner{depth}", (LookupOwner,), {"placement": placement, "depth": depth})

@@ -2,13 +2,17 @@
 
 A **copied** table is what the staged engine has always done: every shard receives every
 row of it and holds a full copy. A **split** table's rows are held once, by the *owner*
-of their key (``owner_of``: the same hash as a fact key's shard), in an owner stage before
-the shards (``join/owners.py``). A shard then holds only the rows of a split table that its
-own facts read, its *replica*: an owner sends a shard a row when one of the shard's facts
-first references it (a *subscription*) and every later change of a row the shard
-subscribed to. Subscriptions are never withdrawn (Debezium's update events carry no
-``before`` image without REPLICA IDENTITY FULL, so a fact's old reference is not known
-where the owner is): a replica holds every row any of its facts ever referenced.
+of their key (``owner_of``: a CRC32 of the key's text), in an owner stage before the shards
+(``join/owners.py``), which sends a shard the rows its facts read:
+
+- ``as_of_fact``: a fact reads them only when it changes, so an owner sends the rows a
+  release's changed facts read, for that release alone; the shard lets them go after it
+  and holds nothing of a split table;
+- ``current``: a shard keeps the rows its facts read, its *replica*: an owner sends a shard
+  a row when one of the shard's facts first references it (a *subscription*) and every
+  later change of it. Subscriptions are never withdrawn (Debezium's update events carry
+  no ``before`` image without REPLICA IDENTITY FULL, so a fact's old reference is not
+  known where the owner is): a replica holds every row any of its facts ever referenced.
 
 What can be split, today: a lookup on its table's whole primary key (``on`` names the key
 columns, in order; ``=``/``= ANY`` lookups of the key) of integer, text or uuid columns
@@ -146,12 +150,15 @@ class Placement:
             fact, columns={c: t for c, t in fact.columns.items() if c in read},
             defaults={c: v for c, v in fact.defaults.items() if c in read})
 
-    def fact_row(self, raw: dict[str, Any], where: str = "") -> dict[str, Any]:
-        """The columns of a fact row (Debezium's JSON row) that place it and its references,
-        typed: the rest is the shard's to read."""
-        columns = self._fact_read.columns
-        return self._fact_read.convert_row({c: raw[c] for c in columns if c in raw},
-                                           where=where)
+    def fact_reads(self, raw: dict[str, Any], where: str = ""
+                   ) -> tuple[Key, list[tuple[str, Key]]]:
+        """A fact row's (Debezium's JSON row) key and what it reads of the depth-1 split
+        tables, (alias, key), from only the columns that say so, typed (the rest is the
+        shard's to read); a :class:`JobError` if they cannot be read."""
+        read = self._fact_read
+        row = read.convert_row({c: raw[c] for c in read.columns if c in raw}, where=where)
+        return read.key_of(row), [(lk.alias, key) for lk in self.below[self.job.fact_alias]
+                                  for key in self.references(lk, row)]
 
     def __bool__(self) -> bool:
         return bool(self.split)

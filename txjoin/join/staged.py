@@ -507,15 +507,13 @@ class StagedEngine:
 
     def _owners_of_references(self, event: ChangeEvent) -> set[int]:
         """The depth-1 owners of the keys a fact event's row references."""
-        below = self.placement.below[self.job.fact_alias]
-        if not below or event.after is None:
+        if not self.placement.below[self.job.fact_alias] or event.after is None:
             return set()
         try:
-            row = self.placement.fact_row(event.after)
+            _key, reads = self.placement.fact_reads(event.after)
         except JobError:
             return set()  # its shard stops the job on it
-        return {owner_of(key, self.n_shards) for lk in below
-                for key in self.placement.references(lk, row)}
+        return {owner_of(key, self.n_shards) for _alias, key in reads}
 
     def process(self, records: Iterable[tuple[str, int, int, str | None]],
                 caught_up: Iterable[str] = (), drop_cache: Iterable[int] = (),
@@ -539,7 +537,7 @@ class StagedEngine:
         self.sequencer = sequencer
         releases = self.last_releases = sequencer.releases
         to_shards: list[list[Any]] = [[] for _ in self.stores]
-        flags: list[Any] = []
+        flags: set[CorrectionChanged] = set()
         messages: dict[int, list[Subscribe]] = {}
         for depth in self.owner_classes:
             below: dict[int, list[Subscribe]] = {}
@@ -551,16 +549,11 @@ class StagedEngine:
                         [Routed(item, 0) for item in owner_items], caught, partitions)
                 owner = done.engine
                 self.owner_cache[(depth, o)] = owner  # type: ignore[assignment]
-                for forward in owner.forwards:  # type: ignore[attr-defined]
-                    to_shards[forward.shard].append(forward)
-                flags.extend(owner.corrections_changed)  # type: ignore[attr-defined]
-                for message in owner.messages:  # type: ignore[attr-defined]
-                    below.setdefault(owner_of(message.key, self.n_shards), []).append(message)
+                owner.hand_on(to_shards, flags, below)  # type: ignore[attr-defined]
             messages = below
-        flags = sorted(set(flags))
         changes: list[OutputChange] = []
         for shard, events in enumerate(per_shard):
-            shard_items: list[Any] = [*events, *releases, *to_shards[shard], *flags]
+            shard_items: list[Any] = [*events, *releases, *to_shards[shard], *sorted(flags)]
             with long_lived_state():
                 done = self.shard_log(shard).process(
                     self.cache.get(shard),  # type: ignore[arg-type]
