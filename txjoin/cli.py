@@ -198,6 +198,13 @@ def _env(name: str) -> str:
               help="sharded: every shard assembles and orders every transaction; staged: "
                    "one sequencer stage orders them from every record's metadata, then each "
                    "shard applies only the rows it holds (fixed for a checkpoint).")
+@click.option("--split", envvar=_env("SPLIT"), show_envvar=True, default="",
+              metavar="LOOKUPS",
+              help="With --engine staged: the looked-up tables split by key, as lookup "
+                   "aliases (comma-separated) or 'all' of those that can be; a split table's "
+                   "rows are held once, by an owner stage, and a shard gets the rows its "
+                   "facts read, instead of a copy of the table (fixed for a checkpoint). "
+                   "Default: none (each looked-up table copied to every shard).")
 @click.option("--maintain-every", envvar=_env("MAINTAIN_EVERY"), show_envvar=True,
               type=click.IntRange(min=1), default=None,
               help="Compact the Delta changelog's small files once N micro-batches were "
@@ -244,7 +251,7 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
         incomplete_timeout: float, decimal_handling_mode: str | None,
         time_precision_mode: str | None, binary_handling_mode: str | None,
         spark_conf: tuple[str, ...], max_transaction_bytes: int, shards: int | None,
-        engine: str,
+        engine: str, split: str,
         maintain_every: int | None, delta_commit_interval: float,
         delta_max_pending_batches: int, delta_max_pending_mb: int,
         vacuum_retention_hours: float | None,
@@ -298,7 +305,8 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
         output_dir=output_dir or str(directory / "output"), master=master,
         postgres_dsn=None if no_postgres else postgres_dsn, until_idle=until_idle,
         on_incomplete=on_incomplete, incomplete_timeout_s=incomplete_timeout,
-        spark_conf=_parse_conf(spark_conf), shards=shards, engine=engine, source=source,
+        spark_conf=_parse_conf(spark_conf), shards=shards, engine=engine,
+        split=tuple(a.strip() for a in split.split(",") if a.strip()), source=source,
         rebuild=rebuild,
         max_transaction_bytes=max_transaction_bytes,
         postgres_retry_timeout_s=postgres_retry_timeout, maintain_every=maintain_every,

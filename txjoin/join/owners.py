@@ -40,9 +40,10 @@ from txjoin.join.placement import (
     Key,
     Placement,
     Subscribe,
+    fact_shard,
     owner_of,
 )
-from txjoin.join.routing import Routed, shard_of
+from txjoin.join.routing import Routed
 from txjoin.join.staged import (
     CORRECTION,
     SKIP,
@@ -199,7 +200,7 @@ class LookupOwner(ShardApplier):
                                                         where=f"{event.position}:")
         except JobError:
             return  # its shard stops the job on it, with the position
-        shard = shard_of(fact_key, self.n_shards)
+        shard = fact_shard(fact_key, self.n_shards)
         for alias, key in reads:
             if owner_of(key, self.n_shards) == self.shard:
                 yield alias, key, shard

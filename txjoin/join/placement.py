@@ -17,8 +17,11 @@ of their key (``owner_of``: a CRC32 of the key's text), in an owner stage before
 What can be split, today: a lookup on its table's whole primary key (``on`` names the key
 columns, in order; ``=``/``= ANY`` lookups of the key) of integer, text or uuid columns
 (:data:`KEY_KINDS`), of a table no other alias reads, whose parent is the fact or another
-split alias. Its rows are then found by key: the owner of a
-row is the owner of the value a parent reads. A lookup on other columns (``Pick``),
+split alias, in a job whose fact key is of those kinds too. With a split, a fact's shard is
+:func:`owner_of` its key as well (``fact_shard``): an owner tells which shard reads a row
+from the fact row alone, and the JVM places a fact by the same hash of its JSON text. A
+split table's rows are then found by key: the owner of a row is the owner of the value a
+parent reads. A lookup on other columns (``Pick``),
 ``Children``, and everything below a copied alias stay copied (a shard needs every row
 below a copied row it holds). Each split alias has a *depth*: 1 below the fact, one more
 per split parent; an owner stage serves the aliases of one depth, and a depth's
@@ -44,6 +47,10 @@ typed value's text is the text of its JSON value, so the JVM can place a record 
 hash as :func:`owner_of` without typing it."""
 
 
+SPLIT_ALL = "all"
+"""``--split all``: every lookup :func:`splittable` names."""
+
+
 def owner_of(key: Key, n: int) -> int:
     """The owner of a split table's row with key ``key`` among ``n`` owners: a CRC32 of the
     values' text (joined by U+001F), which Spark computes alike from the JSON text
@@ -53,16 +60,26 @@ def owner_of(key: Key, n: int) -> int:
     return zlib.crc32("\x1f".join(map(str, key)).encode()) % n
 
 
+def fact_shard(key: Key, n: int) -> int:
+    """A fact key's shard when the job has split tables (the staged engine's router and
+    the owners'; Spark's routing computes the same from the JSON text)."""
+    return owner_of(key, n)
+
+
+def _kinds_fit(types: Iterable[str]) -> bool:
+    try:
+        return all(column_kind(t)[0] in KEY_KINDS for t in types)
+    except ValueError:
+        return False
+
+
 def _key_kinds_fit(job: Job, lk: Lookup) -> bool:
     """Whether the lookup's key columns, and the parent columns that read them, are of
     :data:`KEY_KINDS` (an array's elements: of its element type)."""
     parent = job.alias_table(lk.parent)
     types = [job.table(lk.table).columns[c] for c in lk.on]
     types += [parent.columns[c].removesuffix("[]") for c in lk.on.values()]
-    try:
-        return all(column_kind(t)[0] in KEY_KINDS for t in types)
-    except ValueError:
-        return False
+    return _kinds_fit(types)
 
 
 class Forward(NamedTuple):
@@ -94,6 +111,9 @@ class CorrectionChanged(NamedTuple):
 
 def splittable(job: Job) -> list[str]:
     """The aliases that may be split, parents before children (module docstring)."""
+    fact = job.table(job.fact)
+    if not _kinds_fit(fact.columns[c] for c in fact.key):
+        return []
     readers: dict[str, int] = {}
     for lk in job.lookups:
         readers[lk.table] = readers.get(lk.table, 0) + 1

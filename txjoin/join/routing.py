@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from txjoin.errors import DecodeError, JobError
@@ -161,12 +162,16 @@ def is_metadata_only(event: ChangeEvent) -> bool:
 class Router:
     """Decides, per decoded record, which shards get it with rows and which without."""
 
-    def __init__(self, job: Job, n_shards: int) -> None:
+    def __init__(self, job: Job, n_shards: int,
+                 place: Callable[[Key, int], int] = shard_of) -> None:
+        """``place``: a fact key's shard of ``n_shards`` (:func:`shard_of`; with split tables
+        the staged engine's ``placement.fact_shard``)."""
         if n_shards < 1:
             raise ValueError(f"n_shards must be >= 1, got {n_shards}")
         self.job = job
         self.n_shards = n_shards
         self.fact = job.table(job.fact)
+        self.place = place
 
     def route(self, item: ChangeEvent | TxMarker, size: int) -> list[Routed | None]:
         """What each shard receives of a decoded record (``size``: its bytes), by shard;
@@ -193,7 +198,7 @@ class Router:
             raise DecodeError(str(exc).strip(),
                               topic=event.position.topic, partition=event.position.partition,
                               offset=event.position.offset) from None
-        return shard_of(key, self.n_shards)
+        return self.place(key, self.n_shards)
 
 
 def _with_digest(event: ChangeEvent) -> ChangeEvent:

@@ -58,8 +58,22 @@ from txjoin.errors import JobError
 from txjoin.ingest.debezium import INCREMENTAL, ChangeEvent, Position, TxMarker, decode
 from txjoin.job import Job
 from txjoin.join.engine import EngineStats
-from txjoin.join.placement import CorrectionChanged, Forward, Placement, Subscribe, owner_of
-from txjoin.join.routing import Routed, Router, gather_foreign, is_metadata_only, metadata_only
+from txjoin.join.placement import (
+    CorrectionChanged,
+    Forward,
+    Placement,
+    Subscribe,
+    fact_shard,
+    owner_of,
+)
+from txjoin.join.routing import (
+    Routed,
+    Router,
+    gather_foreign,
+    is_metadata_only,
+    metadata_only,
+    shard_of,
+)
 from txjoin.join.shard import ShardEngine, long_lived_state
 from txjoin.join.state import pack, unpack
 from txjoin.join.state_log import MemoryStore, ShardLog
@@ -417,9 +431,9 @@ class StagedEngine:
         from txjoin.join.owners import owner_class  # (owners.py builds on this module)
 
         self.job = job
-        self.router = Router(job, n_shards)
         self.policy = policy or IncompletePolicy()
         self.placement = Placement(job, split)
+        self.router = Router(job, n_shards, place=fact_shard if self.placement else shard_of)
         self.owner_classes = {d: owner_class(self.placement, d)
                               for d in range(1, self.placement.depths + 1)}
         self.sequencer_store = MemoryStore()

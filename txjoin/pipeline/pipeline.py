@@ -38,7 +38,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,12 +50,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from txjoin import crashpoints
-from txjoin.errors import RECOVER, ConfigError
+from txjoin.errors import RECOVER, ConfigError, JobError
 from txjoin.ingest.debezium import DEFAULT_TOPIC_PREFIX
 from txjoin.ingest.spark.kafka import KafkaFacts, KafkaTopics
 from txjoin.job import Job, Table
 from txjoin.join import ENGINES, SHARDED, STAGED
 from txjoin.join.output import output_schema
+from txjoin.join.placement import SPLIT_ALL, Placement, splittable
+from txjoin.join.spark.owners import OwnerProcessor
 from txjoin.join.spark.routing import route
 from txjoin.join.spark.shards import OUTPUT_SCHEMA, ShardProcessor, shard_labels
 from txjoin.join.spark.staged import (
@@ -106,6 +108,9 @@ class RunConfig:
     # "sharded": every shard sequences every transaction; "staged": one sequencer stage,
     # then shards that hold only their rows (txjoin/join/staged.py)
     engine: str = SHARDED
+    # the staged engine's looked-up tables split by key (lookup aliases, or "all" of those
+    # that can be: txjoin/join/placement.py); the rest are copied to every shard
+    split: tuple[str, ...] = ()
     # None: no limit (an open transaction spills to the worker's disk: sequence/spill.py)
     max_transaction_bytes: int | None = None
     source: str = "kafka"  # or "files:DIR" (txjoin.ingest.spark.files)
@@ -231,14 +236,15 @@ LAYOUT_FILE = "txjoin-layout.json"
 
 
 def check_layout(checkpoint: Path, n_shards: int | None, record: bool = True,
-                 engine: str = SHARDED) -> int:
+                 engine: str = SHARDED, split: Sequence[str] = ()) -> int:
     """Check (or record) the checkpoint's state layout and shard count; its shuffle partitions.
 
     A checkpoint written by txjoin 0.1 (one engine value per query) has Spark
     state but no layout file: refused with what to do, like one with another
     shard count (the state is split by shard) or of the other ``--engine``.
     ``n_shards`` None: whatever the checkpoint recorded; ``record=False`` only checks
-    (``txjoin run`` before Spark).
+    (``txjoin run`` before Spark); ``split``: the staged engine's split lookups (the
+    owners' state is theirs: another split is refused too).
     """
     marker = checkpoint / LAYOUT_FILE
     layout, continued = (STAGED_LAYOUTS if engine == STAGED
@@ -255,6 +261,13 @@ def check_layout(checkpoint: Path, n_shards: int | None, record: bool = True,
             raise ConfigError(
                 f"checkpoint {checkpoint} has state layout {recorded.get('layout')}, this txjoin "
                 f"needs {layout}: {RECOVER}")
+        if record and sorted(recorded.get("split", [])) != sorted(split):
+            was = ",".join(recorded.get("split", [])) or "none"
+            raise ConfigError(
+                f"checkpoint {checkpoint} was written with --split {was}, not "
+                f"{','.join(split) or 'none'}: run with --split {was} (a split table's rows "
+                f"are held by its owners, a copied one's by every shard), or start from a new "
+                f"checkpoint (txjoin run --rebuild)")
         if n_shards is not None and recorded.get("shards") != n_shards:
             raise ConfigError(
                 f"checkpoint {checkpoint} was written with --shards {recorded.get('shards')}, "
@@ -271,7 +284,8 @@ def check_layout(checkpoint: Path, n_shards: int | None, record: bool = True,
         return n_shards or 0
     checkpoint.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps({"layout": layout, "shards": n_shards, "partitions": n_shards,
-                                  **({"engine": engine} if engine != SHARDED else {})}) + "\n")
+                                  **({"engine": engine} if engine != SHARDED else {}),
+                                  **({"split": list(split)} if split else {})}) + "\n")
     return n_shards
 
 
@@ -412,6 +426,32 @@ class Pipeline:
                 return int(json.loads(marker.read_text())["shards"])
         return int(self.spark.sparkContext.defaultParallelism)
 
+    def placement(self) -> Placement:
+        """The staged engine's split lookups (``--split``), checked: a ConfigError names
+        a lookup that cannot be split, and those that can."""
+        wanted = list(self.config.split)
+        if not wanted:
+            return Placement(self.job)
+        if self.config.engine != STAGED:
+            raise ConfigError(f"--split needs --engine {STAGED} (the owners are its stages), "
+                              f"not --engine {self.config.engine}")
+        possible = splittable(self.job)
+        if wanted == [SPLIT_ALL]:
+            wanted = possible
+        try:
+            placement = Placement(self.job, wanted)
+        except JobError as exc:
+            raise ConfigError(f"--split: {exc}") from None
+        refused = [a for a in wanted if a not in placement.split]
+        if refused:
+            raise ConfigError(
+                f"--split {','.join(refused)}: job {self.job.name} cannot split "
+                f"{'this lookup' if len(refused) == 1 else 'these lookups'} (a lookup on its "
+                f"table's whole primary key of integer, text or uuid columns, its table read "
+                f"by no other lookup, below the fact or a split lookup, can); these can: "
+                f"{','.join(possible) or 'none'}")
+        return placement
+
     def build(self, source: DataFrame) -> DataFrame:
         n = self.n_shards()
         if n < 1:
@@ -419,7 +459,9 @@ class Pipeline:
         engine = self.config.engine
         if engine not in ENGINES:
             raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-        partitions = check_layout(Path(self.checkpoint), n, engine=engine)
+        placement = self.placement()
+        partitions = check_layout(Path(self.checkpoint), n, engine=engine,
+                                  split=placement.split)
         # Stateful operators: RocksDB (transformWithState needs it) with changelog
         # checkpointing (a batch uploads its puts, not the store). The shuffle gets one
         # partition per shard; a restarted checkpoint keeps its own partition count.
@@ -430,12 +472,21 @@ class Pipeline:
         labels = shard_labels(n, partitions)
         token = uuid.uuid4().hex
         if engine == STAGED:
+            # each owner stage's labels apart from the shards' and the other stages'
+            owner_labels: list[list[int]] = []
+            for _depth in range(placement.depths):
+                taken = [*labels, *(label for d in owner_labels for label in d)]
+                owner_labels.append(shard_labels(n, partitions, taken=taken))
+            policy, prefixes = self.config.policy, self.prefixes
+            owners = [OwnerProcessor(self.job, labels, policy, prefixes, token, placement,
+                                     depth, owner_labels)
+                      for depth in range(1, placement.depths + 1)]
             return staged_stages(
-                route_staged(source, self.job, self.prefixes, labels),
-                SequencerProcessor(self.job, labels, self.config.policy, self.prefixes, token,
-                                   kafka_facts=self.kafka_facts),
-                ApplierProcessor(self.job, labels, self.config.policy, self.prefixes, token),
-                OUTPUT_SCHEMA)
+                route_staged(source, self.job, prefixes, labels, placement, owner_labels),
+                SequencerProcessor(self.job, labels, policy, prefixes, token,
+                                   kafka_facts=self.kafka_facts, owner_labels=owner_labels),
+                ApplierProcessor(self.job, labels, policy, prefixes, token),
+                OUTPUT_SCHEMA, owners=owners)
         processor = ShardProcessor(self.job, labels, self.config.policy,
                                    self.prefixes, token,
                                    kafka_facts=self.kafka_facts,

@@ -34,14 +34,15 @@ from txjoin.sinks.build import build_sinks
 
 def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | None = None,
                        postgres_dsn: str | None = None, shards: int | None = None,
-                       delta: bool = True, engine: str = SHARDED) -> ScenarioReport:
+                       delta: bool = True, engine: str = SHARDED,
+                       split: tuple[str, ...] = ()) -> ScenarioReport:
     """Replay one scenario through Spark; check every sink after every batch.
 
     Checkpoints and Delta output go to ``workdir``, or to a temporary directory
     removed at the end. ``shards``: how many shards the join runs in (default:
     Spark's default parallelism). ``delta=False`` leaves the Delta sink out (it needs
     ``postgres_dsn`` then): for checking the shards with the quicker sink only.
-    ``engine``: ``txjoin run --engine``.
+    ``engine``: ``txjoin run --engine``; ``split``: its ``--split``.
     """
     if not delta and not postgres_dsn:
         raise ValueError("without the Delta sink a scenario needs the PostgreSQL sink")
@@ -49,7 +50,7 @@ def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | N
         with tempfile.TemporaryDirectory(prefix=f"txjoin-replay-{scenario.name}-",
                                          ignore_cleanup_errors=True) as temporary:
             return run_scenario_spark(spark, scenario, temporary, postgres_dsn, shards, delta,
-                                      engine)
+                                      engine, split)
     started = time.perf_counter()
     schedule = compile_schedule(scenario)
     job = scenario.job
@@ -72,7 +73,7 @@ def run_scenario_spark(spark: SparkSession, scenario: Scenario, workdir: str | N
     config = RunConfig(topic_prefix=scenario.topic_prefix,
                        topic_prefixes=dict(scenario.prefixes) if scenario.multi_source else {},
                        checkpoint_dir=str(work / "checkpoints"), output_dir=str(work / "output"),
-                       postgres_dsn=postgres_dsn, shards=shards, engine=engine)
+                       postgres_dsn=postgres_dsn, shards=shards, engine=engine, split=split)
     _register_once(spark)
     seen: dict[str, RunObservation] = {}
     error: str | None = None

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from pyspark.sql import DataFrame
 
 from txjoin.job import Job
+from txjoin.join.placement import Placement
 
 ROUTED_COLUMNS = ("shard", "topic", "partition", "offset", "value", "counted", "routed",
                   "op", "tbl", "xid", "lsn", "ts_ms", "snapshot", "dco", "digest",
@@ -84,12 +85,19 @@ def route(source: DataFrame, job: Job, prefixes: str | Mapping[str, str],
 
 
 def envelopes(source: DataFrame, job: Job, prefixes: str | Mapping[str, str], n: int,
-              every_table: bool) -> DataFrame:
+              every_table: bool, placement: Placement | None = None) -> DataFrame:
     """``source`` rows with what routing reads of each record, computed once per record:
     ``routed`` (routing read it: the metadata columns below are set), the fact key's shard
     of its ``before`` and ``after`` image (of ``n``), and the metadata columns. Only the
     fact table's records are read, or ``every_table`` of the job (the staged engine's
-    sequencer takes every record's metadata: ``join/spark/staged.py``)."""
+    sequencer takes every record's metadata: ``join/spark/staged.py``).
+
+    With ``placement``'s split tables (``join/placement.py``), also ``split_topic`` (a split
+    table's record: no shard gets it), ``owner_depth`` and ``owners``: the owner stage and
+    the owners (of ``n``) that get the record, those of a split row's ``before`` and
+    ``after`` keys (a truncate: every owner; a record routing could not read: owner 0,
+    whose decoding says what is wrong), and at depth 1 those of the keys a fact row's
+    ``after`` image references. A fact's shard is then ``placement.fact_shard``'s hash."""
     fact = job.table(job.fact)
     topics = fact_topics(job, prefixes)
     read = ([t for t, stream in job.streams(prefixes).items() if stream in job.table_names]
@@ -128,14 +136,21 @@ def envelopes(source: DataFrame, job: Job, prefixes: str | Mapping[str, str], n:
              f"THEN try_cast({xid_text} AS BIGINT) END AS xid")
     tables = sorted(job.table_names) if every_table else [fact.name]
     routed = _routable(fact.name, tables, list(fact.key), lsn_text)
-    before_shard = _shard("before_key", list(fact.key), n)
-    after_shard = _shard("after_key", list(fact.key), n)
+    split = placement is not None and bool(placement)
+    place = _owner if split else _shard
+    before_shard = place([f"before_key.{_name(c)}" for c in fact.key], n)
+    after_shard = place([f"after_key.{_name(c)}" for c in fact.key], n)
     # Everything that is the same in every shard's copy of a record (its metadata, its
     # digest) is computed once per record, before the copies: computed after them, each
     # copy paid for the md5, the regular expressions and the casts again.
     rows = rows.selectExpr("*", f"{routed} AS routed")
+    owned: list[str] = []
+    if split:
+        assert placement is not None
+        parsed, owned = _owned(placement, prefixes, n)
+        rows = rows.selectExpr("*", *parsed)
     return rows.selectExpr(
-        *_READ, "routed", "fact_topic",
+        *_READ, "routed", "fact_topic", *owned,
         f"CASE WHEN routed AND fact_topic AND `before` IS NOT NULL THEN {before_shard} END "
         f"AS before_shard",
         f"CASE WHEN routed AND fact_topic AND `after` IS NOT NULL THEN {after_shard} END "
@@ -193,7 +208,73 @@ def _routable(fact: str, tables: list[str], key: list[str], lsn_text: str) -> st
             f"AND ({tx_ok}) AND ({ts_ok}), false)")
 
 
-def _shard(key: str, columns: list[str], n: int) -> str:
+def _shard(texts: list[str], n: int) -> str:
     """The shard index of a fact key (its columns' JSON text)."""
-    return (f"CAST(pmod(xxhash64({', '.join(f'{key}.{_name(c)}' for c in columns)}), {n}) "
+    return f"CAST(pmod(xxhash64({', '.join(texts)}), {n}) AS INT)"
+
+
+def _owner(texts: list[str], n: int) -> str:
+    """``placement.owner_of`` of a key (its columns' JSON text: the typed value's text, for
+    the key kinds a split allows)."""
+    return (f"CAST(pmod(crc32(CAST(concat_ws(chr(31), {', '.join(texts)}) AS BINARY)), {n}) "
             f"AS INT)")
+
+
+def _owned(placement: Placement, prefixes: str | Mapping[str, str], n: int
+           ) -> tuple[list[str], list[str]]:
+    """``envelopes``' owner columns (its docstring) as SQL over its columns (the raw ``op``,
+    ``before`` and ``after`` text): what to parse, in one step, then the columns, in the
+    next (so each image is parsed once)."""
+    job = placement.job
+    streams = job.streams(prefixes)
+    every = f"sequence(0, {n - 1})"
+    parsed, depth_of, owners_of = [], [], []
+    split_topics = [t for t, stream in streams.items() if stream in placement.table_alias]
+    for i, (table, alias) in enumerate(sorted(placement.table_alias.items())):
+        topics = ", ".join(_text(t) for t, stream in streams.items() if stream == table)
+        key = job.table(table).key
+        struct = _text(f"struct<{', '.join(f'{_name(k)}: string' for k in key)}>")
+        images = []
+        for image in ("before", "after"):
+            name = f"_{image}_key_{i}"
+            parsed.append(f"CASE WHEN `topic` IN ({topics}) THEN from_json(`{image}`, {struct}) "
+                          f"END AS {name}")
+            texts = [f"{name}.{_name(k)}" for k in key]
+            known = " AND ".join(f"{t} IS NOT NULL" for t in texts)
+            images.append(f"CASE WHEN `{image}` IS NULL THEN NULL "
+                          f"WHEN {known} THEN {_owner(texts, n)} ELSE 0 END")
+        depth_of.append(f"WHEN `topic` IN ({topics}) THEN {placement.depth[alias]}")
+        owners_of.append(
+            f"WHEN `topic` IN ({topics}) THEN CASE WHEN op = 't' THEN {every} "
+            f"WHEN NOT routed THEN array(0) ELSE array_distinct(filter(array({images[0]}, "
+            f"{images[1]}), x -> x IS NOT NULL)) END")
+    references = "array()"
+    below = placement.below[job.fact_alias]
+    if below:
+        columns = sorted({c for lk in below for c in lk.on.values()})
+        read = _text(f"struct<{', '.join(f'{_name(c)}: string' for c in columns)}>")
+        parsed.append(f"CASE WHEN fact_topic THEN from_json(`after`, {read}) END AS _refs")
+        parts = []
+        for j, lk in enumerate(below):
+            if lk.array:
+                column = _name(next(iter(lk.on.values())))
+                elements = f"_elements_{j}.{column}"
+                parsed.append(f"CASE WHEN fact_topic THEN from_json(`after`, "
+                              f"{_text(f'struct<{column}: array<string>>')}) END "
+                              f"AS _elements_{j}")
+                # an array routing cannot read as one (text where one is expected): every
+                # owner, whose reading of the row decides
+                parts.append(f"CASE WHEN {elements} IS NOT NULL THEN transform(filter("
+                             f"{elements}, x -> x IS NOT NULL), x -> {_owner(['x'], n)}) "
+                             f"WHEN _refs.{column} IS NOT NULL THEN {every} ELSE array() END")
+            else:
+                values = [f"_refs.{_name(c)}" for c in lk.on.values()]
+                known = " AND ".join(f"{v} IS NOT NULL" for v in values)
+                parts.append(f"CASE WHEN {known} THEN array({_owner(values, n)}) "
+                             f"ELSE array() END")
+        references = f"array_distinct(concat({', '.join(parts)}))"
+    return parsed, [
+        f"CASE {' '.join(depth_of)} WHEN fact_topic THEN 1 END AS owner_depth",
+        f"`topic` IN ({', '.join(map(_text, split_topics)) or 'NULL'}) AS split_topic",
+        f"CASE {' '.join(owners_of)} WHEN fact_topic AND routed AND `after` IS NOT NULL "
+        f"THEN {references} END AS owners"]

@@ -44,15 +44,20 @@ from pyspark.sql import DataFrame
 
 from txjoin import crashpoints
 from txjoin.ingest.debezium import ChangeEvent, transaction_topic
+from txjoin.ingest.spark.kafka import KafkaFacts
 from txjoin.job import Job
+from txjoin.join.placement import Placement
 from txjoin.join.routing import METADATA_SIZE, Routed, is_metadata_only, metadata_only
 from txjoin.join.spark.routing import _METADATA, _READ, envelopes
 from txjoin.join.spark.shards import ShardProcessor, changes_columns, routed_items
 from txjoin.join.staged import SEQUENCER, STAGED_LAYOUTS, Release, Sequencer, ShardApplier
 from txjoin.join.state_log import ShardLog
+from txjoin.sequence.assembly import IncompletePolicy
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from txjoin.join.spark.owners import OwnerProcessor
 
 SEQUENCER_LABEL = -1
 """The sequencer's grouping label (the shards' are ``shards.shard_labels``, never
@@ -62,6 +67,12 @@ RELEASES_OFFSET = -100
 """The offset of a release row: the sequencer's output to one shard (negative, as a marker
 row's, but none of the sources' marker codes: ``ingest/spark/markers.py``)."""
 
+FORWARD_OFFSET = -101
+"""The offset of an owner's row to a shard (its ``partition``: the owner's number)."""
+
+SUBSCRIBE_OFFSET = -102
+"""The offset of an owner's row to an owner of the next depth."""
+
 ROUTED_SCHEMA = ("shard int, topic string, partition int, offset long, value binary, "
                  "counted boolean, routed boolean, op string, tbl string, xid string, "
                  "lsn string, ts_ms string, snapshot string, dco string, digest binary, "
@@ -69,15 +80,43 @@ ROUTED_SCHEMA = ("shard int, topic string, partition int, offset long, value bin
 """The rows both stages read (``routing.ROUTED_COLUMNS``, the value as bytes): the
 sequencer's output has it too, so the two unite."""
 
+
+def special_rows(frame: pa.Table, offset: int) -> tuple[list[Any], pa.Table]:
+    """The unpickled payloads of ``frame``'s rows at ``offset``, by their ``partition``
+    (the sender's number: the same order whatever the order the rows came in), and the
+    frame without them."""
+    at = pc.equal(frame["offset"], offset)
+    if not pc.any(at).as_py():
+        return [], frame
+    rows = frame.filter(at)
+    pairs = sorted(zip(rows["partition"].to_pylist(), rows["value"].to_pylist(), strict=True))
+    return [pickle.loads(value) for _sender, value in pairs], frame.filter(pc.invert(at))
+
+
+def payload_row(label: int, sender: int, offset: int, payload: Any) -> dict[str, Any]:
+    """One row (``ROUTED_SCHEMA``) carrying ``payload`` to the group ``label``."""
+    return {"shard": label, "topic": "", "partition": sender, "offset": offset,
+            "value": pickle.dumps(payload, pickle.HIGHEST_PROTOCOL), "counted": False,
+            "routed": False, "op": None, "tbl": None, "xid": None, "lsn": None,
+            "ts_ms": None, "snapshot": None, "dco": None, "digest": None,
+            "after_elsewhere": False}
+
+
 def route_staged(source: DataFrame, job: Job, prefixes: str | Mapping[str, str],
-                 labels: Sequence[int]) -> DataFrame:
-    """``source`` rows -> the rows of both stages (``ROUTED_SCHEMA``): the sequencer's copy
-    of every record (``SEQUENCER_LABEL``) and each shard's copies."""
-    rows = envelopes(source, job, prefixes, len(labels), every_table=True)
+                 labels: Sequence[int], placement: Placement | None = None,
+                 owner_labels: Sequence[Sequence[int]] = ()) -> DataFrame:
+    """``source`` rows -> the rows of every stage (``ROUTED_SCHEMA``): the sequencer's copy
+    of every record (``SEQUENCER_LABEL``), each shard's copies, and with ``placement``'s
+    split tables each owner's (``owner_labels``: per depth, an owner's label by number):
+    the records of its rows and, at depth 1, the fact records that reference them."""
+    n = len(labels)
+    split = placement is not None and bool(placement)
+    rows = envelopes(source, job, prefixes, n, every_table=True, placement=placement)
     markers = sorted({transaction_topic(p) for p in (
         [prefixes] if isinstance(prefixes, str) else prefixes.values())})
     is_marker_topic = f"`topic` IN ({', '.join(repr(t) for t in markers)})"
-    everyone = ", ".join(str(int(label)) for label in [SEQUENCER_LABEL, *labels])
+    owners = [label for depth in owner_labels for label in depth] if split else []
+    everyone = ", ".join(str(int(label)) for label in [SEQUENCER_LABEL, *labels, *owners])
     exploded = rows.selectExpr("*", f"posexplode(array({everyone})) AS (j, shard)")
     i = "(j - 1)"  # the shard's number
     owner = f"({i} = before_shard OR {i} = after_shard)"
@@ -86,13 +125,22 @@ def route_staged(source: DataFrame, job: Job, prefixes: str | Mapping[str, str],
     sequencer = "true"
     shard = (f"`offset` >= 0 AND `value` IS NOT NULL AND NOT {is_marker_topic} "
              f"AND (NOT (routed AND fact_topic) OR {owner})")
-    kept = exploded.where(f"CASE WHEN j = 0 THEN {sequencer} ELSE {shard} END")
+    if split:
+        o = f"(j - {n + 1})"  # over the owners of every depth
+        shard += " AND NOT split_topic"
+        to_owner = (f"`offset` >= 0 AND `value` IS NOT NULL AND owner_depth = {o} DIV {n} + 1 "
+                    f"AND array_contains(owners, {o} % {n})")
+        where = (f"CASE WHEN j = 0 THEN {sequencer} WHEN j <= {n} THEN {shard} "
+                 f"ELSE coalesce({to_owner}, false) END")
+    else:
+        where = f"CASE WHEN j = 0 THEN {sequencer} ELSE {shard} END"
+    kept = exploded.where(where)
     return kept.selectExpr(
         "CAST(shard AS INT) AS shard", *_READ[:3],
         "CASE WHEN j = 0 AND routed THEN NULL ELSE CAST(`value` AS BINARY) END AS `value`",
         "j = 0 AND `offset` >= 0 AS counted", *_METADATA,
-        f"coalesce(j > 0 AND routed AND {i} = before_shard AND after_shard != before_shard, "
-        f"false) AS after_elsewhere")
+        f"coalesce(j > 0 AND j <= {n} AND routed AND {i} = before_shard "
+        f"AND after_shard != before_shard, false) AS after_elsewhere")
 
 
 def sequencer_items(job: Job, n_shards: int, records: pa.Table) -> list[Routed]:
@@ -105,8 +153,16 @@ def sequencer_items(job: Job, n_shards: int, records: pa.Table) -> list[Routed]:
 
 class SequencerProcessor(ShardProcessor):
     """The first stage: the sequencer's group (``SEQUENCER_LABEL``: the whole batch's
-    metadata; out, a release row per shard), and each shard's group passed through as it
-    came (the source appears once in the query: see the module docstring)."""
+    metadata; out, a release row per shard and per owner of ``owner_labels``), and every
+    other group passed through as it came (the source appears once in the query: see the
+    module docstring)."""
+
+    def __init__(self, job: Job, labels: Sequence[int], policy: IncompletePolicy,
+                 prefix: str | Mapping[str, str], query_token: str,
+                 kafka_facts: KafkaFacts | None = None,
+                 owner_labels: Sequence[Sequence[int]] = ()) -> None:
+        super().__init__(job, labels, policy, prefix, query_token, kafka_facts=kafka_facts)
+        self.receivers = [*labels, *(label for depth in owner_labels for label in depth)]
 
     def host(self, key: Any) -> int:
         return SEQUENCER
@@ -142,9 +198,9 @@ class SequencerProcessor(ShardProcessor):
                 "skipped": engine.skipped, "snapshot_rows": engine.batch_snapshot_rows,
                 **self.task_figures(result, started, cpu_started)}
         payload = pickle.dumps((engine.releases, info), pickle.HIGHEST_PROTOCOL)
-        n = len(self.labels)
+        n = len(self.receivers)
         none: list[Any] = [None] * n
-        return {"shard": list(self.labels), "topic": [""] * n, "partition": [0] * n,
+        return {"shard": list(self.receivers), "topic": [""] * n, "partition": [0] * n,
                 "offset": [RELEASES_OFFSET] * n, "value": [payload] * n,
                 "counted": [False] * n, "routed": [False] * n, "op": none, "tbl": none,
                 "xid": none, "lsn": none, "ts_ms": none, "snapshot": none, "dco": none,
@@ -156,20 +212,25 @@ class ApplierProcessor(ShardProcessor):
 
     def handle(self, shard: int, frame: pa.Table, started: float) -> dict[str, list[Any]]:
         cpu_started = time.process_time()
-        released = pc.equal(frame["offset"], RELEASES_OFFSET)
-        payloads = frame.filter(released)["value"].to_pylist()
+        payloads, frame = special_rows(frame, RELEASES_OFFSET)
         assert len(payloads) <= 1, f"shard {shard}: {len(payloads)} release rows in a batch"
         releases: list[Release]
-        releases, sequencer = pickle.loads(payloads[0]) if payloads else ([], {})
+        releases, sequencer = payloads[0] if payloads else ([], {})
+        # the owners' rows (join/spark/owners.py): the split tables' rows the shard's facts
+        # read, the corrections they changed, and the figures of the owners of its number
+        forwarded, frame = special_rows(frame, FORWARD_OFFSET)
+        forwards = [f for rows, _flags, _info in forwarded for f in rows]
+        flags = sorted({flag for _rows, fl, _info in forwarded for flag in fl})
+        owners = [info for _rows, _flags, info in forwarded if info is not None]
         read_started = time.perf_counter()
-        items = routed_items(self.job, len(self.labels), frame.filter(pc.invert(released)))
+        items = routed_items(self.job, len(self.labels), frame)
         read_s = time.perf_counter() - read_started
         self.store.written = 0
         log = ShardLog(self.store, self.job, shard, len(self.labels), self.policy,
                        where=f"shard {shard} of {len(self.labels)}",
                        engine_class=ShardApplier,  # type: ignore[arg-type]
                        layouts=STAGED_LAYOUTS)
-        releasing = [Routed(r, 0) for r in releases]  # type: ignore[arg-type]
+        releasing = [Routed(r, 0) for r in [*releases, *forwards, *flags]]
         result = log.process(self.cached(shard), [*items, *releasing], ())
         applier = result.engine
         assert isinstance(applier, ShardApplier)
@@ -190,13 +251,21 @@ class ApplierProcessor(ShardProcessor):
         if first and sequencer:
             info["state_bytes_written"] += sequencer.get("state_bytes_written", 0)
             info["sequencer"] = sequencer
+        if owners:
+            info["state_bytes_written"] += sum(o.get("state_bytes_written", 0) for o in owners)
+            info["owners"] = owners
         return changes_columns(self.job, shard, result.changes, info)
 
 
 def staged_stages(routed: DataFrame, sequencer: SequencerProcessor,
-                  appliers: ApplierProcessor, output_schema: str) -> DataFrame:
-    """The two stateful stages over :func:`route_staged`'s rows: the shards' output."""
-    return (routed.groupBy("shard")
-            .transformWithStateInPandas(sequencer, ROUTED_SCHEMA, "Append", "None")
-            .groupBy("shard")
-            .transformWithStateInPandas(appliers, output_schema, "Append", "None"))
+                  appliers: ApplierProcessor, output_schema: str,
+                  owners: Sequence[OwnerProcessor] = ()) -> DataFrame:
+    """The stateful stages over :func:`route_staged`'s rows (the sequencer, the owner stages
+    by depth, the shards): the shards' output."""
+    rows = routed.groupBy("shard").transformWithStateInPandas(
+        sequencer, ROUTED_SCHEMA, "Append", "None")
+    for stage in owners:
+        rows = rows.groupBy("shard").transformWithStateInPandas(
+            stage, ROUTED_SCHEMA, "Append", "None")
+    return rows.groupBy("shard").transformWithStateInPandas(
+        appliers, output_schema, "Append", "None")

@@ -1,0 +1,115 @@
+"""The Spark side of the owner stages (``join/owners.py``): split looked-up tables, each row
+held once, between the sequencer and the shards.
+
+Shape, with split tables (``txjoin run --engine staged --split ...``)::
+
+    ... -> sequencer stage (release rows to every shard and every owner)
+      -> groupBy(shard).transformWithStateInPandas(OwnerProcessor), one per depth: an
+         owner's group (its label: ``owner_labels``) runs its ``LookupOwner`` on its rows
+         (its split rows' records; at depth 1 the fact records that reference its keys),
+         the release row and the ``Subscribe`` rows of the stage above; out, per shard one
+         ``FORWARD_OFFSET`` row (the rows its facts read as of each release, the
+         correction flags, and to the shard of the owner's own number its figures) and per
+         owner of the next depth one ``SUBSCRIBE_OFFSET`` row; every other group passes
+         its rows through unchanged
+      -> the shards (``ApplierProcessor``), which apply the forwarded rows with their own
+
+Each owner's log is in Spark's state store like a shard's, its engine in a host process of
+its own (host number ``OWNER_HOSTS * depth + owner``). Why the shards' rows pass through
+each stage: the sequencer stage's docstring (``staged.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from txjoin.job import Job
+from txjoin.join.owners import LookupOwner, owner_class
+from txjoin.join.placement import CorrectionChanged, Subscribe
+from txjoin.join.routing import Routed
+from txjoin.join.spark.shards import ShardProcessor, routed_items
+from txjoin.join.spark.staged import (
+    FORWARD_OFFSET,
+    RELEASES_OFFSET,
+    SUBSCRIBE_OFFSET,
+    payload_row,
+    special_rows,
+)
+from txjoin.join.staged import STAGED_LAYOUTS, Release
+from txjoin.join.state_log import ShardLog
+from txjoin.sequence.assembly import IncompletePolicy
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from txjoin.join.placement import Placement
+
+OWNER_HOSTS = 1_000_000
+"""An owner's host number is ``OWNER_HOSTS * depth + owner`` (a shard's is its number)."""
+
+
+class OwnerProcessor(ShardProcessor):
+    """The owner stage of depth ``depth``: its owners' groups run, every other passes."""
+
+    def __init__(self, job: Job, labels: Sequence[int], policy: IncompletePolicy,
+                 prefix: str | Mapping[str, str], query_token: str, placement: Placement,
+                 depth: int, owner_labels: Sequence[Sequence[int]]) -> None:
+        super().__init__(job, labels, policy, prefix, query_token)
+        self.depth = depth
+        self.owner_labels = [list(d) for d in owner_labels]
+        self.mine = self.owner_labels[depth - 1]
+        # made once here: the hosts unpickle it with the processor (the log's isinstance
+        # check holds across batches in a host)
+        self.owner_cls = owner_class(placement, depth)
+
+    def host(self, key: Any) -> int:
+        return OWNER_HOSTS * self.depth + self.mine.index(int(key[0]))
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
+                        timerValues: Any) -> Iterator[pd.DataFrame]:
+        if int(key[0]) not in self.mine:
+            for frame in rows:
+                if len(frame):
+                    yield frame
+            return
+        yield from super().handleInputRows(key, rows, timerValues)
+
+    def handle(self, shard: int, frame: pa.Table, started: float) -> dict[str, list[Any]]:
+        cpu_started = time.process_time()
+        number = shard - OWNER_HOSTS * self.depth
+        n = len(self.labels)
+        released, frame = special_rows(frame, RELEASES_OFFSET)
+        assert len(released) <= 1, f"owner {number}: {len(released)} release rows in a batch"
+        releases: list[Release] = released[0][0] if released else []
+        subscribed, frame = special_rows(frame, SUBSCRIBE_OFFSET)
+        messages: list[Subscribe] = [m for batch in subscribed for m in batch]
+        read_started = time.perf_counter()
+        items = routed_items(self.job, n, frame)
+        read_s = time.perf_counter() - read_started
+        self.store.written = 0
+        log = ShardLog(self.store, self.job, number, n, self.policy,
+                       where=f"owner {number} of depth {self.depth}",
+                       engine_class=self.owner_cls,  # type: ignore[arg-type]
+                       layouts=STAGED_LAYOUTS)
+        result = log.process(self.cached(shard), [*items, *(Routed(r, 0) for r in releases),  # type: ignore[arg-type]
+                                                  *(Routed(m, 0) for m in messages)], ())  # type: ignore[arg-type]
+        owner = result.engine
+        assert isinstance(owner, LookupOwner)
+        self.keep(shard, owner)
+        result.seconds["read_records"] += read_s
+        to_shards: list[list[Any]] = [[] for _ in range(n)]
+        flags: set[CorrectionChanged] = set()
+        below: dict[int, list[Subscribe]] = {}
+        owner.hand_on(to_shards, flags, below)
+        info = {"owner": number, "depth": self.depth,
+                **self.task_figures(result, started, cpu_started)}
+        out = [payload_row(self.labels[s], number, FORWARD_OFFSET,
+                           (forwards, sorted(flags), info if s == number else None))
+               for s, forwards in enumerate(to_shards) if forwards or flags or s == number]
+        out += [payload_row(self.owner_labels[self.depth][o], number, SUBSCRIBE_OFFSET,
+                            messages) for o, messages in sorted(below.items())]
+        return {column: [row[column] for row in out] for column in out[0]}
