@@ -41,6 +41,7 @@ from txjoin.pipeline.pipeline import (
     check_kafka,
     check_layout,
     check_record_columns,
+    split_placement,
 )
 from txjoin.sinks.handoff import GroupCommit
 
@@ -149,8 +150,10 @@ def check(job: Job, config: RunConfig, deploy_mode: str = "client") -> RunConfig
         topics, facts = check_kafka(job.with_source_prefixes(prefixes), config, prefixes,
                                     None if config.rebuild else checkpoint)
         check_record_columns(job, prefixes, topics, facts.partitions)
+    placement = split_placement(job, config)
     if not config.rebuild:  # shards as Pipeline.n_shards takes them (0/None: not given)
-        check_layout(checkpoint, config.shards or None, record=False)
+        check_layout(checkpoint, config.shards or None, record=False, engine=config.engine,
+                     split=placement.split)
     return config
 
 

@@ -54,6 +54,7 @@ from txjoin.ingest.debezium import transaction_topic
 from txjoin.job import Job, load_job
 from txjoin.join import ENGINES, SHARDED
 from txjoin.join.engine import Engine
+from txjoin.join.placement import parse_split
 from txjoin.join.spark import host as shard_host
 from txjoin.peers import PEERS
 from txjoin.pipeline.metrics import quantile
@@ -296,7 +297,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
               keep: bool = False, snapshot_orders: int = 0, source_kind: str = "kafka",
               shards: int | None = None, partitions: int = 1,
               also_jobs: Sequence[Path] = (), api_vs_run: bool = False,
-              engine: str = SHARDED) -> dict[str, Any]:
+              engine: str = SHARDED, split: tuple[str, ...] = ()) -> dict[str, Any]:
     from pyspark.sql import DataFrame
 
     from txjoin.ingest.spark.kafka import read_stream
@@ -339,6 +340,8 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
         n_shards = shards or spark.sparkContext.defaultParallelism
         result["shards"] = n_shards
         result["engine"] = engine
+        if split:
+            result["split"] = list(split)
         if source_kind == "kafka":
             def source(limit: int | None = max_events) -> DataFrame:
                 assert bootstrap is not None
@@ -362,7 +365,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
                            max_events_per_trigger=max_events,
                            checkpoint_dir=str(work / "ckpt"), output_dir=str(work / "out"),
                            postgres_dsn=dsn(pg.port, "sink"), master=master, shards=n_shards,
-                           engine=engine)
+                           engine=engine, split=split)
         sinks = build_sinks(job, config, spark)
         commits: list[GroupCommit] = []
         pipeline = Pipeline(spark, job, config, sinks, on_sink_commit=commits.append)
@@ -619,6 +622,12 @@ def api_child(argv: list[str]) -> None:
     spark.stop()
 
 
+def task_stage(task: dict[str, Any]) -> str:
+    """The engine stage a task of ``per_shard`` ran in (a sequencer before the stage was
+    reported: shard -1)."""
+    return str(task.get("stage") or ("sequencer" if task["shard"] < 0 else "shards"))
+
+
 def shard_figures(steady: Sequence[Any]) -> dict[str, Any]:
     """What a cluster's batch costs against the work of all its tasks, from the steady
     batches' reports (``BatchReport.per_shard``): per shard stage (and ``cpu``, each shard
@@ -638,11 +647,11 @@ def shard_figures(steady: Sequence[Any]) -> dict[str, Any]:
 
     def slowest(shards: list[dict[str, Any]], stage: str) -> float:
         # a batch's tasks run stage after stage: its slowest task of each, summed (the
-        # staged engine's sequencer, shard -1, is a stage of its own before the shards')
-        by_stage: dict[bool, float] = {}
+        # staged engine's sequencer and owner stages run before the shards')
+        by_stage: dict[str, float] = {}
         for s in shards:
-            first = s["shard"] < 0
-            by_stage[first] = max(by_stage.get(first, 0.0), seconds(s, stage))
+            part = task_stage(s)
+            by_stage[part] = max(by_stage.get(part, 0.0), seconds(s, stage))
         return sum(by_stage.values())
 
     figures: dict[str, Any] = {"slowest": {}, "sum": {}}
@@ -651,10 +660,12 @@ def shard_figures(steady: Sequence[Any]) -> dict[str, Any]:
             [slowest(shards, stage) for shards in per_batch], 0.5), 4)
         figures["sum"][stage] = round(quantile(
             [sum(seconds(s, stage) for s in shards) for shards in per_batch], 0.5), 4)
-    last = {s["shard"]: s for shards in per_batch for s in shards}
+    last = {(task_stage(s), s["shard"]): s for shards in per_batch for s in shards}
+    figures["tasks"] = [f"{part} {shard}" for part, shard in sorted(last)]
     figures["state_rows"] = [last[k].get("state_rows", 0) for k in sorted(last)]
     figures["peak_rss_mb"] = [max(s.get("peak_rss_mb", 0) for shards in per_batch
-                                  for s in shards if s["shard"] == k) for k in sorted(last)]
+                                  for s in shards if (task_stage(s), s["shard"]) == k)
+                              for k in sorted(last)]
     figures["steady_batches"] = len(per_batch)
     return figures
 
@@ -766,6 +777,10 @@ def sink_figures(commits: list[GroupCommit]) -> dict[str, Any]:
               help="The partitioned engine (txjoin run --engine); with --shard-sweep the "
                    "sequencer (shard -1) is a stage of its own: its task is added to the slowest "
                    "shard's and counted among the tasks summed.")
+@click.option("--split", default="", metavar="LOOKUPS",
+              help="With --engine staged: the looked-up tables split by key (txjoin run "
+                   "--split: lookup aliases, comma-separated, or 'all'); each owner stage is "
+                   "a stage of its own in the shard figures.")
 @click.option("--keep", is_flag=True, help="Keep the work directory (checkpoints, Delta, logs).")
 @click.option("--peer", "peers", multiple=True, type=click.Choice(PEERS),
               help="Also run this system on the same workload, archived as files, and compare "
@@ -795,13 +810,14 @@ def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, 
           snapshot_orders: int, source_kind: str, shards: int | None, partitions: int,
           keep: bool, peers: tuple[str, ...], chart: Path | None,
           also_jobs: tuple[Path, ...], sweep: str | None, api_vs_run: bool,
-          engine: str) -> None:
+          engine: str, split: str) -> None:
     """Benchmark the full pipeline (source -> shards -> Delta + PostgreSQL) against its ceiling.
 
     With --peer or --source files:DIR: the same workload through txjoin's file source and
     the peers, compared (txjoin.peers.bench).
     """
     workload_tables = load_job(JOB).table_names
+    split_lookups = parse_split(split)
     for path in also_jobs:
         tables = set(load_job(path).table_names)
         if not tables <= set(workload_tables):
@@ -813,7 +829,8 @@ def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, 
             raise ConfigError("--shard-sweep sets --shards itself and runs with the kafka and "
                               "replay sources, without --peer or --also-job")
         run_sweep(parse_counts(sweep), transactions, max_events_per_trigger, seed, out,
-                  master, keep, snapshot_orders, source_kind, partitions, chart, engine)
+                  master, keep, snapshot_orders, source_kind, partitions, chart, engine,
+                  split_lookups)
         return
     if peers or chart is not None or source_kind.startswith("files:"):
         if also_jobs:
@@ -836,7 +853,7 @@ def bench(transactions: int, max_events_per_trigger: int, seed: int, out: Path, 
     result = run_bench(transactions, max_events_per_trigger, seed, out, master, keep,
                        snapshot_orders=snapshot_orders, source_kind=source_kind, shards=shards,
                        partitions=partitions, also_jobs=also_jobs, api_vs_run=api_vs_run,
-                       engine=engine)
+                       engine=engine, split=split_lookups)
     shown = {k: v for k, v in result.items() if k != "batches"}  # per batch: in the file
     width = max(len(k) for k in shown)
     for key, value in shown.items():
@@ -858,7 +875,8 @@ def parse_counts(text: str) -> list[int]:
 
 def run_sweep(counts: list[int], transactions: int, max_events: int, seed: int, out: Path,
               master: str, keep: bool, snapshot_orders: int, source_kind: str,
-              partitions: int, chart: Path | None, engine: str = SHARDED) -> None:
+              partitions: int, chart: Path | None, engine: str = SHARDED,
+              split: tuple[str, ...] = ()) -> None:
     """``--shard-sweep``: :func:`run_bench` once per shard count, one after another, into one
     results file (each run whole under ``runs``, its batches left out) with the ratios."""
     runs: dict[int, dict[str, Any]] = {}
@@ -867,7 +885,7 @@ def run_sweep(counts: list[int], transactions: int, max_events: int, seed: int, 
         with tempfile.TemporaryDirectory(prefix="txjoin-sweep-") as tmp:
             result = run_bench(transactions, max_events, seed, Path(tmp) / "run.json", master,
                                keep, snapshot_orders=snapshot_orders, source_kind=source_kind,
-                               shards=n, partitions=partitions, engine=engine)
+                               shards=n, partitions=partitions, engine=engine, split=split)
         result.pop("batches", None)
         runs[n] = result
         figures = result.get("per_shard", {})
@@ -881,7 +899,7 @@ def run_sweep(counts: list[int], transactions: int, max_events: int, seed: int, 
                    f"({figures['sum']['cpu']:.3f} s CPU); state rows per shard "
                    f"{figures['state_rows']}; peak RSS per shard {figures['peak_rss_mb']} MB")
     summary = {"shard_sweep": counts, "master": master, "transactions": transactions,
-               "engine": engine,
+               "engine": engine, **({"split": list(split)} if split else {}),
                **sweep_figures(runs), "runs": {str(n): r for n, r in runs.items()}}
     for n, ratio in summary["ratios_to_base"].items():
         click.echo(f"{n:>3} shard(s): " + ", ".join(f"{k} {v}" for k, v in ratio.items()))

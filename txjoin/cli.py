@@ -41,6 +41,7 @@ from txjoin.ingest.debezium import (
     TIME_PRECISION_MODES,
 )
 from txjoin.join import ENGINES, SHARDED
+from txjoin.join.placement import parse_split
 from txjoin.package import COMPRESS_LEVEL, DEFAULT_ARCHIVE
 
 if TYPE_CHECKING:
@@ -306,7 +307,7 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
         postgres_dsn=None if no_postgres else postgres_dsn, until_idle=until_idle,
         on_incomplete=on_incomplete, incomplete_timeout_s=incomplete_timeout,
         spark_conf=_parse_conf(spark_conf), shards=shards, engine=engine,
-        split=tuple(a.strip() for a in split.split(",") if a.strip()), source=source,
+        split=parse_split(split), source=source,
         rebuild=rebuild,
         max_transaction_bytes=max_transaction_bytes,
         postgres_retry_timeout_s=postgres_retry_timeout, maintain_every=maintain_every,
@@ -527,9 +528,12 @@ def _parse_conf(items: tuple[str, ...]) -> dict[str, str]:
               help="Shards of the join (default: Spark's default parallelism).")
 @click.option("--engine", type=click.Choice(ENGINES), default=SHARDED, show_default=True,
               help="The partitioned engine (txjoin run --engine).")
+@click.option("--split", default="", metavar="LOOKUPS",
+              help="With --engine staged: the looked-up tables split by key (txjoin run "
+                   "--split; 'all': each scenario's lookups that can be).")
 def replay(files: tuple[Path, ...], as_json: bool, postgres_dsn: str | None,
            workdir: Path | None, keep: bool, core_only: bool, master: str,
-           shards: int | None, engine: str) -> None:
+           shards: int | None, engine: str, split: str) -> None:
     """Replay scenario FILES through the real pipeline and check the sinks after every batch.
 
     Exit code 0: every check held; 1: a check failed; 2: a file is invalid.
@@ -567,7 +571,7 @@ def replay(files: tuple[Path, ...], as_json: bool, postgres_dsn: str | None,
                 assert root is not None
                 result = run_scenario_spark(spark, scenario, str(root / scenario.name),
                                             postgres_dsn=postgres_dsn, shards=shards,
-                                            engine=engine)
+                                            engine=engine, split=parse_split(split))
             failed = failed or not result.passed
             if as_json:
                 click.echo(jsonlib.dumps(result.to_json()))

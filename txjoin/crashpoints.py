@@ -16,6 +16,9 @@ Points (in a micro-batch's order):
 - ``sequenced``: the staged engine's sequencer (``txjoin run --engine staged``) has
   logged the batch's releases in its state store, no shard has applied them (an
   executor-side point, in the sequencer's host);
+- ``owned``: with split tables (``--split``), an owner has logged the batch and sent the
+  shards the rows their facts read, no shard has applied them (executor-side, in the
+  owner's host);
 - ``shard_apply``: in a shard, after the engine applied a released transaction to its
   state and before the batch's state is saved (an executor-side point: the shard's
   host or Python worker kills the group);
@@ -74,6 +77,7 @@ CRASH_ENV = "TXJOIN_CRASH_AT"
 RECORD_ENV = "TXJOIN_CRASH_RECORD"
 
 SEQUENCED = "sequenced"
+OWNED = "owned"
 SHARD_APPLY = "shard_apply"
 POSTGRES_STAGED = "postgres_staged"
 POSTGRES_APPLIED = "postgres_applied"
@@ -88,12 +92,13 @@ DELTA_GROUP_COMMITTED = "delta_group_committed"
 DELTA_RECOVERED = "delta_recovered"
 VERIFY_APPEND = "verify_append"
 VERIFY_APPENDED = "verify_appended"
-POINTS = (SEQUENCED, SHARD_APPLY, POSTGRES_STAGED, POSTGRES_APPLIED, DELTA_STAGED, FIRST_SINK,
-          DELTA_PUBLISHED, DELTA_BETWEEN_TABLES, DELTA_CURRENT_WRITTEN, HANDOFF_STORE,
+POINTS = (SEQUENCED, OWNED, SHARD_APPLY, POSTGRES_STAGED, POSTGRES_APPLIED, DELTA_STAGED,
+          FIRST_SINK, DELTA_PUBLISHED, DELTA_BETWEEN_TABLES, DELTA_CURRENT_WRITTEN, HANDOFF_STORE,
           SINKS_COMMITTED, DELTA_GROUP_COMMITTED, DELTA_RECOVERED, VERIFY_APPEND, VERIFY_APPENDED)
 
-EXECUTOR_POINTS = (SEQUENCED, SHARD_APPLY)
-"""The points reached in a shard's (or the sequencer's) host or Python worker."""
+EXECUTOR_POINTS = (SEQUENCED, OWNED, SHARD_APPLY)
+"""The points reached in a shard's (or the sequencer's, or an owner's) host or Python
+worker."""
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 """The local property Spark's micro-batch execution sets on a batch's jobs (its tasks see it)."""

@@ -1,7 +1,7 @@
 """A pipeline process for the kill tests: replays a schedule into both sinks.
 
 Usage: python -m tests.spark.kill_target SCHEDULE WORKDIR PG_DSN JOB [--shards=N] [--until-idle]
-    [--engine=sharded|staged]
+    [--engine=sharded|staged] [--split=LOOKUPS]
 Without --until-idle it keeps triggering (one schedule batch per micro-batch)
 until it is killed: by the test, or by a crash point (``TXJOIN_CRASH_AT``,
 ``txjoin.crashpoints``). After each micro-batch it prints
@@ -30,7 +30,8 @@ def report(r: BatchReport) -> None:
 
 def run(spark: SparkSession, schedule: str, workdir: str, dsn: str, job_path: str,
         shards: int | None, until_idle: bool, on_batch: Callable[[BatchReport], None],
-        delta_commit_interval_s: float = 0, engine: str = SHARDED) -> None:
+        delta_commit_interval_s: float = 0, engine: str = SHARDED,
+        split: tuple[str, ...] = ()) -> None:
     """Replay ``schedule`` into both sinks in ``spark`` (the kill test's last runs to the
     end use the test session's own Spark: a run to the end needs no process of its own);
     ``delta_commit_interval_s`` > 0 slows the Delta committer down (a group commit at most
@@ -39,7 +40,7 @@ def run(spark: SparkSession, schedule: str, workdir: str, dsn: str, job_path: st
     config = RunConfig(checkpoint_dir=f"{workdir}/ckpt", output_dir=f"{workdir}/out",
                        postgres_dsn=dsn, trigger_interval="100 milliseconds", shards=shards,
                        delta_commit_interval_s=delta_commit_interval_s, engine=engine,
-                       delta_handoff_max_batches=2)
+                       split=split, delta_handoff_max_batches=2)
     # By default Delta commits back to back and the stream runs at most 2 batches ahead of
     # it (the hand-off's backpressure): a kill lands inside a group commit as often as
     # between two
@@ -60,9 +61,12 @@ def main() -> None:
     until_idle = "--until-idle" in sys.argv
     shards = next((int(a.split("=", 1)[1]) for a in sys.argv if a.startswith("--shards=")), None)
     engine = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--engine=")), SHARDED)
+    split = next((tuple(a.split("=", 1)[1].split(",")) for a in sys.argv
+                  if a.startswith("--split=")), ())
     spark = get_session("local[2]", app_name="txjoin-kill-target")
     spark.dataSource.register(ReplaySource)
-    run(spark, schedule, workdir, dsn, job_path, shards, until_idle, report, engine=engine)
+    run(spark, schedule, workdir, dsn, job_path, shards, until_idle, report, engine=engine,
+        split=split)
 
 
 if __name__ == "__main__":

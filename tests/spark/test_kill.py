@@ -40,6 +40,7 @@ from txjoin.crashpoints import (
     DELTA_STAGED,
     FIRST_SINK,
     HANDOFF_STORE,
+    OWNED,
     RECORD_ENV,
     SEQUENCED,
     SHARD_APPLY,
@@ -52,6 +53,7 @@ from txjoin.ingest.spark.replay import ReplaySource, write_schedule
 from txjoin.job import load_job
 from txjoin.join import STAGED
 from txjoin.join.oracle import outputs_after_each
+from txjoin.join.placement import SPLIT_ALL
 from txjoin.pipeline.pipeline import BatchReport, RunConfig
 from txjoin.scenarios.checks import check_exactly_once, check_final, check_prefix_consistent
 from txjoin.scenarios.synthesize import Synthesizer
@@ -499,11 +501,12 @@ def test_kill_9_at_each_crash_point_and_restart_loses_nothing_and_applies_nothin
 
 def test_kill_9_inside_the_staged_engine_loses_nothing_and_applies_nothing_twice(
         spark: SparkSession, pg_dsn: str, tmp_path: Path) -> None:
-    """``--engine staged``: killed after its sequencer logged a batch's releases and before
-    any shard applied them (``sequenced``), inside a shard after it applied a released
-    transaction (``shard_apply``), and after both sinks committed a batch
-    (``sinks_committed``); each restart re-runs the batch from both stages' logs, and the
-    sinks end with the oracle's output, every change exactly once. The sink-side points the
+    """``--engine staged --split all`` (every looked-up table held by owner stages of two
+    depths): killed after its sequencer logged a batch's releases and before any owner or
+    shard applied them (``sequenced``), after an owner logged a batch and sent the shards
+    their rows (``owned``), and inside a shard after it applied a released transaction
+    (``shard_apply``); each restart re-runs the batch from every stage's log, and the sinks
+    end with the oracle's output, every change exactly once. The sink-side points the
     engine does not change are the test above's."""
     shards, partitions, n_tx, whole = 3, 3, 40, 30
     pg_dsn = new_database(pg_dsn, "kill_staged")  # the sinks of this test's own
@@ -512,10 +515,10 @@ def test_kill_9_inside_the_staged_engine_loses_nothing_and_applies_nothing_twice
     outputs = outputs_after_each(job, snapshot, txs)
     work = tmp_path / "work"
     cmd = [sys.executable, "-m", "tests.spark.kill_target", str(schedule), str(work), pg_dsn,
-           str(ORDERS), f"--shards={shards}", f"--engine={STAGED}"]
+           str(ORDERS), f"--shards={shards}", f"--engine={STAGED}", f"--split={SPLIT_ALL}"]
     deaths: list[Death] = []
-    for run, (point, planned) in enumerate([(SEQUENCED, 2), (SHARD_APPLY, AFTER),
-                                            (SINKS_COMMITTED, AFTER)]):
+    for run, (point, planned) in enumerate([(SEQUENCED, 2), (OWNED, AFTER),
+                                            (SHARD_APPLY, AFTER)]):
         batch = _after(deaths[-1]) if planned == AFTER else planned
         log = tmp_path / f"run{run}.log"
         proc = _start(cmd, log, f"{point}:{batch}")
@@ -530,10 +533,7 @@ def test_kill_9_inside_the_staged_engine_loses_nothing_and_applies_nothing_twice
             _check_replay(deaths[-1], out.splitlines(keepends=True))
         # Spark planned the batch and did not commit it
         assert (death.offsets, death.commits) == (batch, batch - 1), (point, death)
-        if point == SINKS_COMMITTED:
-            assert (death.delta, death.pg) == (batch, batch), death
-        else:
-            assert (death.delta, death.pg) == (batch - 1, batch - 1), death
+        assert (death.delta, death.pg) == (batch - 1, batch - 1), death
         deaths.append(death)
 
     assert os.environ.get(CRASH_ENV) is None
@@ -541,7 +541,7 @@ def test_kill_9_inside_the_staged_engine_loses_nothing_and_applies_nothing_twice
     finish = io.StringIO()
     with contextlib.redirect_stdout(finish):
         kill_target.run(spark, str(schedule), str(work), pg_dsn, str(ORDERS), shards, True,
-                        kill_target.report, engine=STAGED)
+                        kill_target.report, engine=STAGED, split=(SPLIT_ALL,))
     _check_replay(deaths[-1], finish.getvalue().splitlines(keepends=True))
     config = RunConfig(checkpoint_dir=str(work / "ckpt"), output_dir=str(work / "out"),
                        postgres_dsn=pg_dsn)

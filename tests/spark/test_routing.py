@@ -184,3 +184,62 @@ def test_the_shards_state_schemas_are_those_checkpoints_hold(spark: SparkSession
     assert json.loads(LOG_KEY_SCHEMA.json()) == json.loads(parsed("kind int, version long, "
                                                                   "chunk int"))
     assert json.loads(LOG_VALUE_SCHEMA.json()) == json.loads(parsed("blob binary"))
+
+
+# -- split tables (the staged engine's owners: join/placement.py) --------------------------
+
+
+def test_split_rows_and_fact_references_reach_the_owners_the_core_routes_them_to(
+        spark: SparkSession) -> None:
+    """With every looked-up table split, the JVM sends each split row's record to the owners
+    of its before and after keys, each fact record to its shard and to the depth-1 owners of
+    the keys it references, as the core's ``StagedEngine.route`` does (both by
+    ``placement.owner_of`` and ``fact_shard``), and no shard gets a split row."""
+    from txjoin.join.placement import splittable
+    from txjoin.join.spark.staged import SEQUENCER_LABEL, route_staged
+    from txjoin.join.staged import StagedEngine
+
+    job, _ = JOB_VARIANTS["orders/current"]
+    n = 3
+    records = pizzeria_rows(job, 60, seed=5, key_changes=12)
+    core = StagedEngine(job, n, split=splittable(job))
+    placement = core.placement
+    assert placement.depths == 2
+    _meta, per_shard, owned = core.route(records)
+    owner_labels = [[100 + d * n + o for o in range(n)] for d in range(placement.depths)]
+    df = spark.createDataFrame([(t, p, o, None, v) for t, p, o, v in records], SCHEMA)
+    frame = route_staged(df, job, "shop", LABELS, placement, owner_labels).toPandas()
+    got: dict[int, set[tuple[str, int]]] = defaultdict(set)
+    for label, topic, offset, value in zip(frame["shard"], frame["topic"], frame["offset"],
+                                           frame["value"], strict=True):
+        if value is not None and label != SEQUENCER_LABEL:
+            got[int(label)].add((topic, int(offset)))
+    def where(events: list[ChangeEvent]) -> set[tuple[str, int]]:
+        return {(e.position.topic, e.position.offset) for e in events}
+
+    for shard, label in enumerate(LABELS):
+        assert got[label] == where(per_shard[shard]), shard
+    for (depth, owner), events in owned.items():
+        assert got[owner_labels[depth - 1][owner]] == where(events), (depth, owner)
+    # every owner got something: the test says something of each
+    assert all(owned.values())
+
+
+@pytest.mark.parametrize("values", [
+    [0, 1, -1, 42, 2**31, -(2**63), 2**63 - 1],
+    ["a", "", "Zürich", "naïve café", "日本語", "a\u001fb", "with space", "\u00e9t\u00e9"],
+    ["0e8c6f5a-3f5e-4b7c-9a3d-2f1e5d6c7b8a", "00000000-0000-0000-0000-000000000000"],
+])
+def test_the_jvm_places_a_key_where_owner_of_does(spark: SparkSession, values: list[Any]
+                                                   ) -> None:
+    from txjoin.join.placement import owner_of
+    from txjoin.join.spark.routing import _owner
+
+    docs = [(json.dumps({"k": v, "k2": v}),) for v in values]
+    df = spark.createDataFrame(docs, "doc string").selectExpr(
+        "from_json(doc, 'k string, k2 string') AS r")
+    for n in (2, 3, 7):
+        one = df.selectExpr(_owner(["r.k"], n) + " AS o")
+        two = df.selectExpr(_owner(["r.k", "r.k2"], n) + " AS o")
+        assert [r.o for r in one.collect()] == [owner_of((v,), n) for v in values], n
+        assert [r.o for r in two.collect()] == [owner_of((v, v), n) for v in values], n

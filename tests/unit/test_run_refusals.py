@@ -139,3 +139,34 @@ def test_a_layout_6_checkpoint_is_continued_and_then_says_7(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match=f"has state layout 5, this txjoin needs "
                                           f"{LAYOUT_VERSION}"):
         check_layout(tmp_path, 2)
+
+
+def test_a_split_that_cannot_be_is_refused_before_spark(tmp_path: Path) -> None:
+    code, err, _ = run(tmp_path, "--split", "ta")
+    assert code == 2
+    assert "--split needs --engine staged" in one_line(err)
+    code, err, _ = run(tmp_path, "--engine", "staged", "--split", "p,nope")
+    assert code == 2
+    assert "no lookup named ['nope'] to split" in one_line(err)
+    # c below ta: ta copied, so c is too (a shard needs every row below a copied row)
+    code, err, _ = run(tmp_path, "--engine", "staged", "--split", "c")
+    assert code == 2
+    assert "job orders cannot split c (" in one_line(err) and "these can: ta,c,t,p" in err
+
+
+def test_a_staged_checkpoint_is_continued_with_its_split_and_refused_with_another(
+        tmp_path: Path) -> None:
+    from txjoin.join import STAGED
+
+    check_layout(tmp_path, 2, engine=STAGED, split=["ta", "c"])
+    assert json.loads((tmp_path / LAYOUT_FILE).read_text())["split"] == ["ta", "c"]
+    assert check_layout(tmp_path, 2, record=False, engine=STAGED, split=["c", "ta"]) == 2
+    for other in ([], ["ta"]):
+        with pytest.raises(ConfigError, match=r"was written with --split ta,c, not "
+                                              f"{','.join(other) or 'none'}: run with "
+                                              r"--split ta,c"):
+            check_layout(tmp_path, 2, engine=STAGED, split=other)
+    unsplit = tmp_path / "unsplit"
+    check_layout(unsplit, 2, engine=STAGED)
+    with pytest.raises(ConfigError, match="was written with --split none, not all"):
+        check_layout(unsplit, 2, record=False, engine=STAGED, split=["all"])

@@ -51,6 +51,11 @@ SPLIT_ALL = "all"
 """``--split all``: every lookup :func:`splittable` names."""
 
 
+def parse_split(text: str) -> tuple[str, ...]:
+    """``--split``'s value: lookup aliases, comma-separated (or :data:`SPLIT_ALL`)."""
+    return tuple(a.strip() for a in text.split(",") if a.strip())
+
+
 def owner_of(key: Key, n: int) -> int:
     """The owner of a split table's row with key ``key`` among ``n`` owners: a CRC32 of the
     values' text (joined by U+001F), which Spark computes alike from the JSON text

@@ -198,7 +198,9 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
 
     The staged engine's sequencer reports through shard 0 (``sequencer``): its seconds are
     added to the slowest shard's per stage (its stage runs before theirs), and it is one
-    more task in ``per_shard`` (shard -1)."""
+    more task in ``per_shard`` (shard -1, ``stage`` "sequencer"). Its owners report through
+    the shard of their number (``owners``): per owner stage, the slowest owner's seconds are
+    added alike, and each is a task in ``per_shard`` (``stage`` "owners<depth>")."""
     if not infos:
         return {}
     merged = dict(max(infos, key=lambda i: i["commit_seq"]))
@@ -215,11 +217,22 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
     # work of all tasks together (``txjoin bench --shard-sweep``)
     tasks = sorted(infos, key=lambda i: i.get("shard", 0))
     sequencer = next((i["sequencer"] for i in infos if i.get("sequencer")), None)
+    before: list[dict[str, Any]] = []  # the tasks of the stages before the shards'
     if sequencer is not None:
-        tasks.insert(0, sequencer)
+        before.append({**sequencer, "stage": "sequencer"})
         for stage, seconds in sequencer.get("seconds", {}).items():
             merged["seconds"][stage] = merged["seconds"].get(stage, 0.0) + seconds
+    owners = sorted((o for i in infos for o in i.get("owners", ())),
+                    key=lambda o: (o["depth"], o["owner"]))
+    for depth in sorted({o["depth"] for o in owners}):
+        mine = [o for o in owners if o["depth"] == depth]
+        before += [{**o, "shard": o["owner"], "stage": f"owners{depth}"} for o in mine]
+        for stage in {k for o in mine for k in o.get("seconds", {})}:
+            merged["seconds"][stage] = merged["seconds"].get(stage, 0.0) + max(
+                o.get("seconds", {}).get(stage, 0.0) for o in mine)
+    tasks = [*before, *tasks]
     merged.pop("sequencer", None)
+    merged.pop("owners", None)
     merged["per_shard"] = [{k: i[k] for k in PER_SHARD if k in i} for i in tasks]
     return merged
 
@@ -227,7 +240,7 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
 # What a shard reports of itself beside the merged progress (ShardProcessor.handle): its
 # stages' wall seconds, its process's CPU seconds over the batch, the rows its state holds,
 # its process's peak RSS, the bytes it wrote to the state store and the records it read.
-PER_SHARD = ("shard", "seconds", "cpu_seconds", "state_rows", "peak_rss_mb",
+PER_SHARD = ("shard", "stage", "seconds", "cpu_seconds", "state_rows", "peak_rss_mb",
              "state_bytes_written", "records")
 
 
@@ -261,7 +274,7 @@ def check_layout(checkpoint: Path, n_shards: int | None, record: bool = True,
             raise ConfigError(
                 f"checkpoint {checkpoint} has state layout {recorded.get('layout')}, this txjoin "
                 f"needs {layout}: {RECOVER}")
-        if record and sorted(recorded.get("split", [])) != sorted(split):
+        if written_by == STAGED and sorted(recorded.get("split", [])) != sorted(split):
             was = ",".join(recorded.get("split", [])) or "none"
             raise ConfigError(
                 f"checkpoint {checkpoint} was written with --split {was}, not "
@@ -287,6 +300,32 @@ def check_layout(checkpoint: Path, n_shards: int | None, record: bool = True,
                                   **({"engine": engine} if engine != SHARDED else {}),
                                   **({"split": list(split)} if split else {})}) + "\n")
     return n_shards
+
+
+def split_placement(job: Job, config: RunConfig) -> Placement:
+    """The staged engine's split lookups (``--split``), checked: a ConfigError names a lookup
+    that cannot be split, and those that can."""
+    wanted = list(config.split)
+    if not wanted:
+        return Placement(job)
+    if config.engine != STAGED:
+        raise ConfigError(f"--split needs --engine staged (the owners are its stages), "
+                          f"not --engine {config.engine}")
+    possible = splittable(job)
+    if wanted == [SPLIT_ALL]:
+        wanted = possible
+    try:
+        placement = Placement(job, wanted)
+    except JobError as exc:
+        raise ConfigError(f"--split: {exc}") from None
+    refused = [a for a in wanted if a not in placement.split]
+    if refused:
+        raise ConfigError(
+            f"--split {','.join(wanted)}: job {job.name} cannot split {','.join(refused)} (a "
+            f"lookup on its table's whole primary key of integer, text or uuid columns, its "
+            f"table read by no other lookup, below the fact or a split lookup, can); these "
+            f"can: {','.join(possible) or 'none'}")
+    return placement
 
 
 def check_kafka(job: Job, config: RunConfig, prefixes: dict[str, str],
@@ -426,32 +465,6 @@ class Pipeline:
                 return int(json.loads(marker.read_text())["shards"])
         return int(self.spark.sparkContext.defaultParallelism)
 
-    def placement(self) -> Placement:
-        """The staged engine's split lookups (``--split``), checked: a ConfigError names
-        a lookup that cannot be split, and those that can."""
-        wanted = list(self.config.split)
-        if not wanted:
-            return Placement(self.job)
-        if self.config.engine != STAGED:
-            raise ConfigError(f"--split needs --engine {STAGED} (the owners are its stages), "
-                              f"not --engine {self.config.engine}")
-        possible = splittable(self.job)
-        if wanted == [SPLIT_ALL]:
-            wanted = possible
-        try:
-            placement = Placement(self.job, wanted)
-        except JobError as exc:
-            raise ConfigError(f"--split: {exc}") from None
-        refused = [a for a in wanted if a not in placement.split]
-        if refused:
-            raise ConfigError(
-                f"--split {','.join(refused)}: job {self.job.name} cannot split "
-                f"{'this lookup' if len(refused) == 1 else 'these lookups'} (a lookup on its "
-                f"table's whole primary key of integer, text or uuid columns, its table read "
-                f"by no other lookup, below the fact or a split lookup, can); these can: "
-                f"{','.join(possible) or 'none'}")
-        return placement
-
     def build(self, source: DataFrame) -> DataFrame:
         n = self.n_shards()
         if n < 1:
@@ -459,7 +472,7 @@ class Pipeline:
         engine = self.config.engine
         if engine not in ENGINES:
             raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-        placement = self.placement()
+        placement = split_placement(self.job, self.config)
         partitions = check_layout(Path(self.checkpoint), n, engine=engine,
                                   split=placement.split)
         # Stateful operators: RocksDB (transformWithState needs it) with changelog

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from txjoin import crashpoints
 from txjoin.job import Job
 from txjoin.join.owners import LookupOwner, owner_class
 from txjoin.join.placement import CorrectionChanged, Subscribe
@@ -100,6 +101,7 @@ class OwnerProcessor(ShardProcessor):
         owner = result.engine
         assert isinstance(owner, LookupOwner)
         self.keep(shard, owner)
+        crashpoints.in_shard(crashpoints.OWNED)  # tests only: logged, not applied
         result.seconds["read_records"] += read_s
         to_shards: list[list[Any]] = [[] for _ in range(n)]
         flags: set[CorrectionChanged] = set()
