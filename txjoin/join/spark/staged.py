@@ -12,6 +12,8 @@ Shape (``txjoin run --engine staged``)::
          sequencer's group (SEQUENCER_LABEL, one task): the core's assembly and commit
          order (its log in the state store), and the batch's releases, one row per shard
          (RELEASES_OFFSET); each shard's group passes its copies through unchanged
+      -> with split tables (``--split``), one owner stage per depth
+         (``join/spark/owners.py``): the rows the shards' facts read, forwarded
       -> groupBy(shard).transformWithStateInPandas(ApplierProcessor): each shard's
          rows kept per open transaction and applied as released (its log, its output)
 
