@@ -508,7 +508,11 @@ def test_kill_9_inside_the_staged_engine_loses_nothing_and_applies_nothing_twice
     (``shard_apply``); each restart re-runs the batch from every stage's log, and the sinks
     end with the oracle's output, every change exactly once. The sink-side points the
     engine does not change are the test above's."""
-    shards, partitions, n_tx, whole = 3, 3, 40, 30
+    # 2 shards: each run to its death starts a host per shard and per owner (the sequencer,
+    # 2 shards, 2 owners of each of the 2 depths); and a batch is four stateful stages, so
+    # the run to the end gets ten transactions after the whole ones (with 3 shards and 40
+    # transactions the test took 240 s alone, 95 s before the owners)
+    shards, partitions, n_tx, whole = 2, 3, 20, 10
     pg_dsn = new_database(pg_dsn, "kill_staged")  # the sinks of this test's own
     schedule, snapshot, txs = _kill_schedule(tmp_path, n_tx, whole, partitions)
     job = load_job(ORDERS)

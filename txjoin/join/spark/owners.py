@@ -14,9 +14,11 @@ Shape, with split tables (``txjoin run --engine staged --split ...``)::
          its rows through unchanged
       -> the shards (``ApplierProcessor``), which apply the forwarded rows with their own
 
-Each owner's log is in Spark's state store like a shard's, its engine in a host process of
-its own (host number ``OWNER_HOSTS * depth + owner``). Why the shards' rows pass through
-each stage: the sequencer stage's docstring (``staged.py``).
+Each owner's log is in Spark's state store like a shard's; its engine (number
+``OWNER_HOSTS * depth + owner``) is cached in the host process of the shard of its number,
+which its batches use between the shard's (a batch's stages run one after the other).
+Why the shards' rows pass through each stage: the sequencer stage's docstring
+(``staged.py``).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ if TYPE_CHECKING:
     from txjoin.join.placement import Placement
 
 OWNER_HOSTS = 1_000_000
-"""An owner's host number is ``OWNER_HOSTS * depth + owner`` (a shard's is its number)."""
+"""An owner's engine number is ``OWNER_HOSTS * depth + owner`` (a shard's is its number)."""
 
 
 class OwnerProcessor(ShardProcessor):
@@ -69,6 +71,12 @@ class OwnerProcessor(ShardProcessor):
 
     def host(self, key: Any) -> int:
         return OWNER_HOSTS * self.depth + self.mine.index(int(key[0]))
+
+    def host_process(self, number: int) -> int:
+        # the host of the shard of the owner's number: the stages of a batch run one after
+        # the other, so it is idle then, and a run starts no process per owner (each
+        # imports pyarrow and txjoin: the kill test's cold first batch took 30 s with them)
+        return number % OWNER_HOSTS
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
                         timerValues: Any) -> Iterator[pd.DataFrame]:

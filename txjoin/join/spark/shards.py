@@ -274,7 +274,7 @@ class ShardProcessor(StatefulProcessor):
         if not host.available():
             out = run_batch(request, self.store)
         else:
-            with host.connect(shard) as conn:
+            with host.connect(self.host_process(shard)) as conn:
                 out = list(host.serve_batch(conn, request, self.store))
         for columns in out:
             yield pd.DataFrame(columns)
@@ -289,8 +289,12 @@ class ShardProcessor(StatefulProcessor):
         return spec
 
     def host(self, key: Any) -> int:
-        """The number of the host that runs this group's batches (the shard's)."""
+        """The number of this group's engine (the shard's): its cache key, and its batches'."""
         return self.labels.index(int(key[0]))
+
+    def host_process(self, number: int) -> int:
+        """The host process that runs engine ``number``'s batches (``host.connect``)."""
+        return number
 
     def handle(self, shard: int, frame: pa.Table, started: float) -> dict[str, list[Any]]:
         """Run one batch of the shard on its engine (cached in this process): the output
