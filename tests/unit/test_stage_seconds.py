@@ -102,6 +102,36 @@ def test_the_staged_sequencer_is_a_stage_before_the_shards_so_its_task_adds_to_t
     assert figures["state_rows"] == [0, 10, 12]
 
 
+def test_owner_stages_are_stages_of_their_own_between_the_sequencer_and_the_shards() -> None:
+    """With split tables (``--split``) each owner reports through the shard of its number;
+    each owner stage is a stage of the batch's critical path, its slowest owner's."""
+    def owner(depth: int, number: int, total: float) -> dict[str, object]:
+        return {"owner": number, "depth": depth, "seconds": {"total": total},
+                "cpu_seconds": total, "state_rows": 100 + number, "peak_rss_mb": 60}
+
+    sequencer = {"shard": -1, "seconds": {"total": 0.3}, "cpu_seconds": 0.3, "state_rows": 0,
+                 "peak_rss_mb": 50}
+    infos = [{"shard": 0, "commit_seq": 2, "records": 9, "seconds": {"total": 1.0},
+              "cpu_seconds": 1.0, "state_rows": 10, "peak_rss_mb": 80, "sequencer": sequencer,
+              "owners": [owner(1, 0, 0.2), owner(2, 0, 0.1)]},
+             {"shard": 1, "commit_seq": 2, "records": 0, "seconds": {"total": 2.0},
+              "cpu_seconds": 2.0, "state_rows": 12, "peak_rss_mb": 90,
+              "owners": [owner(1, 1, 0.5), owner(2, 1, 0.05)]}]
+    merged = merge_infos(infos)
+    assert "owners" not in merged and "sequencer" not in merged
+    # the slowest of each stage, summed: 0.3 + 0.5 + 0.1 + 2.0
+    assert merged["seconds"] == {"total": pytest.approx(2.9)}
+    assert [(t.get("stage"), t["shard"]) for t in merged["per_shard"]] == [
+        ("sequencer", -1), ("owners1", 0), ("owners1", 1), ("owners2", 0), ("owners2", 1),
+        (None, 0), (None, 1)]
+    figures = shard_figures([SimpleNamespace(per_shard=merged["per_shard"])])
+    assert figures["slowest"]["cpu"] == pytest.approx(2.9)
+    assert figures["sum"]["cpu"] == pytest.approx(0.3 + 0.2 + 0.5 + 0.1 + 0.05 + 1.0 + 2.0)
+    assert figures["tasks"] == ["owners1 0", "owners1 1", "owners2 0", "owners2 1",
+                                "sequencer -1", "shards 0", "shards 1"]
+    assert figures["state_rows"] == [100, 101, 100, 101, 0, 10, 12]
+
+
 def test_sweep_ratios_are_to_the_fewest_shards_run() -> None:
     def run(slowest: float, total: float, rows: list[int], rate: int) -> dict[str, object]:
         return {"events_per_s": rate, "per_shard": {
