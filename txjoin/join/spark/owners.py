@@ -24,7 +24,7 @@ Why the shards' rows pass through each stage: the sequencer stage's docstring
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -47,7 +47,6 @@ from txjoin.join.state_log import ShardLog
 from txjoin.sequence.assembly import IncompletePolicy
 
 if TYPE_CHECKING:
-    import pandas as pd
 
     from txjoin.join.placement import Placement
 
@@ -78,14 +77,8 @@ class OwnerProcessor(ShardProcessor):
         # imports pyarrow and txjoin: the kill test's cold first batch took 30 s with them)
         return number % OWNER_HOSTS
 
-    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
-                        timerValues: Any) -> Iterator[pd.DataFrame]:
-        if int(key[0]) not in self.mine:
-            for frame in rows:
-                if len(frame):
-                    yield frame
-            return
-        yield from super().handleInputRows(key, rows, timerValues)
+    def runs(self, label: int) -> bool:
+        return label in self.mine
 
     def handle(self, shard: int, frame: pa.Table, started: float) -> dict[str, list[Any]]:
         cpu_started = time.process_time()

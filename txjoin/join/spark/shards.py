@@ -258,6 +258,9 @@ class ShardProcessor(StatefulProcessor):
                         timerValues: Any) -> Iterator[pd.DataFrame]:
         started = time.perf_counter()
         frames = [f for f in rows if len(f)]
+        if not self.runs(int(key[0])):
+            yield from frames  # another stage's group (join/spark/staged.py)
+            return
         if not frames:
             return
         import pandas as pd
@@ -291,6 +294,11 @@ class ShardProcessor(StatefulProcessor):
     def host(self, key: Any) -> int:
         """The number of this group's engine (the shard's): its cache key, and its batches'."""
         return self.labels.index(int(key[0]))
+
+    def runs(self, label: int) -> bool:
+        """Whether this stage runs the group ``label``'s batches (else it passes its rows
+        through as they came: a later stage's)."""
+        return True
 
     def host_process(self, number: int) -> int:
         """The host process that runs engine ``number``'s batches (``host.connect``)."""

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import pickle
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -57,7 +57,6 @@ from txjoin.join.state_log import ShardLog
 from txjoin.sequence.assembly import IncompletePolicy
 
 if TYPE_CHECKING:
-    import pandas as pd
 
     from txjoin.join.spark.owners import OwnerProcessor
 
@@ -169,14 +168,8 @@ class SequencerProcessor(ShardProcessor):
     def host(self, key: Any) -> int:
         return SEQUENCER
 
-    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
-                        timerValues: Any) -> Iterator[pd.DataFrame]:
-        if int(key[0]) != SEQUENCER_LABEL:
-            for frame in rows:
-                if len(frame):
-                    yield frame
-            return
-        yield from super().handleInputRows(key, rows, timerValues)
+    def runs(self, label: int) -> bool:
+        return label == SEQUENCER_LABEL
 
     def handle(self, shard: int, frame: pa.Table, started: float) -> dict[str, list[Any]]:
         cpu_started = time.process_time()
