@@ -195,7 +195,7 @@ def test_split_rows_and_fact_references_reach_the_owners_the_core_routes_them_to
     of its before and after keys, each fact record to its shard and to the depth-1 owners of
     the keys it references, as the core's ``StagedEngine.route`` does (both by
     ``placement.owner_of`` and ``fact_shard``), and no shard gets a split row."""
-    from txjoin.join.placement import splittable
+    from txjoin.join.placement import FactReads, splittable
     from txjoin.join.spark.staged import SEQUENCER_LABEL, route_staged
     from txjoin.join.staged import StagedEngine
 
@@ -210,17 +210,35 @@ def test_split_rows_and_fact_references_reach_the_owners_the_core_routes_them_to
     df = spark.createDataFrame([(t, p, o, None, v) for t, p, o, v in records], SCHEMA)
     frame = route_staged(df, job, "shop", LABELS, placement, owner_labels).toPandas()
     got: dict[int, set[tuple[str, int]]] = defaultdict(set)
-    for label, topic, offset, value in zip(frame["shard"], frame["topic"], frame["offset"],
-                                           frame["value"], strict=True):
-        if value is not None and label != SEQUENCER_LABEL:
+    reads: dict[int, list[Any]] = defaultdict(list)  # a fact's reads, where sent as them
+    for label, topic, offset, value, xid, refs in zip(
+            frame["shard"], frame["topic"], frame["offset"], frame["value"], frame["xid"],
+            frame["refs"], strict=True):
+        if label == SEQUENCER_LABEL:
+            continue
+        if refs is not None:
+            doc = json.loads(refs)
+            reads[int(label)].append((int(xid), doc["s"], sorted(placement.typed_reads(
+                (r["a"], r["k"]) for r in doc["r"]))))
+        elif value is not None:
             got[int(label)].add((topic, int(offset)))
-    def where(events: list[ChangeEvent]) -> set[tuple[str, int]]:
-        return {(e.position.topic, e.position.offset) for e in events}
+
+    def where(events: list[Any]) -> set[tuple[str, int]]:
+        return {(e.position.topic, e.position.offset) for e in events
+                if isinstance(e, ChangeEvent)}
 
     for shard, label in enumerate(LABELS):
         assert got[label] == where(per_shard[shard]), shard
-    for (depth, owner), events in owned.items():
-        assert got[owner_labels[depth - 1][owner]] == where(events), (depth, owner)
+        assert not reads[label]
+    compact = 0
+    for (depth, owner), items in owned.items():
+        label = owner_labels[depth - 1][owner]
+        assert got[label] == where(items), (depth, owner)
+        facts = sorted((r.xid, r.shard, sorted(r.reads)) for r in items
+                       if isinstance(r, FactReads))
+        assert sorted(reads[label]) == facts, (depth, owner)
+        compact += len(facts)
+    assert compact > 100  # the streaming fact events went as their reads
     # every owner got something: the test says something of each
     assert all(owned.values())
 

@@ -36,6 +36,7 @@ from txjoin.ingest.debezium import INCREMENTAL, ChangeEvent
 from txjoin.job import Job
 from txjoin.join.placement import (
     CorrectionChanged,
+    FactReads,
     Forward,
     Key,
     Placement,
@@ -85,12 +86,15 @@ class LookupOwner(ShardApplier):
                        partitions: TopicPartitions | None = None) -> list[OutputChange]:
         events: list[ChangeEvent] = []
         releases: list[Release] = []
+        facts: list[FactReads] = []
         incoming: dict[int, list[Subscribe]] = defaultdict(list)
         for item, _size in records:
             if isinstance(item, Release):
                 releases.append(item)
             elif isinstance(item, Subscribe):
                 incoming[item.release].append(item)
+            elif isinstance(item, FactReads):
+                facts.append(item)
             else:
                 assert isinstance(item, ChangeEvent), item
                 events.append(item)
@@ -100,6 +104,8 @@ class LookupOwner(ShardApplier):
         self.batch_join_s = 0.0
         self.join.journal = []
         try:
+            for fact in facts:
+                self._add_reads(fact)
             for event in events:
                 self._add(event)
             for index, release in enumerate(releases):
@@ -109,8 +115,19 @@ class LookupOwner(ShardApplier):
             self.join.journal = None
         self.stats.batches += 1
         self.last_effects = AppliedEffects(events, releases, journal, self.applied_seq,
-                                           self.snapshot_released, self._subscribed)
+                                           self.snapshot_released, self._subscribed, facts)
         return []
+
+    def _add_reads(self, fact: FactReads) -> None:
+        """A streaming fact event as the reads it makes here (as :meth:`_add` keeps one it
+        got whole)."""
+        self.stats.events += 1
+        source = self._sources[fact.table]
+        if fact.xid in self._released_sets[source]:
+            return  # a redelivery of a released transaction's event
+        self.reads.setdefault((source, fact.xid), set()).update(
+            (alias, key, fact.shard) for alias, key in fact.reads
+            if owner_of(key, self.n_shards) == self.shard)
 
     def _add(self, event: ChangeEvent) -> None:
         """A streaming fact event is kept as the reads it makes here (not buffered whole
@@ -242,6 +259,8 @@ class LookupOwner(ShardApplier):
             below.setdefault(owner_of(message.key, self.n_shards), []).append(message)
 
     def apply_effects(self, effects: AppliedEffects, changes: Iterable[OutputChange]) -> None:
+        for fact in effects.fact_reads:  # before the releases that take them
+            self._add_reads(fact)
         super().apply_effects(effects, changes)
         for alias, key, shard in effects.subscribed:
             self.subscribers[alias].setdefault(key, set()).add(shard)

@@ -31,8 +31,9 @@ subscriptions come from the one above (the fact's events for depth 1).
 from __future__ import annotations
 
 import dataclasses
+import uuid
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from txjoin.errors import JobError
@@ -71,6 +72,16 @@ def fact_shard(key: Key, n: int) -> int:
     return owner_of(key, n)
 
 
+def _typer(column_type: str) -> Callable[[str], Any]:
+    """A :data:`KEY_KINDS` value from its JSON text, as the column's reader types it."""
+    kind = column_kind(column_type)[0]
+    if kind in ("smallint", "int", "bigint"):
+        return int
+    if kind == "uuid":
+        return lambda text: str(uuid.UUID(text))
+    return str
+
+
 def _kinds_fit(types: Iterable[str]) -> bool:
     try:
         return all(column_kind(t)[0] in KEY_KINDS for t in types)
@@ -96,6 +107,18 @@ class Forward(NamedTuple):
     table: str
     key: Key
     row: dict[str, Any] | None
+
+
+class FactReads(NamedTuple):
+    """A streaming fact event as what the depth-1 owners need of it: its transaction, its
+    shard and the keys its row reads, (alias, key), of the split tables below the fact
+    (Spark's routing extracts them from the JSON text: a depth-1 owner never decodes a
+    streaming fact record)."""
+
+    table: str
+    xid: int
+    shard: int
+    reads: tuple[tuple[str, Key], ...]
 
 
 class Subscribe(NamedTuple):
@@ -174,6 +197,9 @@ class Placement:
         self._fact_read = dataclasses.replace(
             fact, columns={c: t for c, t in fact.columns.items() if c in read},
             defaults={c: v for c, v in fact.defaults.items() if c in read})
+        # a read column's value (an array's element) from its JSON text, as it is typed
+        self._typers = {c: _typer(fact.columns[c].removesuffix("[]")) for c in read
+                        if self.split}
 
     def fact_reads(self, raw: dict[str, Any], where: str = ""
                    ) -> tuple[Key, list[tuple[str, Key]]]:
@@ -184,6 +210,33 @@ class Placement:
         row = read.convert_row({c: raw[c] for c in read.columns if c in raw}, where=where)
         return read.key_of(row), [(lk.alias, key) for lk in self.below[self.job.fact_alias]
                                   for key in self.references(lk, row)]
+
+    def compact(self, event: Any, n: int) -> FactReads | None:
+        """A streaming fact event (a ``ChangeEvent`` with an ``after`` row and an xid) as
+        :class:`FactReads` for ``n`` shards; None if its row cannot be read (its shard
+        stops the job on it)."""
+        try:
+            key, reads = self.fact_reads(event.after)
+        except JobError:
+            return None
+        return FactReads(event.table, event.xid, fact_shard(key, n), tuple(reads))
+
+    def typed_reads(self, texts: Iterable[tuple[str, list[str]]]) -> list[tuple[str, Key]]:
+        """What Spark's routing extracted of a fact row (per depth-1 alias, the text of each
+        key it reads) typed as :meth:`fact_reads` types them; a :class:`JobError` if a text
+        is not a value of its column."""
+        out = []
+        for alias, values in texts:
+            lk = self.job.lookup(alias)
+            columns = list(lk.on.values())
+            if any(v == UNAVAILABLE for v in values):
+                continue
+            try:
+                out.append((alias, tuple(self._typers[c](v) for c, v in zip(
+                    columns[:1] * len(values) if lk.array else columns, values, strict=True))))
+            except ValueError as exc:
+                raise JobError(f"job {self.job.name}: {alias}'s key {values!r}: {exc}") from None
+        return out
 
     def __bool__(self) -> bool:
         return bool(self.split)

@@ -60,6 +60,7 @@ from txjoin.job import Job
 from txjoin.join.engine import EngineStats
 from txjoin.join.placement import (
     CorrectionChanged,
+    FactReads,
     Forward,
     Placement,
     Subscribe,
@@ -204,8 +205,10 @@ class AppliedEffects:
     journal: list[tuple[str, Any, Any]]
     applied_seq: int
     snapshot_released: bool
-    # an owner's (join/owners.py): the subscriptions the batch added (alias, key, shard)
+    # an owner's (join/owners.py): the subscriptions the batch added (alias, key, shard),
+    # and the streaming fact events it got as their reads
     subscribed: list[tuple[str, Any, int]] = field(default_factory=list)
+    fact_reads: list[Any] = field(default_factory=list)
 
     @property
     def snapshot_events(self) -> list[ChangeEvent]:
@@ -467,14 +470,15 @@ class StagedEngine:
 
     def route(self, records: Iterable[tuple[str, int, int, str | None]]
               ) -> tuple[list[Routed], list[list[ChangeEvent]],
-                         dict[tuple[int, int], list[ChangeEvent]]]:
+                         dict[tuple[int, int], list[ChangeEvent | FactReads]]]:
         """The sequencer's input (every record's metadata, the fact table's streaming
         events as columns, as Spark's sequencer takes them), each shard's (the events
         whose rows it holds) and each owner's by (depth, owner): the events of its split
         tables' rows and, at depth 1, the fact events whose references it owns."""
         meta: list[Routed] = []
         per_shard: list[list[ChangeEvent]] = [[] for _ in self.stores]
-        owned: dict[tuple[int, int], list[ChangeEvent]] = {k: [] for k in self.owner_stores}
+        owned: dict[tuple[int, int], list[ChangeEvent | FactReads]] = {
+            k: [] for k in self.owner_stores}
         placement, fact = self.placement, self.job.fact
         for topic, partition, offset, value in records:
             item = decode(value, Position(topic, partition, offset))
@@ -502,8 +506,15 @@ class StagedEngine:
                     per_shard[shard].append(event)
                     whole = whole or event
             if item.table == fact and whole is not None:
-                for owner in self._owners_of_references(whole):
-                    owned[(1, owner)].append(whole)
+                # a streaming one as its reads (as Spark's routing sends it); a snapshot or
+                # correction row whole (an owner buffers it until its release)
+                streaming = whole.after is not None and whole.xid is not None and not (
+                    whole.is_snapshot or whole.snapshot == INCREMENTAL)
+                reads = placement.compact(whole, self.n_shards) if streaming else None
+                owners = (self._owners_of_references(whole) if reads is None
+                          else {owner_of(key, self.n_shards) for _alias, key in reads.reads})
+                for owner in owners:
+                    owned[(1, owner)].append(reads or whole)
         return gather_foreign(self.job.fact, meta), per_shard, owned
 
     def _owners_of_row(self, event: ChangeEvent) -> set[int]:

@@ -27,12 +27,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from txjoin import crashpoints
+from txjoin.errors import DecodeError, JobError
 from txjoin.job import Job
 from txjoin.join.owners import LookupOwner, owner_class
-from txjoin.join.placement import CorrectionChanged, Subscribe
+from txjoin.join.placement import CorrectionChanged, FactReads, Subscribe
 from txjoin.join.routing import Routed
 from txjoin.join.spark.shards import ShardProcessor, routed_items
 from txjoin.join.spark.staged import (
@@ -47,7 +50,6 @@ from txjoin.join.state_log import ShardLog
 from txjoin.sequence.assembly import IncompletePolicy
 
 if TYPE_CHECKING:
-
     from txjoin.join.placement import Placement
 
 OWNER_HOSTS = 1_000_000
@@ -67,6 +69,7 @@ class OwnerProcessor(ShardProcessor):
         # made once here: the hosts unpickle it with the processor (the log's isinstance
         # check holds across batches in a host)
         self.owner_cls = owner_class(placement, depth)
+        self.placement = placement
 
     def host(self, key: Any) -> int:
         return OWNER_HOSTS * self.depth + self.mine.index(int(key[0]))
@@ -80,6 +83,27 @@ class OwnerProcessor(ShardProcessor):
     def runs(self, label: int) -> bool:
         return label in self.mine
 
+    def fact_reads(self, frame: pa.Table) -> tuple[list[Routed], pa.Table]:
+        """The batch's streaming fact records routing sent as their reads (``refs``), as
+        :class:`FactReads`, and the frame without them; a :class:`DecodeError` names one
+        whose key text is not a value of its column."""
+        compact = pc.is_valid(frame["refs"])
+        if not pc.any(compact).as_py():
+            return [], frame
+        rows = frame.filter(compact)
+        out = []
+        for topic, partition, offset, tbl, xid, refs in zip(*(rows[c].to_pylist() for c in (
+                "topic", "partition", "offset", "tbl", "xid", "refs")), strict=True):
+            doc = orjson.loads(refs)
+            try:
+                reads = self.placement.typed_reads((r["a"], r["k"]) for r in doc["r"])
+            except JobError as exc:
+                raise DecodeError(str(exc), topic=topic, partition=int(partition),
+                                  offset=int(offset)) from None
+            out.append(Routed(FactReads(tbl, int(xid), int(doc["s"]), tuple(reads)),  # type: ignore[arg-type]
+                              0))
+        return out, frame.filter(pc.invert(compact))
+
     def handle(self, shard: int, frame: pa.Table, started: float) -> dict[str, list[Any]]:
         cpu_started = time.process_time()
         number = shard - OWNER_HOSTS * self.depth
@@ -90,7 +114,8 @@ class OwnerProcessor(ShardProcessor):
         subscribed, frame = special_rows(frame, SUBSCRIBE_OFFSET)
         messages: list[Subscribe] = [m for batch in subscribed for m in batch]
         read_started = time.perf_counter()
-        items = routed_items(self.job, n, frame)
+        reads, frame = self.fact_reads(frame)
+        items = [*routed_items(self.job, n, frame), *reads]
         read_s = time.perf_counter() - read_started
         self.store.written = 0
         log = ShardLog(self.store, self.job, number, n, self.policy,

@@ -97,7 +97,10 @@ def envelopes(source: DataFrame, job: Job, prefixes: str | Mapping[str, str], n:
     the owners (of ``n``) that get the record, those of a split row's ``before`` and
     ``after`` keys (a truncate: every owner; a record routing could not read: owner 0,
     whose decoding says what is wrong), and at depth 1 those of the keys a fact row's
-    ``after`` image references. A fact's shard is then ``placement.fact_shard``'s hash."""
+    ``after`` image references; and ``refs``, a streaming fact row's shard and the text of
+    each key it reads (JSON ``{"s": shard, "r": [{"a": alias, "k": [text, ...]}, ...]}``:
+    what a depth-1 owner takes instead of the record, ``placement.FactReads``). A fact's
+    shard is then ``placement.fact_shard``'s hash."""
     fact = job.table(job.fact)
     topics = fact_topics(job, prefixes)
     read = ([t for t, stream in job.streams(prefixes).items() if stream in job.table_names]
@@ -148,6 +151,7 @@ def envelopes(source: DataFrame, job: Job, prefixes: str | Mapping[str, str], n:
     if split:
         assert placement is not None
         parsed, owned = _owned(placement, prefixes, n)
+        owned = [column.replace("{after_shard}", after_shard) for column in owned]
         rows = rows.selectExpr("*", *parsed)
     return rows.selectExpr(
         *_READ, "routed", "fact_topic", *owned,
@@ -248,14 +252,15 @@ def _owned(placement: Placement, prefixes: str | Mapping[str, str], n: int
             f"WHEN `topic` IN ({topics}) THEN CASE WHEN op = 't' THEN {every} "
             f"WHEN NOT routed THEN array(0) ELSE array_distinct(filter(array({images[0]}, "
             f"{images[1]}), x -> x IS NOT NULL)) END")
-    references = "array()"
+    references, reads, readable = "array()", "array()", "true"
     below = placement.below[job.fact_alias]
     if below:
         columns = sorted({c for lk in below for c in lk.on.values()})
         read = _text(f"struct<{', '.join(f'{_name(c)}: string' for c in columns)}>")
         parsed.append(f"CASE WHEN fact_topic THEN from_json(`after`, {read}) END AS _refs")
-        parts = []
+        parts, keys, unread = [], [], []
         for j, lk in enumerate(below):
+            alias = _text(lk.alias)
             if lk.array:
                 column = _name(next(iter(lk.on.values())))
                 elements = f"_elements_{j}.{column}"
@@ -267,14 +272,25 @@ def _owned(placement: Placement, prefixes: str | Mapping[str, str], n: int
                 parts.append(f"CASE WHEN {elements} IS NOT NULL THEN transform(filter("
                              f"{elements}, x -> x IS NOT NULL), x -> {_owner(['x'], n)}) "
                              f"WHEN _refs.{column} IS NOT NULL THEN {every} ELSE array() END")
+                keys.append(f"coalesce(transform(filter({elements}, x -> x IS NOT NULL), "
+                            f"x -> named_struct('a', {alias}, 'k', array(x))), array())")
+                unread.append(f"({elements} IS NULL AND _refs.{column} IS NOT NULL)")
             else:
                 values = [f"_refs.{_name(c)}" for c in lk.on.values()]
                 known = " AND ".join(f"{v} IS NOT NULL" for v in values)
                 parts.append(f"CASE WHEN {known} THEN array({_owner(values, n)}) "
                              f"ELSE array() END")
+                keys.append(f"CASE WHEN {known} THEN array(named_struct('a', {alias}, "
+                            f"'k', array({', '.join(values)}))) ELSE array() END")
         references = f"array_distinct(concat({', '.join(parts)}))"
+        reads = f"concat({', '.join(keys)})"
+        readable = f"NOT ({' OR '.join(unread)})" if unread else "true"
     return parsed, [
         f"CASE {' '.join(depth_of)} WHEN fact_topic THEN 1 END AS owner_depth",
         f"`topic` IN ({', '.join(map(_text, split_topics)) or 'NULL'}) AS split_topic",
         f"CASE {' '.join(owners_of)} WHEN fact_topic AND routed AND `after` IS NOT NULL "
-        f"THEN {references} END AS owners"]
+        f"THEN {references} END AS owners",
+        # a streaming fact row the owners can take as its reads (placement.FactReads)
+        f"CASE WHEN fact_topic AND routed AND op IN ('c', 'u') AND `after` IS NOT NULL "
+        f"AND {readable} THEN to_json(named_struct('s', {{after_shard}}, 'r', {reads})) "
+        f"END AS refs"]

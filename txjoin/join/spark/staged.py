@@ -77,9 +77,10 @@ SUBSCRIBE_OFFSET = -102
 ROUTED_SCHEMA = ("shard int, topic string, partition int, offset long, value binary, "
                  "counted boolean, routed boolean, op string, tbl string, xid string, "
                  "lsn string, ts_ms string, snapshot string, dco string, digest binary, "
-                 "after_elsewhere boolean")
-"""The rows both stages read (``routing.ROUTED_COLUMNS``, the value as bytes): the
-sequencer's output has it too, so the two unite."""
+                 "after_elsewhere boolean, refs string")
+"""The rows every stage reads (``routing.ROUTED_COLUMNS``, the value as bytes, and a
+depth-1 owner's copy of a streaming fact record as its reads, ``refs``, without the
+record): each stage's output has it too, so they unite."""
 
 
 def special_rows(frame: pa.Table, offset: int) -> tuple[list[Any], pa.Table]:
@@ -100,7 +101,7 @@ def payload_row(label: int, sender: int, offset: int, payload: Any) -> dict[str,
             "value": pickle.dumps(payload, pickle.HIGHEST_PROTOCOL), "counted": False,
             "routed": False, "op": None, "tbl": None, "xid": None, "lsn": None,
             "ts_ms": None, "snapshot": None, "dco": None, "digest": None,
-            "after_elsewhere": False}
+            "after_elsewhere": False, "refs": None}
 
 
 def route_staged(source: DataFrame, job: Job, prefixes: str | Mapping[str, str],
@@ -136,12 +137,17 @@ def route_staged(source: DataFrame, job: Job, prefixes: str | Mapping[str, str],
     else:
         where = f"CASE WHEN j = 0 THEN {sequencer} ELSE {shard} END"
     kept = exploded.where(where)
+    # a depth-1 owner's copy of a streaming fact record: its reads, not the record
+    compact = f"j > {n} AND refs IS NOT NULL" if split else "false"
     return kept.selectExpr(
         "CAST(shard AS INT) AS shard", *_READ[:3],
-        "CASE WHEN j = 0 AND routed THEN NULL ELSE CAST(`value` AS BINARY) END AS `value`",
+        f"CASE WHEN (j = 0 AND routed) OR {compact} THEN NULL "
+        f"ELSE CAST(`value` AS BINARY) END AS `value`",
         "j = 0 AND `offset` >= 0 AS counted", *_METADATA,
         f"coalesce(j > 0 AND j <= {n} AND routed AND {i} = before_shard "
-        f"AND after_shard != before_shard, false) AS after_elsewhere")
+        f"AND after_shard != before_shard, false) AS after_elsewhere",
+        f"CASE WHEN {compact} THEN refs END AS refs" if split
+        else "CAST(NULL AS STRING) AS refs")
 
 
 def sequencer_items(job: Job, n_shards: int, records: pa.Table) -> list[Routed]:
@@ -199,7 +205,7 @@ class SequencerProcessor(ShardProcessor):
                 "offset": [RELEASES_OFFSET] * n, "value": [payload] * n,
                 "counted": [False] * n, "routed": [False] * n, "op": none, "tbl": none,
                 "xid": none, "lsn": none, "ts_ms": none, "snapshot": none, "dco": none,
-                "digest": none, "after_elsewhere": [False] * n}
+                "digest": none, "after_elsewhere": [False] * n, "refs": none}
 
 
 class ApplierProcessor(ShardProcessor):
