@@ -31,7 +31,6 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from txjoin.errors import JobError
 from txjoin.ingest.debezium import INCREMENTAL, ChangeEvent
 from txjoin.job import Job
 from txjoin.join.placement import (
@@ -41,7 +40,6 @@ from txjoin.join.placement import (
     Key,
     Placement,
     Subscribe,
-    fact_shard,
     owner_of,
 )
 from txjoin.join.routing import Routed
@@ -119,15 +117,13 @@ class LookupOwner(ShardApplier):
         return []
 
     def _add_reads(self, fact: FactReads) -> None:
-        """A streaming fact event as the reads it makes here (as :meth:`_add` keeps one it
-        got whole)."""
+        """A streaming fact event as the reads it makes here (Spark's routing sends it so;
+        :meth:`_add` keeps one it got whole alike)."""
         self.stats.events += 1
         source = self._sources[fact.table]
         if fact.xid in self._released_sets[source]:
             return  # a redelivery of a released transaction's event
-        self.reads.setdefault((source, fact.xid), set()).update(
-            (alias, key, fact.shard) for alias, key in fact.reads
-            if owner_of(key, self.n_shards) == self.shard)
+        self.reads.setdefault((source, fact.xid), set()).update(self._mine(fact))
 
     def _add(self, event: ChangeEvent) -> None:
         """A streaming fact event is kept as the reads it makes here (not buffered whole
@@ -135,12 +131,9 @@ class LookupOwner(ShardApplier):
         if event.table != self.job.fact or event.snapshot == INCREMENTAL or event.is_snapshot:
             super()._add(event)
             return
-        self.stats.events += 1
         assert event.xid is not None
-        source = self._sources[event.table]
-        if event.xid in self._released_sets[source]:
-            return  # a redelivery of a released transaction's event
-        self.reads.setdefault((source, event.xid), set()).update(self._references(event))
+        self._add_reads(self.placement.compact(event, self.n_shards)
+                        or FactReads(event.table, event.xid, 0, ()))
 
     def _take(self, release: Release) -> Any:
         """A shard's ``_take``, and the reads of the transaction it releases or skips set
@@ -209,18 +202,17 @@ class LookupOwner(ShardApplier):
 
     def _references(self, event: ChangeEvent) -> Iterator[tuple[str, Key, int]]:
         """What a fact event's row reads of the keys this owner owns: (alias, key, the
-        fact's shard)."""
-        if event.after is None:
+        fact's shard); nothing if it cannot be read (its shard stops the job on it)."""
+        if event.after is not None:
+            yield from self._mine(self.placement.compact(event, self.n_shards))
+
+    def _mine(self, fact: FactReads | None) -> Iterator[tuple[str, Key, int]]:
+        """A fact's reads of the keys this owner owns, with the fact's shard."""
+        if fact is None:
             return
-        try:
-            fact_key, reads = self.placement.fact_reads(event.after,
-                                                        where=f"{event.position}:")
-        except JobError:
-            return  # its shard stops the job on it, with the position
-        shard = fact_shard(fact_key, self.n_shards)
-        for alias, key in reads:
+        for alias, key in fact.reads:
             if owner_of(key, self.n_shards) == self.shard:
-                yield alias, key, shard
+                yield alias, key, fact.shard
 
     def buffered_rows(self) -> int:
         return super().buffered_rows() + sum(len(r) for r in self.reads.values())

@@ -505,16 +505,19 @@ class StagedEngine:
                 if not is_metadata_only(event):
                     per_shard[shard].append(event)
                     whole = whole or event
-            if item.table == fact and whole is not None:
-                # a streaming one as its reads (as Spark's routing sends it); a snapshot or
-                # correction row whole (an owner buffers it until its release)
-                streaming = whole.after is not None and whole.xid is not None and not (
+            if placement and item.table == fact and whole is not None \
+                    and whole.after is not None:
+                # to the depth-1 owners of the keys it reads (none if its row cannot be
+                # read: its shard stops the job on it); a streaming one as its reads, as
+                # Spark's routing sends it, a snapshot or correction row whole (an owner
+                # buffers it until its release)
+                reads = placement.compact(whole, self.n_shards)
+                if reads is None:
+                    continue
+                streaming = whole.xid is not None and not (
                     whole.is_snapshot or whole.snapshot == INCREMENTAL)
-                reads = placement.compact(whole, self.n_shards) if streaming else None
-                owners = (self._owners_of_references(whole) if reads is None
-                          else {owner_of(key, self.n_shards) for _alias, key in reads.reads})
-                for owner in owners:
-                    owned[(1, owner)].append(reads or whole)
+                for owner in {owner_of(key, self.n_shards) for _alias, key in reads.reads}:
+                    owned[(1, owner)].append(reads if streaming else whole)
         return gather_foreign(self.job.fact, meta), per_shard, owned
 
     def _owners_of_row(self, event: ChangeEvent) -> set[int]:
@@ -529,16 +532,6 @@ class StagedEngine:
                     for image in (event.before, event.after) if image is not None}
         except JobError:
             return {0}
-
-    def _owners_of_references(self, event: ChangeEvent) -> set[int]:
-        """The depth-1 owners of the keys a fact event's row references."""
-        if not self.placement.below[self.job.fact_alias] or event.after is None:
-            return set()
-        try:
-            _key, reads = self.placement.fact_reads(event.after)
-        except JobError:
-            return set()  # its shard stops the job on it
-        return {owner_of(key, self.n_shards) for _alias, key in reads}
 
     def process(self, records: Iterable[tuple[str, int, int, str | None]],
                 caught_up: Iterable[str] = (), drop_cache: Iterable[int] = (),

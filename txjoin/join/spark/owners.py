@@ -23,6 +23,7 @@ Why the shards' rows pass through each stage: the sequencer stage's docstring
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -42,7 +43,7 @@ from txjoin.join.spark.staged import (
     FORWARD_OFFSET,
     RELEASES_OFFSET,
     SUBSCRIBE_OFFSET,
-    payload_row,
+    payload_columns,
     special_rows,
 )
 from txjoin.join.staged import STAGED_LAYOUTS, Release
@@ -135,9 +136,10 @@ class OwnerProcessor(ShardProcessor):
         owner.hand_on(to_shards, flags, below)
         info = {"owner": number, "depth": self.depth,
                 **self.task_figures(result, started, cpu_started)}
-        out = [payload_row(self.labels[s], number, FORWARD_OFFSET,
-                           (forwards, sorted(flags), info if s == number else None))
+        out = [(self.labels[s], number, FORWARD_OFFSET,
+                (forwards, sorted(flags), info if s == number else None))
                for s, forwards in enumerate(to_shards) if forwards or flags or s == number]
-        out += [payload_row(self.owner_labels[self.depth][o], number, SUBSCRIBE_OFFSET,
-                            messages) for o, messages in sorted(below.items())]
-        return {column: [row[column] for row in out] for column in out[0]}
+        out += [(self.owner_labels[self.depth][o], number, SUBSCRIBE_OFFSET, messages)
+                for o, messages in sorted(below.items())]
+        return payload_columns([(label, sender, kind, pickle.dumps(
+            payload, pickle.HIGHEST_PROTOCOL)) for label, sender, kind, payload in out])

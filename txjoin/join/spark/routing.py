@@ -150,8 +150,7 @@ def envelopes(source: DataFrame, job: Job, prefixes: str | Mapping[str, str], n:
     owned: list[str] = []
     if split:
         assert placement is not None
-        parsed, owned = _owned(placement, prefixes, n)
-        owned = [column.replace("{after_shard}", after_shard) for column in owned]
+        parsed, owned = _owned(placement, prefixes, n, after_shard)
         rows = rows.selectExpr("*", *parsed)
     return rows.selectExpr(
         *_READ, "routed", "fact_topic", *owned,
@@ -219,16 +218,16 @@ def _shard(texts: list[str], n: int) -> str:
 
 def _owner(texts: list[str], n: int) -> str:
     """``placement.owner_of`` of a key (its columns' JSON text: the typed value's text, for
-    the key kinds a split allows)."""
+    the key kinds a split allows; or one array of them)."""
     return (f"CAST(pmod(crc32(CAST(concat_ws(chr(31), {', '.join(texts)}) AS BINARY)), {n}) "
             f"AS INT)")
 
 
-def _owned(placement: Placement, prefixes: str | Mapping[str, str], n: int
-           ) -> tuple[list[str], list[str]]:
+def _owned(placement: Placement, prefixes: str | Mapping[str, str], n: int,
+           after_shard: str) -> tuple[list[str], list[str]]:
     """``envelopes``' owner columns (its docstring) as SQL over its columns (the raw ``op``,
-    ``before`` and ``after`` text): what to parse, in one step, then the columns, in the
-    next (so each image is parsed once)."""
+    ``before`` and ``after`` text; ``after_shard``: the fact's shard): what to parse, in
+    one step, then the columns, in the next (so each image is parsed once)."""
     job = placement.job
     streams = job.streams(prefixes)
     every = f"sequence(0, {n - 1})"
@@ -258,7 +257,7 @@ def _owned(placement: Placement, prefixes: str | Mapping[str, str], n: int
         columns = sorted({c for lk in below for c in lk.on.values()})
         read = _text(f"struct<{', '.join(f'{_name(c)}: string' for c in columns)}>")
         parsed.append(f"CASE WHEN fact_topic THEN from_json(`after`, {read}) END AS _refs")
-        parts, keys, unread = [], [], []
+        keys, unread = [], []
         for j, lk in enumerate(below):
             alias = _text(lk.alias)
             if lk.array:
@@ -267,24 +266,21 @@ def _owned(placement: Placement, prefixes: str | Mapping[str, str], n: int
                 parsed.append(f"CASE WHEN fact_topic THEN from_json(`after`, "
                               f"{_text(f'struct<{column}: array<string>>')}) END "
                               f"AS _elements_{j}")
-                # an array routing cannot read as one (text where one is expected): every
-                # owner, whose reading of the row decides
-                parts.append(f"CASE WHEN {elements} IS NOT NULL THEN transform(filter("
-                             f"{elements}, x -> x IS NOT NULL), x -> {_owner(['x'], n)}) "
-                             f"WHEN _refs.{column} IS NOT NULL THEN {every} ELSE array() END")
                 keys.append(f"coalesce(transform(filter({elements}, x -> x IS NOT NULL), "
                             f"x -> named_struct('a', {alias}, 'k', array(x))), array())")
                 unread.append(f"({elements} IS NULL AND _refs.{column} IS NOT NULL)")
             else:
                 values = [f"_refs.{_name(c)}" for c in lk.on.values()]
                 known = " AND ".join(f"{v} IS NOT NULL" for v in values)
-                parts.append(f"CASE WHEN {known} THEN array({_owner(values, n)}) "
-                             f"ELSE array() END")
                 keys.append(f"CASE WHEN {known} THEN array(named_struct('a', {alias}, "
                             f"'k', array({', '.join(values)}))) ELSE array() END")
-        references = f"array_distinct(concat({', '.join(parts)}))"
+        # each key it reads (alias, its columns' text), and whether routing read them all
         reads = f"concat({', '.join(keys)})"
         readable = f"NOT ({' OR '.join(unread)})" if unread else "true"
+        # the owners of those keys; an array routing cannot read as one (text where one is
+        # expected): every owner, whose reading of the row decides
+        references = (f"CASE WHEN {readable} THEN array_distinct(transform({reads}, "
+                      f"r -> {_owner(['r.k'], n)})) ELSE {every} END")
     return parsed, [
         f"CASE {' '.join(depth_of)} WHEN fact_topic THEN 1 END AS owner_depth",
         f"`topic` IN ({', '.join(map(_text, split_topics)) or 'NULL'}) AS split_topic",
@@ -292,5 +288,5 @@ def _owned(placement: Placement, prefixes: str | Mapping[str, str], n: int
         f"THEN {references} END AS owners",
         # a streaming fact row the owners can take as its reads (placement.FactReads)
         f"CASE WHEN fact_topic AND routed AND op IN ('c', 'u') AND `after` IS NOT NULL "
-        f"AND {readable} THEN to_json(named_struct('s', {{after_shard}}, 'r', {reads})) "
+        f"AND {readable} THEN to_json(named_struct('s', {after_shard}, 'r', {reads})) "
         f"END AS refs"]

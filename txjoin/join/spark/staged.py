@@ -95,13 +95,18 @@ def special_rows(frame: pa.Table, offset: int) -> tuple[list[Any], pa.Table]:
     return [pickle.loads(value) for _sender, value in pairs], frame.filter(pc.invert(at))
 
 
-def payload_row(label: int, sender: int, offset: int, payload: Any) -> dict[str, Any]:
-    """One row (``ROUTED_SCHEMA``) carrying ``payload`` to the group ``label``."""
-    return {"shard": label, "topic": "", "partition": sender, "offset": offset,
-            "value": pickle.dumps(payload, pickle.HIGHEST_PROTOCOL), "counted": False,
-            "routed": False, "op": None, "tbl": None, "xid": None, "lsn": None,
-            "ts_ms": None, "snapshot": None, "dco": None, "digest": None,
-            "after_elsewhere": False, "refs": None}
+def payload_columns(rows: Sequence[tuple[int, int, int, bytes]]) -> dict[str, list[Any]]:
+    """Rows (``ROUTED_SCHEMA``, by column) that carry a stage's output to a later stage's
+    groups: per row the group's label, the sender's number (``partition``), the kind of
+    payload (its ``offset``) and the payload, pickled."""
+    n = len(rows)
+    none: list[Any] = [None] * n
+    labels, senders, offsets, payloads = (list(c) for c in zip(*rows, strict=True)) if rows \
+        else ([], [], [], [])
+    return {"shard": labels, "topic": [""] * n, "partition": senders, "offset": offsets,
+            "value": payloads, "counted": [False] * n, "routed": [False] * n, "op": none,
+            "tbl": none, "xid": none, "lsn": none, "ts_ms": none, "snapshot": none,
+            "dco": none, "digest": none, "after_elsewhere": [False] * n, "refs": none}
 
 
 def route_staged(source: DataFrame, job: Job, prefixes: str | Mapping[str, str],
@@ -199,13 +204,8 @@ class SequencerProcessor(ShardProcessor):
                 "skipped": engine.skipped, "snapshot_rows": engine.batch_snapshot_rows,
                 **self.task_figures(result, started, cpu_started)}
         payload = pickle.dumps((engine.releases, info), pickle.HIGHEST_PROTOCOL)
-        n = len(self.receivers)
-        none: list[Any] = [None] * n
-        return {"shard": list(self.receivers), "topic": [""] * n, "partition": [0] * n,
-                "offset": [RELEASES_OFFSET] * n, "value": [payload] * n,
-                "counted": [False] * n, "routed": [False] * n, "op": none, "tbl": none,
-                "xid": none, "lsn": none, "ts_ms": none, "snapshot": none, "dco": none,
-                "digest": none, "after_elsewhere": [False] * n, "refs": none}
+        return payload_columns([(label, 0, RELEASES_OFFSET, payload)
+                                for label in self.receivers])
 
 
 class ApplierProcessor(ShardProcessor):
