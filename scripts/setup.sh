@@ -25,7 +25,6 @@ stamp=.venv/.txjoin-installed
 # every Python process (each Spark Python worker daemon, shard host, query's pre-init
 # process, txjoin command, pytest worker) compiled pandas, pyarrow and pyspark from source:
 # their imports 1.96 -> 0.61 s of CPU each; it costs a fresh install ~17 s (40 -> 57 s).
-compiled=.venv/.txjoin-compiled
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     # setuptools' build backend prints a block of stars about editable installs on every
     # fresh install (BuildBackendWarning, issue 73): shown with TXJOIN_VERBOSE=1 only.
@@ -41,12 +40,16 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     # them and /tmp's leftovers filled the disk and failed a run. On CI (CI set) the builds
     # no environment refers to any more are removed; a developer's shared cache is theirs.
     if [ -n "${CI:-}" ]; then .venv/bin/uv cache prune -q || true; fi
-    touch "$stamp" "$compiled"
+    touch "$stamp"
 fi
-if [ ! -f "$compiled" ]; then  # a .venv installed before its packages were compiled
-    # (uv compiles only what it installs); errors are files no process imports
-    .venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null 2>&1 || true
-    touch "$compiled"
+# Checked where the bytecode lives, not by a stamp: a .venv whose packages' __pycache__
+# folders were gone (uv compiles only what it installs; a package reinstalled without
+# --compile-bytecode, or folders removed) ran tests/spark/test_pipeline.py and
+# test_staged.py in 411 s instead of 230. Errors are files no process imports.
+purelib=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+if ! ls "$purelib"/pandas/__pycache__/__init__.*.pyc "$purelib"/pyspark/__pycache__/__init__.*.pyc \
+        >/dev/null 2>&1; then
+    .venv/bin/python -m compileall -q -j 0 "$purelib" >/dev/null 2>&1 || true
 fi
 bash scripts/jars.sh
 # Compile txjoin's modules (and the tests') once: a Python process reads a module's compiled
