@@ -25,12 +25,13 @@ Spark's state store (RocksDB) as ``state_log.ShardLog`` logs (layout
 crash Spark re-runs the batch from the previous state, and both being deterministic,
 the same releases and changes come out.
 
-Why the shards' copies pass through the first stage: a streaming source used by two
-branches of a query is two sources to Spark, each planning its own offsets (a Kafka topic
-written meanwhile could end elsewhere for each, and the sequencer would see records the
-shards do not); through one stage the source appears once. What it costs: each shard's
-copies cross into Python and back once more (its own group: in parallel, as the shards),
-and the sequencer is one task.
+Why the shards' copies pass through the first stage: Spark plans one source for branches
+of a query that read the same stream, but runs each branch's scan on its own (the records
+read and parsed in the JVM once per branch: no exchange is shared between the branches of
+a streaming plan, a ``repartition`` before them included), and a stateful stage's output
+cannot feed two branches (each would run the stage); through one stage the source is read
+once. What it costs: each shard's copies cross into Python and back once more (its own
+group: in parallel, as the shards), and the sequencer is one task.
 """
 
 from __future__ import annotations
