@@ -8,8 +8,8 @@ seconds (user + system, ``/proc/PID/stat``) every ``--interval`` seconds. A proc
 after the sampling began counts whole; one that was running before counts what it spent
 during the run. Each process is put in a kind by its executable and command line (a Spark
 driver JVM, the broker's, Kafka Connect's, a shard host, a query's pre-init process, Spark's
-Python worker daemons, PostgreSQL, a pytest worker, ...), its last command line deciding (a
-``spark-submit`` script execs its JVM). Prints per kind the CPU seconds, the processes and
+Python worker daemons, PostgreSQL, a pytest worker, ...), again when its executable changes
+(a ``spark-submit`` script execs its JVM). Prints per kind the CPU seconds, the processes and
 the seconds each took on average, then the command's wall time, and writes them to
 ``--out`` as JSON with each process's figures. What a process spends between two readings
 before it exits is lost (a quarter second at most, by default), so short-lived processes
@@ -28,6 +28,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from txjoin.bench import SPARK_SUBMIT
+from txjoin.join.spark import host
+from txjoin.pipeline import worker_daemon
+
 TICK = os.sysconf("SC_CLK_TCK")
 
 JVM_KINDS = (
@@ -38,15 +42,15 @@ JVM_KINDS = (
     ("DriverWrapper", "jvm: Spark driver (cluster mode)"),
     ("CoarseGrainedExecutorBackend", "jvm: Spark executor"),
     ("org.apache.spark.launcher.Main", "jvm: spark-submit's launcher"),
-    ("SparkSubmit", "jvm: Spark driver"),
+    (SPARK_SUBMIT, "jvm: Spark driver"),
 )
 """A JVM's kind by a word of its command line, the first that matches."""
 
 PYTHON_KINDS = (
-    ("txjoin.join.spark.host", "python: shard host"),
+    (host.__name__, "python: shard host"),
     ("transform_with_state_driver", "python: a query's pre-init (transformWithState)"),
     ("python_streaming_source_run", "python: a query's data source planner"),
-    ("txjoin.pipeline.worker_daemon", "python: Spark worker (txjoin's daemon)"),
+    (worker_daemon.__name__, "python: Spark worker (txjoin's daemon)"),
     ("pyspark.daemon", "python: Spark worker (PySpark's daemon)"),
     ("pyspark.worker", "python: Spark worker"),
     ("tests.spark.kill_target", "python: kill target"),
@@ -58,8 +62,16 @@ PYTHON_KINDS = (
 """A Python process's kind by a word of its command line, the first that matches."""
 
 
-def kind_of(pid: str) -> str | None:
-    """The kind of process ``pid`` (None: gone, or a kernel thread)."""
+def executable(pid: str) -> str:
+    """Process ``pid``'s executable ('': gone, a kernel thread, or not ours to read)."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
+def kind_of(pid: str, exe: str) -> str | None:
+    """The kind of process ``pid`` running ``exe`` (None: gone, or a kernel thread)."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
@@ -67,10 +79,6 @@ def kind_of(pid: str) -> str | None:
     line = " ".join(a.decode(errors="replace") for a in argv if a)
     if not line:
         return None
-    try:
-        exe = os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        exe = ""
     name = os.path.basename(exe)
     if name == "java":
         return next((k for word, k in JVM_KINDS if word in line), "jvm: other")
@@ -102,7 +110,7 @@ def main() -> int:
     if not Path("/proc/self/stat").exists():
         parser.error("reads Linux's /proc")
     began = float(Path("/proc/uptime").read_text().split()[0]) * TICK
-    seen: dict[str, dict] = {}  # pid -> kind, cpu, cpu at first sight (0: born after), start
+    seen: dict[str, dict] = {}  # pid -> kind, exe, cpu, start, base (cpu before the run)
     started = time.monotonic()
     proc = subprocess.Popen(command)
     try:
@@ -112,15 +120,19 @@ def main() -> int:
                 if not pid.isdigit():
                     continue
                 cpu = read_cpu(pid)
-                kind = kind_of(pid)
-                if cpu is None or kind is None:
+                if cpu is None:
                     continue
+                exe = executable(pid)
                 entry = seen.get(pid)
                 if entry is None or entry["start"] != cpu[1]:  # new, or a reused pid
-                    seen[pid] = {"kind": kind, "cpu": cpu[0], "start": cpu[1],
-                                 "base": 0.0 if cpu[1] >= began else cpu[0]}
-                else:
-                    entry.update(kind=kind, cpu=cpu[0])
+                    kind = kind_of(pid, exe)
+                    if kind is not None:
+                        seen[pid] = {"kind": kind, "exe": exe, "cpu": cpu[0], "start": cpu[1],
+                                     "base": 0.0 if cpu[1] >= began else cpu[0]}
+                    continue
+                if exe != entry["exe"]:  # an exec (spark-submit's script -> its JVM)
+                    entry.update(kind=kind_of(pid, exe) or entry["kind"], exe=exe)
+                entry["cpu"] = cpu[0]
             if done:
                 break
             time.sleep(args.interval)
