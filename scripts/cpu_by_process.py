@@ -31,6 +31,7 @@ from pathlib import Path
 from txjoin.bench import SPARK_SUBMIT
 from txjoin.join.spark import host
 from txjoin.pipeline import worker_daemon
+from txjoin.procfs import STAT_START, cpu_seconds, stat_fields
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -91,11 +92,10 @@ def kind_of(pid: str, exe: str) -> str | None:
 
 def read_cpu(pid: str) -> tuple[float, int] | None:
     """Process ``pid``'s CPU seconds and start time (clock ticks after boot)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = stat_fields(int(pid))
+    if fields is None:
         return None
-    return (int(fields[11]) + int(fields[12])) / TICK, int(fields[19])
+    return cpu_seconds(fields), int(fields[STAT_START])
 
 
 def main() -> int:

@@ -35,6 +35,7 @@ from typing import Any
 import pyarrow as pa
 
 from txjoin.pipeline.session import get_session
+from txjoin.procfs import STAT_PPID, cpu_seconds, stat_fields
 from txjoin.sinks import current_schema, delta_current
 from txjoin.sinks.delta import DeltaSink, _spark_schema
 from txjoin.sinks.delta_commit import DeltaCommitter
@@ -78,9 +79,9 @@ def _seed(sink: DeltaSink, spark: Any, rows: int) -> None:
 
 def _cpu(jvm_pid: int) -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
-    fields = Path(f"/proc/{jvm_pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return own.ru_utime + own.ru_stime + (int(fields[11]) + int(fields[12])) / ticks
+    fields = stat_fields(jvm_pid)
+    assert fields is not None, f"the driver's JVM {jvm_pid} is gone"
+    return own.ru_utime + own.ru_stime + cpu_seconds(fields)
 
 
 def _tasks_cpu(jvm_pid: int) -> float:
@@ -88,21 +89,17 @@ def _tasks_cpu(jvm_pid: int) -> float:
     live descendant's, with what its exited children used."""
     stats: dict[int, list[str]] = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stats[int(entry.name)] = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
+        if entry.name.isdigit() and (fields := stat_fields(int(entry.name))) is not None:
+            stats[int(entry.name)] = fields
     children: dict[int, list[int]] = {}
     for pid, fields in stats.items():
-        children.setdefault(int(fields[1]), []).append(pid)
-    total, todo = 0, list(children.get(jvm_pid, []))
+        children.setdefault(int(fields[STAT_PPID]), []).append(pid)
+    total, todo = 0.0, list(children.get(jvm_pid, []))
     while todo:
         pid = todo.pop()
-        fields = stats[pid]
-        total += sum(int(f) for f in fields[11:15])
+        total += cpu_seconds(stats[pid], reaped=True)
         todo += children.get(pid, [])
-    return total / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _peak_mb(pid: int) -> float:

@@ -70,6 +70,8 @@ from typing import Any
 import psycopg2
 from verify_million import ORDER_TIME, ROOT
 
+from txjoin.procfs import STAT_PPID, stat_fields
+
 JOB_FILE = ROOT / "jobs" / "orders.py"
 TXJOIN = Path(sys.executable).with_name("txjoin")
 SAMPLE_S = 0.5
@@ -238,12 +240,10 @@ class TreeRss:
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
-            stat = _read(f"/proc/{entry}/stat")
-            if stat is None:
+            fields, comm = stat_fields(int(entry)), _read(f"/proc/{entry}/comm")
+            if fields is None or comm is None:
                 continue
-            # pid (comm) state ppid ...: comm may hold spaces and parentheses
-            procs[int(entry)] = (int(stat[stat.rindex(")") + 2:].split()[1]),
-                                 stat[stat.index("(") + 1:stat.rindex(")")])
+            procs[int(entry)] = (int(fields[STAT_PPID]), comm.rstrip("\n"))
         children: dict[int, list[int]] = collections.defaultdict(list)
         for pid, (ppid, _) in procs.items():
             children[ppid].append(pid)

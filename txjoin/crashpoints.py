@@ -72,6 +72,7 @@ import signal
 from pathlib import Path
 
 from txjoin.errors import ConfigError
+from txjoin.procfs import STAT_PPID, stat_fields
 
 CRASH_ENV = "TXJOIN_CRASH_AT"
 RECORD_ENV = "TXJOIN_CRASH_RECORD"
@@ -162,8 +163,10 @@ def _spark_jvm() -> int | None:
     pid = os.getpid()
     try:
         while pid > 1:
-            with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-                pid = int(fh.read().rsplit(")", 1)[1].split()[1])  # the parent
+            fields = stat_fields(pid)
+            if fields is None:
+                return None
+            pid = int(fields[STAT_PPID])
             with open(f"/proc/{pid}/comm", encoding="ascii") as fh:
                 if fh.read().strip() == "java":
                     return pid

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from txjoin.errors import ConfigError
+from txjoin.procfs import cpu_seconds, stat_fields
 
 JARS_ENV = "TXJOIN_JARS"
 SPARK_JAVA_HOME_ENV = "TXJOIN_SPARK_JAVA_HOME"
@@ -297,14 +298,14 @@ def compiler_cpu_seconds(pid: int, proc: Path = Path("/proc")) -> float | None:
         threads = list(tasks.iterdir())
     except OSError:
         return None
-    ticks = 0
+    seconds = 0.0
     for thread in threads:
         try:
             if COMPILER_THREAD not in (thread / "comm").read_text():
                 continue
-            # after the command name in parentheses: state, then 10 fields, utime, stime
-            fields = (thread / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+        except OSError:
             continue  # the thread ended meanwhile
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
+        fields = stat_fields(thread / "stat")
+        if fields is not None:
+            seconds += cpu_seconds(fields)
+    return seconds

@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from tests.fixtures import broker as broker_fixture
 from txjoin.errors import ConfigError, ServiceError
+from txjoin.procfs import STAT_STATE, stat_fields
 from txjoin.stack import broker, debezium, down, load_stack, status, up
 from txjoin.stack.generate import generate
 from txjoin.stack.stack import STATE_FILE, StackInfo
@@ -358,8 +359,9 @@ def test_down_stops_every_pid_and_up_resumes_on_the_data(stack: Any) -> None:
 
 
 def _zombie(pid: int) -> bool:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+    fields = stat_fields(pid)
+    assert fields is not None, f"process {pid} is gone, not a zombie"
+    return fields[STAT_STATE] == "Z"
 
 
 # -- configuration shared with docker-compose ---------------------------------------------

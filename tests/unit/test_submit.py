@@ -15,6 +15,7 @@ from txjoin.api import resolve_paths
 from txjoin.cli import main
 from txjoin.errors import ConfigError
 from txjoin.pipeline.pipeline import RunConfig
+from txjoin.procfs import STAT_STATE, stat_fields
 from txjoin.submit import LAUNCHER_CLASS
 
 ORDERS = Path(__file__).resolve().parents[2] / "jobs" / "orders.py"
@@ -181,10 +182,8 @@ def test_the_python_driver_dies_with_the_process_that_started_it() -> None:
 
 
 def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
+    fields = stat_fields(pid)
+    return "gone" if fields is None else fields[STAT_STATE]
 
 
 def test_the_driver_of_a_standalone_cluster_finds_env_as_its_own_environment(

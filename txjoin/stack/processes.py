@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from txjoin.errors import ServiceError
+from txjoin.procfs import STAT_START, STAT_STATE, stat_fields
 
 
 @dataclass(frozen=True)
@@ -41,15 +42,10 @@ class ProcessId:
 
 def _start_ticks(pid: int) -> int | None:
     """Field 22 of /proc/<pid>/stat, or None if the process is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            # The command name (field 2) may hold spaces and parentheses: split after it.
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
+    fields = stat_fields(pid)
+    if fields is None or fields[STAT_STATE] in ("Z", "X"):
         return None
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
+    return int(fields[STAT_START])
 
 
 def free_port() -> int:
