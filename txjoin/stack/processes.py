@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from txjoin.errors import ServiceError
 from txjoin.procfs import STAT_START, STAT_STATE, stat_fields
@@ -48,8 +50,36 @@ def _start_ticks(pid: int) -> int | None:
     return int(fields[STAT_START])
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LISTEN_PORTS = 16384
+"""How many ports below the kernel's ephemeral range :func:`free_port` picks from."""
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
+    """A TCP port on 127.0.0.1 that is free right now, picked *below* the kernel's ephemeral
+    range (32768-60999 by default) where the kernel has one.
+
+    A port is picked a while before its server listens on it (the local stack picks every
+    port, then starts PostgreSQL, then the broker), and a port of the ephemeral range can be
+    taken meanwhile by any outgoing connection on the machine (a Kafka or Spark client
+    connecting anywhere): then the server cannot bind and exits (a broker did, in a test
+    beside another worker's Spark runs). Outgoing connections never get a port below that
+    range, so only another server could take it there."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    if low > 1024 + LISTEN_PORTS // 4:
+        picks = random.SystemRandom()
+        first = max(1024, low - LISTEN_PORTS)
+        for _ in range(100):
+            port = picks.randrange(first, low)
+            with socket.socket() as sock:
+                try:  # without SO_REUSEADDR: a port any socket holds, or held, is not taken
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

@@ -1,0 +1,58 @@
+"""The local stack's process helpers: ports picked where no outgoing connection can take them,
+and a process known by its pid and start time (``txjoin/stack/processes.py``,
+``txjoin/procfs.py``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from txjoin.procfs import STAT_PPID, STAT_STATE, cpu_seconds, stat_fields
+from txjoin.stack import processes
+from txjoin.stack.processes import ProcessId, free_port
+
+
+def test_a_free_port_is_below_the_ephemeral_range_and_free() -> None:
+    low = int(processes.EPHEMERAL_RANGE.read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(max(1024, low - processes.LISTEN_PORTS) <= p < low for p in ports), ports
+    assert len(ports) > 1  # picked at random, not one port for every caller
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports.pop()))
+
+
+def test_a_port_a_socket_holds_is_not_picked(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        # a range below the ephemeral one that holds that port alone: the kernel's pick then
+        monkeypatch.setattr(processes, "LISTEN_PORTS", 1)
+        monkeypatch.setattr(processes, "EPHEMERAL_RANGE", tmp_path / "range")
+        (tmp_path / "range").write_text(f"{port + 1}\t60999\n")
+        assert free_port() != port
+
+
+def test_without_a_known_range_the_kernel_picks(monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    monkeypatch.setattr(processes, "EPHEMERAL_RANGE", tmp_path / "missing")
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_stat_fields_of_a_process_and_of_one_gone() -> None:
+    mine = stat_fields(os.getpid())
+    assert mine is not None and mine[STAT_STATE] in "RS"
+    assert int(mine[STAT_PPID]) == os.getppid()
+    assert cpu_seconds(mine) <= cpu_seconds(mine, reaped=True)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert stat_fields(child.pid) is None
+    assert not ProcessId(child.pid, 0).alive()
+    assert ProcessId.of(os.getpid()).alive()
