@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Fetch txjoin's JVM dependencies from Maven Central with `mvn`, pinned by the POMs in jvm/,
-# into the git-ignored .jars/ (reused while each POM is unchanged). Sourced by setup.sh.
+# into the git-ignored .jars/ (reused while each POM is unchanged), then compile txjoin's own
+# JVM modules against .venv's pyspark. Run by setup.sh; `jars.sh fetch` does the first part
+# only (no .venv needed), `jars.sh compile` the second.
 #   .jars/spark/           spark.jars of the job: Spark's kafka source, delta-spark
 #   .jars/kafka/           the Apache Kafka broker (KRaft) of the local stack
 #   .jars/connect/         Kafka Connect's worker (ConnectDistributed)
@@ -12,7 +14,11 @@ if ! command -v mvn >/dev/null 2>&1; then
     echo "error: mvn not found: txjoin fetches its jars (Kafka, Debezium, Spark's kafka source, delta-spark) with Maven; install maven" >&2
     exit 2
 fi
-for name in spark kafka connect; do
+what=${1:-all}
+case "$what" in all|fetch|compile) ;; *) echo "usage: jars.sh [fetch|compile]" >&2; exit 2 ;; esac
+fetched=(spark kafka connect)
+if [ "$what" = compile ]; then fetched=(); fi
+for name in "${fetched[@]}"; do
     dest=.jars/$name
     sum=$(sha256sum "jvm/$name/pom.xml" | cut -c1-16)
     if [ -f "$dest/.pom-$sum" ]; then
@@ -67,6 +73,10 @@ compile_module() {
         echo "warning: no javac, no jvm/$name: $without" >&2
     fi
 }
+
+if [ "$what" = fetch ]; then
+    exit 0
+fi
 
 # txjoin's own Hadoop local file system (jvm/localfs: Hadoop's, without a chmod or readlink
 # process per file), on the class path of txjoin's Spark drivers (txjoin.jvm.local_fs_conf).

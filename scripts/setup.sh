@@ -26,6 +26,11 @@ stamp=.venv/.txjoin-installed
 # process, txjoin command, pytest worker) compiled pandas, pyarrow and pyspark from source:
 # their imports 1.96 -> 0.61 s of CPU each; it costs a fresh install ~17 s (40 -> 57 s).
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    # The jars come from Maven Central while uv installs the packages (on a fresh machine
+    # ~65 s and ~40 s, one after the other before): one mvn at a time, as Maven 3.8's local
+    # repository is not safe for several; what needs .venv (compiling jvm/) comes after.
+    bash scripts/jars.sh fetch &
+    fetching=$!
     # setuptools' build backend prints a block of stars about editable installs on every
     # fresh install (BuildBackendWarning, issue 73): shown with TXJOIN_VERBOSE=1 only.
     build_warnings=ignore
@@ -40,6 +45,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     # them and /tmp's leftovers filled the disk and failed a run. On CI (CI set) the builds
     # no environment refers to any more are removed; a developer's shared cache is theirs.
     if [ -n "${CI:-}" ]; then .venv/bin/uv cache prune -q || true; fi
+    wait "$fetching"
     touch "$stamp"
 fi
 # Checked where the bytecode lives, not by a stamp: a .venv whose packages' __pycache__
