@@ -229,13 +229,20 @@ def test_a_supervised_driver_survives_losing_a_worker_then_its_own_kill_exactly_
             # a failure above must not leave the writers on the shared stack's database,
             # where every later test's verify would race them
             workload.stopping.set()
-            # the master stops the supervised driver for good
-            subprocess.run([str(SPARK_HOME / "bin" / "spark-submit"), "--master",
-                            cluster.master_url, "--kill", driver_id], capture_output=True,
-                           timeout=60, check=False, env={**os.environ, **cluster.java_env})
+            # the master stops the supervised driver for good (through its REST server, as
+            # docs/production.md says: until then the kill failed to connect, unchecked, and
+            # the wait below ran out its 60 s in every run)
+            killed = subprocess.run([str(SPARK_HOME / "bin" / "spark-submit"), "--master",
+                                     cluster.rest_url, "--kill", driver_id], capture_output=True,
+                                    text=True, timeout=60, check=False,
+                                    env={**os.environ, **cluster.java_env})
             deadline = time.monotonic() + 60
             while driver_pid(tmp_path) is not None and time.monotonic() < deadline:
                 time.sleep(0.3)
+            gone = driver_pid(tmp_path) is None
+        assert killed.returncode == 0 and gone, \
+            f"spark-submit --kill {driver_id}: exit {killed.returncode}, driver gone: {gone}\n" \
+            f"{(killed.stdout + killed.stderr)[-3000:]}"
         wait_until_captured(e2e_stack.info)
         print(f"[e2e] workload: {result.transactions} tx, {result.events} events")
     # what is left, in this worker's session: the checkpoint the restarted drivers kept
