@@ -1,7 +1,7 @@
 """Where a steady micro-batch's time goes: the cycle that bounds PostgreSQL's latency.
 
     .venv/bin/python scripts/batch_cycle.py [--dir .txjoin] [--rate 50] [--seconds 60]
-        [--out batch-cycle.json]
+        [--conf KEY=VALUE] [--out batch-cycle.json]
 
 On a running local stack (`txjoin up --dir DIR`; `./scripts/demo.sh` leaves one), runs
 `jobs/orders.py` on `local[2]` in this process, continuing the stack's checkpoint (as
@@ -94,15 +94,18 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the session, to measure it (repeatable)")
     parser.add_argument("--out", type=Path, default=Path("batch-cycle.json"))
     args = parser.parse_args()
+    conf = dict(c.split("=", 1) for c in args.conf)
     info = load_stack(args.dir)
     if info is None:
         raise SystemExit(f"no stack in {args.dir}: start one with `txjoin up --dir {args.dir}`")
     events = Path(tempfile.mkdtemp(prefix="txjoin-cycle-events-"))
     spark = get_session("local[2]", app_name="txjoin-batch-cycle", extra_conf={
         "spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(),
-        "spark.eventLog.compress": "false"})
+        "spark.eventLog.compress": "false", **conf})
     config = RunConfig(topic_prefix=info.topic_prefix, bootstrap_servers=info.bootstrap_servers,
                        checkpoint_dir=str(args.dir / "checkpoints"),
                        output_dir=str(args.dir / "output"), master="local[2]",
@@ -119,7 +122,8 @@ def main() -> None:
     steady = reports[len(reports) // 3:]
     steady_from = steady[0].batch_id if steady else 0
     results: dict[str, Any] = {
-        "rate_tx_per_s": args.rate, "seconds": args.seconds, "batches": len(reports),
+        "rate_tx_per_s": args.rate, "seconds": args.seconds, "conf": conf,
+        "batches": len(reports),
         "steady_batches": len(steady), "steady_from_batch": steady_from,
         "batch_seconds_ms": percentiles([r.seconds * 1000 for r in steady]),
         "spark_duration_ms": {
