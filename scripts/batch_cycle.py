@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -138,6 +139,7 @@ def main() -> None:
     log = next((f for f in logs if f.is_file() and f.name.startswith(("events", "local-"))),
                None)
     results["job_stages"] = {} if log is None else stages_of(log, steady_from)
+    shutil.rmtree(events, ignore_errors=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"{len(reports)} batches, {len(steady)} steady (from batch {steady_from}), "
           f"{args.rate:g} tx/s; ms, p50 / p90")

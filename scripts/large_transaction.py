@@ -70,7 +70,7 @@ from typing import Any
 import psycopg2
 from verify_million import ORDER_TIME, ROOT
 
-from txjoin.procfs import STAT_PPID, stat_fields
+from txjoin.procfs import STAT_PPID, read_stat
 
 JOB_FILE = ROOT / "jobs" / "orders.py"
 TXJOIN = Path(sys.executable).with_name("txjoin")
@@ -240,10 +240,11 @@ class TreeRss:
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
-            fields, comm = stat_fields(int(entry)), _read(f"/proc/{entry}/comm")
-            if fields is None or comm is None:
+            read = read_stat(int(entry))
+            if read is None:
                 continue
-            procs[int(entry)] = (int(fields[STAT_PPID]), comm.rstrip("\n"))
+            comm, fields = read
+            procs[int(entry)] = (int(fields[STAT_PPID]), comm)
         children: dict[int, list[int]] = collections.defaultdict(list)
         for pid, (ppid, _) in procs.items():
             children[ppid].append(pid)

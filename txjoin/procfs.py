@@ -16,17 +16,27 @@ STAT_STATE, STAT_PPID, STAT_UTIME, STAT_STIME, STAT_START = 0, 1, 11, 12, 19
 STAT_CUTIME, STAT_CSTIME = 13, 14  # what its exited children used, once it waited for them
 
 
-def stat_fields(stat: int | str | os.PathLike[str]) -> list[str] | None:
-    """The fields of a ``/proc/<pid>/stat`` (or ``/proc/<pid>/task/<tid>/stat``) file after
-    the command name, ``STAT_STATE`` first; None if the process is gone (or not ours to
-    read). The command name may hold spaces and parentheses, so the split is after its last
-    ``)``. ``stat`` is the file's path, or a pid."""
+def read_stat(stat: int | str | os.PathLike[str]) -> tuple[str, list[str]] | None:
+    """A ``/proc/<pid>/stat`` (or ``/proc/<pid>/task/<tid>/stat``) file read once: the
+    command name and the fields after it, ``STAT_STATE`` first; None if the process is gone
+    (or not ours to read). The command name may hold spaces and parentheses, so it ends at
+    the last ``)``. ``stat`` is the file's path, or a pid."""
     path = f"/proc/{stat}/stat" if isinstance(stat, int) else stat
     try:
         with open(path, encoding="ascii", errors="replace") as fh:
-            return fh.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+            text = fh.read()
+    except OSError:
         return None
+    head, paren, rest = text.rpartition(")")
+    if not paren:
+        return None
+    return head.partition("(")[2], rest.split()
+
+
+def stat_fields(stat: int | str | os.PathLike[str]) -> list[str] | None:
+    """The fields of :func:`read_stat` after the command name, ``STAT_STATE`` first."""
+    read = read_stat(stat)
+    return None if read is None else read[1]
 
 
 def cpu_seconds(fields: list[str], reaped: bool = False) -> float:

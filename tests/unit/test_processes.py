@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from txjoin.procfs import STAT_PPID, STAT_STATE, cpu_seconds, stat_fields
+from txjoin.procfs import STAT_PPID, STAT_STATE, cpu_seconds, read_stat, stat_fields
 from txjoin.stack import processes
 from txjoin.stack.processes import ProcessId, free_port
 
@@ -51,6 +51,15 @@ def test_stat_fields_of_a_process_and_of_one_gone() -> None:
     assert mine is not None and mine[STAT_STATE] in "RS"
     assert int(mine[STAT_PPID]) == os.getppid()
     assert cpu_seconds(mine) <= cpu_seconds(mine, reaped=True)
+    read = read_stat(os.getpid())
+    assert read is not None and read[0] == Path(f"/proc/{os.getpid()}/comm").read_text().strip()
+
+
+def test_a_command_name_with_spaces_and_parentheses(tmp_path: Path) -> None:
+    (tmp_path / "stat").write_text("42 (a (b) c)) S 7 0 0\n")
+    assert read_stat(tmp_path / "stat") == ("a (b) c)", ["S", "7", "0", "0"])
+    (tmp_path / "stat").write_text("truncated")
+    assert read_stat(tmp_path / "stat") is None
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     assert stat_fields(child.pid) is None

@@ -69,7 +69,7 @@ def free_port() -> int:
         low = int(EPHEMERAL_RANGE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 0
-    if low > 1024 + LISTEN_PORTS // 4:
+    if low > 1024:
         picks = random.SystemRandom()
         first = max(1024, low - LISTEN_PORTS)
         for _ in range(100):
