@@ -20,7 +20,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from txjoin.errors import CheckpointError
-from txjoin.ingest.spark.kafka import KafkaFacts, checkpoint_sources, last_offsets, split_topics
+from txjoin.ingest.spark.kafka import (
+    KafkaFacts,
+    batch_offset_spans,
+    checkpoint_sources,
+    last_offsets,
+    split_topics,
+)
 
 
 def spark_rate_limit(limit: int, start: dict[int, int], latest: dict[int, int]) -> dict[int, int]:
@@ -127,3 +133,64 @@ def test_a_restart_takes_the_sources_from_the_checkpoints_offset_log(tmp_path: P
                                               r"and the job subscribes none of them now; .*"
                                               r"--rebuild"):
         checkpoint_sources(tmp_path, ["o", "x"])
+
+
+def _initial(checkpoint: Path, source: int, offsets: dict[str, dict[str, int]]) -> None:
+    """A kafka source's starting offsets as spark-sql-kafka 4.2 keeps them: a zero byte,
+    a version line, the offsets (``KafkaSourceInitialOffsetWriter``)."""
+    folder = checkpoint / "sources" / str(source)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "0").write_bytes(b"\0v1\n" + json.dumps(offsets).encode())
+
+
+gapped_backlogs = st.lists(st.tuples(st.integers(0, 400), st.sets(st.integers(0, 600))),
+                           min_size=1, max_size=4)
+
+
+@given(gapped_backlogs, st.integers(1, 800), st.integers(0, 10**6), st.integers(0, 3))
+def test_the_offsets_a_batch_was_planned_over_tell_caught_up_with_gaps_in_the_offsets(
+        tmp_path_factory: pytest.TempPathFactory, backlog: list[tuple[int, set[int]]],
+        limit: int, base: int, batch: int) -> None:
+    """Offsets with gaps (an exactly-once connector's transaction markers, compaction):
+    Spark's read limit shares out offsets, so a batch it cut short can hold fewer than
+    ``N - P`` records. The spans read from the offset log (:func:`batch_offset_spans`,
+    from the source's starting offsets for its first batch) are what Spark planned, and
+    the rule on them never calls a cut-short topic caught up."""
+    checkpoint = tmp_path_factory.mktemp("ckpt")
+    start = {str(p): base + 17 * p for p in range(len(backlog))}
+    latest = {p: start[p] + n for p, (n, _) in zip(start, backlog, strict=True)}
+    if batch == 0:
+        _initial(checkpoint, 0, {"t": start})
+    else:
+        _offset_log(checkpoint, batch - 1, {"t": start})
+    ends = spark_rate_limit(limit, start, latest)
+    _offset_log(checkpoint, batch, {"t": ends})
+    spans = batch_offset_spans(checkpoint, batch)
+    assert spans == {"t": sum(ends[p] - start[p] for p in start)}
+    facts = KafkaFacts({"t": len(backlog)}, max_events=limit)
+    if facts.caught_up(spans):
+        assert ends == latest, (backlog, limit, ends)
+
+
+def test_a_batch_cut_short_over_gaps_is_not_caught_up_though_it_read_few_records(
+        tmp_path: Path) -> None:
+    """One partition, a limit of 10, 30 offsets waiting of which 3 of the first 10 are
+    transaction markers: Spark plans 10 offsets, the batch reads 7 records (fewer than
+    N - P = 9, which counting records took for caught up); its 10 offsets say cut short."""
+    _initial(tmp_path, 0, {"t": {"0": 100}})
+    ends = spark_rate_limit(10, {0: 100}, {0: 130})
+    assert ends == {0: 110}
+    _offset_log(tmp_path, 0, {"t": {"0": ends[0]}})
+    facts = KafkaFacts({"t": 1}, max_events=10)
+    assert facts.caught_up({"t": 7}) == {"t"}  # the records the batch read, markers skipped
+    assert facts.caught_up(batch_offset_spans(tmp_path, 0)) == set()
+
+
+def test_a_batch_missing_from_the_offset_log_is_a_checkpoint_error(tmp_path: Path) -> None:
+    _offset_log(tmp_path, 0, {"t": {"0": 5}})
+    with pytest.raises(CheckpointError, match=r"micro-batch 3 is not in the offset log"):
+        batch_offset_spans(tmp_path, 3)
+    # a second source's partitions it had not read before start from its starting offsets
+    _initial(tmp_path, 1, {"u": {"0": 2, "1": 4}})
+    _offset_log(tmp_path, 1, {"t": {"0": 9}}, {"u": {"0": 7, "1": 4}})
+    assert batch_offset_spans(tmp_path, 1) == {"t": 4, "u": 5}

@@ -32,7 +32,7 @@ from txjoin.sequence.assembly import IncompletePolicy
 ORDERS = Path(__file__).resolve().parents[2] / "jobs" / "orders.py"
 
 
-def _request() -> tuple[bytes, int, pa.Table, float, None]:
+def _request() -> tuple[bytes, int, pa.Table, float, None, None]:
     """What a task sends for a batch that read nothing (shard 0 of 2)."""
     processor = ShardProcessor(load_job(ORDERS), [0, 1], IncompletePolicy("fail", 300.0),
                                "shop", "test-token")
@@ -41,7 +41,7 @@ def _request() -> tuple[bytes, int, pa.Table, float, None]:
     frame["offset"] = frame["offset"].astype("int64")
     frame["counted"] = frame["counted"].astype(bool)
     return processor.spec(), 0, pa.Table.from_pandas(frame, preserve_index=False), \
-        time.perf_counter(), None
+        time.perf_counter(), None, None
 
 
 @pytest.fixture
@@ -81,11 +81,11 @@ def test_the_host_replies_before_it_collects(
 def test_a_failed_batch_is_reported_and_the_collector_is_back_on(
         connection: tuple[socket.socket, socket.socket]) -> None:
     task, served = connection
-    _spec, shard, frame, started, batch = _request()
+    _spec, shard, frame, started, batch, spans = _request()
     thread = threading.Thread(target=host._serve, args=(served,), daemon=True)
     thread.start()
     with pytest.raises(pickle.UnpicklingError, match="invalid load key"):  # raised in the task
-        list(host.serve_batch(task, (b"not a pickle", shard, frame, started, batch),
+        list(host.serve_batch(task, (b"not a pickle", shard, frame, started, batch, spans),
                               MemoryStore()))
     thread.join(10)
     assert not thread.is_alive()

@@ -52,7 +52,12 @@ from pyspark.sql.streaming import StreamingQuery
 from txjoin import crashpoints
 from txjoin.errors import RECOVER, ConfigError, JobError
 from txjoin.ingest.debezium import DEFAULT_TOPIC_PREFIX
-from txjoin.ingest.spark.kafka import KafkaFacts, KafkaTopics
+from txjoin.ingest.spark.kafka import (
+    OFFSET_SPANS_PROPERTY,
+    KafkaFacts,
+    KafkaTopics,
+    batch_offset_spans,
+)
 from txjoin.job import Job, Table
 from txjoin.join import ENGINES, SHARDED, STAGED
 from txjoin.join.output import output_schema
@@ -534,8 +539,20 @@ class Pipeline:
                 stages[delta.name] = delta_stage
         keep_rows = bool(direct)
         computing = time.monotonic()
-        summary = summarise(df.mapInArrow(PartWriter(self.schema, stages, keep_rows),
-                                          SUMMARY_SCHEMA).toArrow(), self.schema, keep_rows)
+        facts = self.kafka_facts
+        limited = facts is not None and facts.max_events is not None
+        context = self.spark.sparkContext
+        if limited:
+            # what the batch was planned to read, for the shards' caught-up rule (the job
+            # below runs on this thread, so its tasks get the property)
+            context.setLocalProperty(OFFSET_SPANS_PROPERTY, json.dumps(
+                batch_offset_spans(Path(self.checkpoint), batch_id), sort_keys=True))
+        try:
+            summary = summarise(df.mapInArrow(PartWriter(self.schema, stages, keep_rows),
+                                              SUMMARY_SCHEMA).toArrow(), self.schema, keep_rows)
+        finally:
+            if limited:
+                context.setLocalProperty(OFFSET_SPANS_PROPERTY, None)  # type: ignore[arg-type]
         computed = time.monotonic()
         if DeltaSink.name in stages:  # tests only: Delta's files written, neither committed
             crashpoints.reached(crashpoints.DELTA_STAGED, batch_id)  # nor handed off

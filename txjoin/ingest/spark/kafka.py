@@ -13,17 +13,18 @@ What the core learned from txjoin's former Python source, re-derived here:
   to the latest offsets of every partition, so every batch reads every topic to its
   end as of planning (an ``availableNow`` run: as of its start, which is sound too).
   With ``--max-events-per-trigger N`` (``maxOffsetsPerTrigger``) Spark shares N among
-  the partitions in proportion to their backlog, rounding each share down (up below
-  1); if the limit binds, the batch holds at least ``N - P`` records, P being the
-  number of partitions (each share loses less than one record to rounding). So a batch
-  of fewer than ``N - P`` records read every partition to its end
+  the partitions' offsets in proportion to their backlog, rounding each share down (up
+  below 1); if the limit binds, the batch spans at least ``N - P`` offsets, P being the
+  number of partitions (each share loses less than one offset to rounding). So a batch
+  planned over fewer than ``N - P`` offsets read every partition to its end
   (:meth:`KafkaFacts.caught_up`; ``tests/unit/test_kafka_facts.py`` checks the rule
-  against Spark's own rate limit). The count is the batch's own, hence the
-  same when the batch is re-run. It counts records, not offsets, so it relies on
-  offsets without gaps, as Debezium's topics have (Kafka Connect's worker, without
-  exactly-once source support, writes no transaction markers; the topics are not
-  compacted): a batch cut short by the limit that also skipped gaps could pass for
-  caught up.
+  against Spark's own rate limit). The driver reads the batch's planned offsets from
+  Spark's offset log before the batch's job (:func:`batch_offset_spans`, the same when
+  the batch is re-run) and hands them to the shards' tasks as a local property
+  (:data:`OFFSET_SPANS_PROPERTY`). Offsets, not records: an exactly-once source
+  connector's transaction markers and compaction leave gaps in the offsets, and a
+  batch the limit cut short that skipped gaps holds fewer than ``N - P`` records
+  (counting records, as txjoin did before 2026-12-07, called it caught up).
 - **Small topics read by a source of their own.** Spark's share of the limit goes by
   backlog, so on a long backlog a topic of a few records (a lookup table's snapshot) is
   read a record or so per batch, and nothing is released until its last snapshot row
@@ -96,15 +97,16 @@ class KafkaFacts:
     def groups(self) -> Sources:
         return self.sources or (tuple(self.partitions),)
 
-    def caught_up(self, records: Mapping[str, int]) -> set[str]:
-        """The topics a batch read to their planned end, from ``records`` (topic -> records
-        the batch read from it): every topic of a source that read fewer than ``N - P``
-        records (N its limit, P its partitions; each source is limited on its own)."""
+    def caught_up(self, spans: Mapping[str, int]) -> set[str]:
+        """The topics a batch read to their planned end, from ``spans`` (topic -> the
+        offsets the batch was planned to read from it, :func:`batch_offset_spans`): every
+        topic of a source planned fewer than ``N - P`` offsets (N its limit, P its
+        partitions; each source is limited on its own)."""
         if self.max_events is None:
             return set(self.partitions)
         out: set[str] = set()
         for group in self.groups():
-            read = sum(records.get(t, 0) for t in group)
+            read = sum(spans.get(t, 0) for t in group)
             if read < self.max_events - sum(self.partitions.get(t, 0) for t in group):
                 out.update(group)
         return out
@@ -322,11 +324,87 @@ def _offset_lines(checkpoint: Path) -> list[dict[str, dict[str, int]]]:
     batches = sorted((int(p.name) for p in folder.glob("[0-9]*")), reverse=True) \
         if folder.is_dir() else []
     for batch in batches:
-        lines = [line.strip() for line in (folder / str(batch)).read_text().splitlines()[2:]]
-        if lines and all(line.startswith("{") for line in lines):
-            return [{t: {p: int(o) for p, o in parts.items()}
-                     for t, parts in json.loads(line).items()} for line in lines]
+        lines = _log_entry(folder / str(batch))
+        if lines:
+            return lines
     return []
+
+
+def _log_entry(path: Path) -> list[dict[str, dict[str, int]]] | None:
+    """The kafka source lines of one entry of Spark's offset log (None: no such entry, or
+    not a kafka source's)."""
+    if not path.is_file():
+        return None
+    lines = [line.strip() for line in path.read_text().splitlines()[2:]]
+    if not lines or not all(line.startswith("{") for line in lines):
+        return None
+    return [{t: {p: int(o) for p, o in parts.items()} for t, parts in json.loads(line).items()}
+            for line in lines]
+
+
+def _initial_offsets(checkpoint: Path, source: int) -> dict[str, dict[str, int]]:
+    """Where kafka source number ``source`` of the checkpoint's query started (its
+    ``startingOffsets`` as resolved on the first batch): Spark's kafka source keeps them in
+    ``<checkpoint>/sources/<source>/0``, a zero byte, a version line, then the offsets."""
+    path = checkpoint / "sources" / str(source) / "0"
+    if not path.is_file():
+        return {}
+    text = path.read_bytes().lstrip(b"\0").decode()
+    _, _, offsets = text.partition("\n")
+    return {t: {p: int(o) for p, o in parts.items()}
+            for t, parts in json.loads(offsets).items()}
+
+
+def batch_offset_spans(checkpoint: Path, batch_id: int) -> dict[str, int]:
+    """Topic -> the offsets micro-batch ``batch_id`` was planned to read from it, summed
+    over its partitions: the batch's end offsets in Spark's offset log less the previous
+    batch's (the source's starting offsets for a partition it had not read). These are
+    what Spark's read limit shares out (offsets, not records), so
+    :meth:`KafkaFacts.caught_up` on them holds with gaps in the offsets too (transaction
+    markers of an exactly-once source connector, compaction), where a count of the
+    records the batch read would not. Raises ``CheckpointError`` if the batch is not in
+    the offset log."""
+    folder = checkpoint / "offsets"
+    ends = _log_entry(folder / str(batch_id))
+    if ends is None:
+        raise CheckpointError(
+            f"{SOURCE_NAME}: micro-batch {batch_id} is not in the offset log of the checkpoint "
+            f"{checkpoint}; {RECOVER}")
+    before = _log_entry(folder / str(batch_id - 1)) or []
+    spans: dict[str, int] = {}
+    for number, line in enumerate(ends):
+        starts = before[number] if number < len(before) else {}
+        initial: dict[str, dict[str, int]] | None = None
+        for topic, parts in line.items():
+            span = 0
+            for partition, end in parts.items():
+                start = starts.get(topic, {}).get(partition)
+                if start is None:
+                    if initial is None:
+                        initial = _initial_offsets(checkpoint, number)
+                    start = initial.get(topic, {}).get(partition, 0)
+                span += max(end - start, 0)
+            spans[topic] = span
+    return spans
+
+
+OFFSET_SPANS_PROPERTY = "txjoin.kafka.offsetSpans"
+"""The Spark local property the driver sets, before a micro-batch's job, to the batch's
+:func:`batch_offset_spans` as JSON, for the shards' tasks (``TaskContext``)."""
+
+
+def task_offset_spans() -> dict[str, int]:
+    """In a task of a micro-batch's job: the batch's :func:`batch_offset_spans`, as the
+    driver set them (:data:`OFFSET_SPANS_PROPERTY`)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    value = None if context is None else context.getLocalProperty(OFFSET_SPANS_PROPERTY)
+    if value is None:
+        raise RuntimeError(f"{OFFSET_SPANS_PROPERTY} is not set in this task: the read "
+                           "limit's caught-up rule needs the batch's planned offsets")
+    spans: dict[str, int] = json.loads(value)
+    return spans
 
 
 def last_offsets(checkpoint: Path) -> dict[str, dict[str, int]]:

@@ -38,7 +38,7 @@ from txjoin import crashpoints
 from txjoin.errors import DecodeError
 from txjoin.ingest.debezium import ChangeEvent, Position, decode
 from txjoin.ingest.spark import worker
-from txjoin.ingest.spark.kafka import KafkaFacts
+from txjoin.ingest.spark.kafka import KafkaFacts, task_offset_spans
 from txjoin.ingest.spark.markers import is_marker, read_markers
 from txjoin.job import Job
 from txjoin.join.output import changes_to_table
@@ -253,6 +253,7 @@ class ShardProcessor(StatefulProcessor):
         log = handle.getMapState("log", LOG_KEY_SCHEMA, LOG_VALUE_SCHEMA)
         self.store = _SparkBlobStore(meta, log)
         self._spec: bytes | None = None
+        self.offset_spans: dict[str, int] | None = None  # this batch's (run_batch)
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
                         timerValues: Any) -> Iterator[pd.DataFrame]:
@@ -270,10 +271,14 @@ class ShardProcessor(StatefulProcessor):
         # tests only (txjoin.crashpoints): the host has no task context to tell the batch
         batch = crashpoints.task_batch_id() if crashpoints.armed(*crashpoints.EXECUTOR_POINTS) \
             else None
+        # the offsets the batch was planned over, under a read limit (the host has no task
+        # context either)
+        spans = task_offset_spans() if self.kafka_facts is not None and \
+            self.kafka_facts.max_events is not None else None
         # Arrow, not pandas, to the engine: a shard's host then never imports pandas
         # (1.4 s of CPU at each host's start here), and the rows travel as buffers
         request = (self.spec(), shard, pa.Table.from_pandas(frame, preserve_index=False),
-                   started, batch)
+                   started, batch, spans)
         if not host.available():
             out = run_batch(request, self.store)
         else:
@@ -288,7 +293,8 @@ class ShardProcessor(StatefulProcessor):
         spec: bytes | None = getattr(self, "_spec", None)
         if spec is None:
             spec = self._spec = cloudpickle.dumps(
-                (type(self), {k: v for k, v in vars(self).items() if k not in ("store", "_spec")}))
+                (type(self), {k: v for k, v in vars(self).items()
+                              if k not in ("store", "_spec", "offset_spans")}))
         return spec
 
     def host(self, key: Any) -> int:
@@ -372,18 +378,18 @@ class ShardProcessor(StatefulProcessor):
                 zip(marker_rows["topic"].to_pylist(), marker_rows["partition"].to_pylist(),
                     marker_rows["offset"].to_pylist(), strict=True), self.streams)
         else:
-            read = {} if self.kafka_facts.max_events is None else {
-                c["values"].as_py(): c["counts"].as_py()
-                for c in pc.value_counts(frame.filter(pc.invert(markers))["topic"])}
-            caught, partitions = self._kafka_facts(self.kafka_facts, read)
+            spans = self.offset_spans
+            if self.kafka_facts.max_events is not None and spans is None:
+                raise RuntimeError("the micro-batch's planned offsets did not reach the shard")
+            caught, partitions = self._kafka_facts(self.kafka_facts, spans or {})
         return caught, partitions, frame.filter(pc.invert(markers))
 
-    def _kafka_facts(self, facts: KafkaFacts, records: dict[str, int]
+    def _kafka_facts(self, facts: KafkaFacts, spans: Mapping[str, int]
                      ) -> tuple[set[str], TopicPartitions | None]:
-        """The same, for Spark's kafka source: every shard sees every record of the batch
-        once, so ``records`` (topic -> records) is what the batch read, which tells which
-        sources the read limit cut short (``KafkaFacts.caught_up``)."""
-        topics = facts.caught_up(records)
+        """The same, for Spark's kafka source: ``spans`` (topic -> offsets the batch was
+        planned over, from the driver: ``kafka.batch_offset_spans``) tells which sources
+        the read limit cut short (``KafkaFacts.caught_up``)."""
+        topics = facts.caught_up(spans)
         caught = {s for t, s in self.streams.items() if t in topics}
         several = {t: n for t, n in facts.several().items() if t in self.streams}
         if not several:
@@ -395,14 +401,16 @@ class ShardProcessor(StatefulProcessor):
         pass
 
 
-def run_batch(request: tuple[bytes, int, pa.Table, float, int | None],
+def run_batch(request: tuple[bytes, int, pa.Table, float, int | None,
+                             dict[str, int] | None],
               store: Any, settle: bool = True) -> list[dict[str, list[Any]]]:
     """Run a shard's batch in this process (a Python worker, or the shard's host):
-    ``request`` is what :meth:`ShardProcessor.handleInputRows` sends (the last field: the
-    micro-batch, known only when a crash point needs it), ``store`` the shard's
-    state store (Spark's, or the task's over the host's connection). ``settle=False``:
-    the caller calls ``shard.settle_state()`` once it has sent the output (a host)."""
-    spec, shard, frame, started, batch = request
+    ``request`` is what :meth:`ShardProcessor.handleInputRows` sends (then the
+    micro-batch, known only when a crash point needs it, and the offsets it was planned
+    over, under a read limit), ``store`` the shard's state store (Spark's, or the task's
+    over the host's connection). ``settle=False``: the caller calls
+    ``shard.settle_state()`` once it has sent the output (a host)."""
+    spec, shard, frame, started, batch, spans = request
     crashpoints.shard_batch(batch)
     processor = _PROCESSORS.get(spec)
     if processor is None:
@@ -412,6 +420,7 @@ def run_batch(request: tuple[bytes, int, pa.Table, float, int | None],
         _PROCESSORS.clear()
         _PROCESSORS[spec] = processor
     processor.store = store
+    processor.offset_spans = spans
     with long_lived_state(settle):
         return [processor.handle(shard, frame, started)]
 
