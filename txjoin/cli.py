@@ -40,6 +40,7 @@ from txjoin.ingest.debezium import (
     DEFAULT_TOPIC_PREFIX,
     TIME_PRECISION_MODES,
 )
+from txjoin.ingest.spark import DEFAULT_MAX_EVENTS_PER_TRIGGER
 from txjoin.join import ENGINES, SHARDED
 from txjoin.join.placement import parse_split
 from txjoin.package import COMPRESS_LEVEL, DEFAULT_ARCHIVE
@@ -133,12 +134,13 @@ def _env(name: str) -> str:
               help="Micro-batch trigger interval: how long a change can wait for a batch to "
                    "start when the job is idle (a busy job runs its batches back to back).")
 @click.option("--max-events-per-trigger", envvar=_env("MAX_EVENTS_PER_TRIGGER"),
-              show_envvar=True, type=int, default=None,
-              help="Cap on records per micro-batch (default: everything available). Spark "
-                   "shares it among partitions by backlog; a new checkpoint reads the topics "
-                   "with at most this many records, beside larger ones, through a second "
-                   "source with the same cap, so a small table's snapshot is not read a "
-                   "record a batch (docs/production.md).")
+              show_envvar=True, type=click.IntRange(min=0),
+              default=DEFAULT_MAX_EVENTS_PER_TRIGGER, show_default=True,
+              help="Cap on records per micro-batch (0: everything available in each batch). "
+                   "Spark shares it among partitions by backlog; a new checkpoint reads the "
+                   "topics with at most this many records, beside larger ones, through a "
+                   "second source with the same cap, so a small table's snapshot is not read "
+                   "a record a batch (docs/production.md).")
 @click.option("--checkpoint-dir", envvar=_env("CHECKPOINT_DIR"), show_envvar=True, default=None,
               help="Spark checkpoint root; the job's checkpoint is <dir>/<job name>. "
                    "Default: <--dir>/checkpoints.")
@@ -301,7 +303,7 @@ def run(job_file: Path, bootstrap_servers: str | None, topic_prefix: tuple[str, 
     config = RunConfig(
         topic_prefix=plain_prefix, topic_prefixes=prefixes, bootstrap_servers=bootstrap_servers,
         starting_offsets=starting_offsets, trigger_interval=trigger_interval,
-        max_events_per_trigger=max_events_per_trigger,
+        max_events_per_trigger=max_events_per_trigger or None,
         checkpoint_dir=checkpoint_dir or str(directory / "checkpoints"),
         output_dir=output_dir or str(directory / "output"), master=master,
         postgres_dsn=None if no_postgres else postgres_dsn, until_idle=until_idle,

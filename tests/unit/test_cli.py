@@ -200,3 +200,24 @@ def test_a_failed_jvm_call_is_told_by_what_the_jvm_said() -> None:
     assert _java_cause("[TABLE_OR_VIEW_NOT_FOUND] x\nmore") == "[TABLE_OR_VIEW_NOT_FOUND] x"
     assert _java_cause("An error occurred while calling o1.x.\n: java.io.IOException") == \
         "java.io.IOException"
+
+
+@pytest.mark.parametrize(("given", "limit"), [((), 100_000), (("--max-events-per-trigger",
+                                                               "0"), None),
+                                               (("--max-events-per-trigger", "5000"), 5000)])
+def test_run_reads_at_most_100k_records_a_batch_unless_told(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, given: tuple[str, ...],
+        limit: int | None) -> None:
+    """A backlog read whole is every shard's memory at once (a large snapshot, a
+    transaction of millions of changes): the run's read limit is 100,000 records a batch by
+    default, and 0 lifts it."""
+    import txjoin.pipeline.run
+
+    configs = []
+    monkeypatch.setattr(txjoin.pipeline.run, "run_job",
+                        lambda job, config, **kwargs: configs.append(config) or [])
+    code, out, err = invoke("run", str(ROOT / "jobs" / "orders.py"), "--bootstrap-servers",
+                            "localhost:1", "--no-postgres", "--dir", str(tmp_path), *given)
+    assert code == 0, out + err
+    assert [c.max_events_per_trigger for c in configs] == [limit]
+    assert "default: 100000" in " ".join(invoke("run", "--help")[1].split())

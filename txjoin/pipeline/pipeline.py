@@ -52,6 +52,7 @@ from pyspark.sql.streaming import StreamingQuery
 from txjoin import crashpoints
 from txjoin.errors import RECOVER, ConfigError, JobError
 from txjoin.ingest.debezium import DEFAULT_TOPIC_PREFIX
+from txjoin.ingest.spark import DEFAULT_MAX_EVENTS_PER_TRIGGER
 from txjoin.ingest.spark.kafka import (
     OFFSET_SPANS_PROPERTY,
     KafkaFacts,
@@ -100,7 +101,7 @@ class RunConfig:
     # No batch waits for Delta any more, so a batch is short (~0.3-0.5 s here): a change
     # waits for the next trigger, at most this, before the batch that takes it starts.
     trigger_interval: str = "200 milliseconds"
-    max_events_per_trigger: int | None = None
+    max_events_per_trigger: int | None = DEFAULT_MAX_EVENTS_PER_TRIGGER  # None: no limit
     checkpoint_dir: str = ".txjoin/checkpoints"
     output_dir: str = ".txjoin/output"
     master: str = "local[*]"

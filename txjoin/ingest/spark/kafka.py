@@ -12,7 +12,8 @@ What the core learned from txjoin's former Python source, re-derived here:
 - **Read to the end ("caught up").** Without a read limit, Spark plans every batch up
   to the latest offsets of every partition, so every batch reads every topic to its
   end as of planning (an ``availableNow`` run: as of its start, which is sound too).
-  With ``--max-events-per-trigger N`` (``maxOffsetsPerTrigger``) Spark shares N among
+  With ``--max-events-per-trigger N`` (``maxOffsetsPerTrigger``; by default N is
+  ``DEFAULT_MAX_EVENTS_PER_TRIGGER``, 0 lifts the limit) Spark shares N among
   the partitions' offsets in proportion to their backlog, rounding each share down (up
   below 1); if the limit binds, the batch spans at least ``N - P`` offsets, P being the
   number of partitions (each share loses less than one offset to rounding). So a batch
