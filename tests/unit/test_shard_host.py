@@ -90,3 +90,36 @@ def test_a_failed_batch_is_reported_and_the_collector_is_back_on(
     thread.join(10)
     assert not thread.is_alive()
     assert gc.isenabled()
+
+
+def test_the_output_comes_row_by_row_as_the_host_sends_it(
+        connection: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard's output of several rows (each of at most ``OUTPUT_CHUNK_ROWS`` changes)
+    goes one row a message, and the task has each row before the host sends the next:
+    neither side holds a large release's output as one message."""
+    task, served = connection
+    rows = {"shard": [0, 0, 0], "changes": [b"a", b"bb", b"ccc"]}
+    sent_after: list[int] = []
+    taken = threading.Semaphore(0)
+    from txjoin.join.spark import shards
+
+    monkeypatch.setattr(shards, "run_batch", lambda request, store, settle=True: [rows])
+    send = host.send
+
+    def paced(conn: socket.socket, obj: object) -> None:
+        send(conn, obj)
+        if isinstance(obj, tuple) and obj[0] == "part":
+            sent_after.append(int(taken.acquire(timeout=10)))  # the task took this row
+
+    monkeypatch.setattr(host, "send", paced)
+    thread = threading.Thread(target=host._serve, args=(served,), daemon=True)
+    thread.start()
+    out = []
+    for row in host.serve_batch(task, _request(), MemoryStore()):
+        out.append(row)
+        taken.release()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert out == [{"shard": [0], "changes": [b"a"]}, {"shard": [0], "changes": [b"bb"]},
+                   {"shard": [0], "changes": [b"ccc"]}]
+    assert sent_after == [1, 1, 1]

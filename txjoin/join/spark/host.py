@@ -143,6 +143,8 @@ def serve_batch(conn: socket.socket, request: Any, store: Any) -> Iterator[Any]:
             store.put(*msg[1:])
         elif op == "clear":
             store.clear()
+        elif op == "part":
+            yield msg[1]
         elif op == "done":
             yield from msg[1]
             return
@@ -219,6 +221,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _rows(columns: dict[str, list[Any]]) -> Iterator[dict[str, list[Any]]]:
+    """The rows of an output frame given by column, each as a frame of one row."""
+    count = len(next(iter(columns.values()), []))
+    for i in range(count):
+        yield {name: values[i:i + 1] for name, values in columns.items()}
+
+
 def _serve(conn: socket.socket) -> None:
     from txjoin.join.shard import settle_state
     from txjoin.join.spark.shards import run_batch
@@ -237,7 +246,14 @@ def _serve(conn: socket.socket) -> None:
             attrs = {k: v for k, v in vars(exc).items() if _picklable(v)}
             send(conn, ("error", type(exc).__module__, type(exc).__qualname__, args, attrs))
             return
-        send(conn, ("done", out))
+        # Row by row (a row holds at most OUTPUT_CHUNK_ROWS changes): neither side holds the
+        # batch's whole output as one message (a release of a 2M-change transaction is
+        # ~1M changes a shard), and the task passes each row on to Spark as it comes.
+        for columns in out:
+            for row in _rows(columns):
+                send(conn, ("part", row))
+        del out
+        send(conn, ("done", []))
     finally:
         # The collection after a batch (shard.long_lived_state), once the task has its
         # output: between two batches, while Spark and the sinks finish this one.

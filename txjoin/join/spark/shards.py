@@ -280,12 +280,13 @@ class ShardProcessor(StatefulProcessor):
         request = (self.spec(), shard, pa.Table.from_pandas(frame, preserve_index=False),
                    started, batch, spans)
         if not host.available():
-            out = run_batch(request, self.store)
-        else:
-            with host.connect(self.host_process(shard)) as conn:
-                out = list(host.serve_batch(conn, request, self.store))
-        for columns in out:
-            yield pd.DataFrame(columns)
+            for columns in run_batch(request, self.store):
+                yield pd.DataFrame(columns)
+            return
+        with host.connect(self.host_process(shard)) as conn:
+            # each output row on to Spark as the host sends it (host._serve)
+            for columns in host.serve_batch(conn, request, self.store):
+                yield pd.DataFrame(columns)
 
     def spec(self) -> bytes:
         """The processor's fields, pickled once: what a request carries, and what
