@@ -339,8 +339,12 @@ def _log_entry(path: Path) -> list[dict[str, dict[str, int]]] | None:
     lines = [line.strip() for line in path.read_text().splitlines()[2:]]
     if not lines or not all(line.startswith("{") for line in lines):
         return None
-    return [{t: {p: int(o) for p, o in parts.items()} for t, parts in json.loads(line).items()}
-            for line in lines]
+    return [_source_offsets(line) for line in lines]
+
+
+def _source_offsets(text: str) -> dict[str, dict[str, int]]:
+    """A kafka source's offsets as Spark writes them: ``{topic: {partition: offset}}``."""
+    return {t: {p: int(o) for p, o in parts.items()} for t, parts in json.loads(text).items()}
 
 
 def _initial_offsets(checkpoint: Path, source: int) -> dict[str, dict[str, int]]:
@@ -351,9 +355,7 @@ def _initial_offsets(checkpoint: Path, source: int) -> dict[str, dict[str, int]]
     if not path.is_file():
         return {}
     text = path.read_bytes().lstrip(b"\0").decode()
-    _, _, offsets = text.partition("\n")
-    return {t: {p: int(o) for p, o in parts.items()}
-            for t, parts in json.loads(offsets).items()}
+    return _source_offsets(text.partition("\n")[2])
 
 
 def batch_offset_spans(checkpoint: Path, batch_id: int) -> dict[str, int]:
