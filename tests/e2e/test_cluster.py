@@ -49,6 +49,7 @@ from txjoin.job import load_job
 from txjoin.join.output import output_schema
 from txjoin.package import ENV_PYTHON
 from txjoin.pipeline.session import WORKER_DAEMON
+from txjoin.procfs import STAT_PPID, stat_fields
 from txjoin.sinks.delta import DeltaSink
 from txjoin.stack.demo import wait_until_captured
 from txjoin.submit import submit_line
@@ -84,7 +85,10 @@ child, which dies with it: ``txjoin.submit``)."""
 
 def driver_pid(work: Path) -> int | None:
     """The driver JVM a worker of the cluster under ``work`` runs, if any (other clusters'
-    drivers on the machine are not this test's)."""
+    drivers on the machine are not this test's). A process the JVM forks (a Python worker)
+    shows the JVM's command line until it execs: a match whose parent matches too is such
+    a child, not the driver (once, with pids wrapped, it was found first and taken for it)."""
+    parents: dict[int, int | None] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -93,8 +97,10 @@ def driver_pid(work: Path) -> int | None:
         except OSError:
             continue
         if DRIVER_CLASS.encode() in words and any(str(work).encode() in w for w in words):
-            return int(entry.name)
-    return None
+            fields = stat_fields(int(entry.name))
+            parents[int(entry.name)] = None if fields is None else int(fields[STAT_PPID])
+    drivers = [pid for pid, parent in parents.items() if parent not in parents]
+    return min(drivers, default=None)
 
 
 def python_workers(work: Path) -> list[str]:
