@@ -28,6 +28,7 @@ The routed rows are ``ROUTED_SCHEMA``: one per record and shard that receives it
 
 from __future__ import annotations
 
+import string
 from collections.abc import Mapping, Sequence
 
 from pyspark.sql import DataFrame
@@ -123,7 +124,7 @@ def envelopes(source: DataFrame, job: Job, prefixes: str | Mapping[str, str], n:
         *_READ, "fact_topic", "env.op AS op",
         "concat(env.source.`schema`, '.', env.source.`table`) AS tbl",
         "env.source.txId AS tx_id", "env.source.lsn AS raw_lsn",
-        "env.source.ts_ms AS raw_ts", "lower(env.source.snapshot) AS snapshot",
+        "env.source.ts_ms AS raw_ts", f"{_ascii_lower('env.source.snapshot')} AS snapshot",
         "env.`transaction`.id AS tx",
         "env.`transaction`.data_collection_order AS raw_dco",
         "env.`before` AS `before`", "env.`after` AS `after`")
@@ -190,6 +191,14 @@ def _name(name: str) -> str:
 def _text(value: str) -> str:
     """A string literal in SQL text."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _ascii_lower(expr: str) -> str:
+    """``expr`` with A-Z lowered, as Python's ``str.lower`` lowers Debezium's
+    ``source.snapshot`` (its values are ASCII words). Not Spark's ``lower``: under
+    ``spark.sql.icu.caseMappings.enabled`` (the default) its first call initialises ICU's
+    case mapping tables, ~1 s of a new driver JVM's CPU (12% of a replay's samples)."""
+    return f"translate({expr}, {_text(string.ascii_uppercase)}, {_text(string.ascii_lowercase)})"
 
 
 def _routable(fact: str, tables: list[str], key: list[str], lsn_text: str) -> str:
