@@ -108,7 +108,7 @@ def test_a_layout_6_log_continues_under_layout_7(monkeypatch: pytest.MonkeyPatch
     assert continued.commit_seq == 1
 
 
-def test_a_layout_9_log_with_a_large_open_transaction_continues_under_layout_10(
+def test_a_layout_9_log_with_a_large_open_transaction_continues(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A log written before open transactions spilled (layout 9: their events in lists,
     their identities whole) is read as it is and continued: the transaction restored from
@@ -118,9 +118,44 @@ def test_a_layout_9_log_with_a_large_open_transaction_continues_under_layout_10(
     from txjoin.sequence import spill
     from txjoin.sequence.assembly import Assembler
 
-    assert LAYOUT_VERSION == 10
+    assert LAYOUT_VERSION > 9
     monkeypatch.setattr(spill, "SPILL_EVENTS", 500)
     job, records, _xid = _big_transaction(10_000)
     continued = continue_older_layout(job, records, 2_000, 9, Assembler.state, monkeypatch,
                                       older=[(spill, "SPILL_EVENTS", 10**9)])
+    assert continued.commit_seq == 1
+
+
+def test_a_layout_10_snapshot_of_the_state_as_bytes_is_restored_and_continued(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before layout 11 a log's snapshot held the engine's state pickled into bytes first
+    (a second, uncompressed copy of the shard in memory while it was written, and again
+    while it was read); layout 11 pickles the state itself into the store. A layout-10 log
+    whose snapshot (taken inside a large open transaction) is in the old form is restored
+    from it and continued, batch for batch as a run never restored."""
+    from tests.unit.delivery import continue_older_layout
+    from txjoin.join import state_log
+    from txjoin.join.state_log import SNAPSHOT, ShardLog, engine_rows
+    from txjoin.sequence import spill
+    from txjoin.sequence.assembly import Assembler
+
+    written = []
+
+    def layout_10_compact(self: ShardLog, engine: Any, meta: dict[str, Any], version: int,
+                          token: str) -> int:
+        state = engine.state_bytes()
+        self.store.clear()
+        size = self._write(SNAPSHOT, version, {"engine": state, "token": token})
+        meta.update(snapshot=version, snapshot_rows=engine_rows(engine), since_snapshot=0,
+                    segments=0)
+        written.append(version)
+        return size
+
+    monkeypatch.setattr(spill, "SPILL_EVENTS", 500)
+    job, records, _xid = _big_transaction(10_000)
+    continued = continue_older_layout(
+        job, records, 2_000, 10, Assembler.state, monkeypatch,
+        older=[(ShardLog, "_compact", layout_10_compact),
+               (state_log, "MAX_SEGMENTS", 1)])
+    assert written, "no layout-10 snapshot was taken"
     assert continued.commit_seq == 1

@@ -454,17 +454,28 @@ class Engine:
             self.assemblers[source].restore(parts["assembler"], rows)
             self.frontiers[source].restore(parts["frontier"], rows)
 
+    def state_value(self) -> tuple[int, dict[str, Any]]:
+        """The whole state, the join's included (the job itself is not), as a value to pickle:
+        its parts themselves, not copies (``state_log`` pickles it into its store as it
+        goes, never the whole as one ``bytes`` beside the engine)."""
+        return ENGINE_STATE_VERSION, {**self.state(), "join": self.join.state()}
+
     def state_bytes(self) -> bytes:
-        """Serialise the whole state, the join's included (the job itself is not)."""
-        return pickle.dumps((ENGINE_STATE_VERSION, {**self.state(), "join": self.join.state()}),
-                            protocol=pickle.HIGHEST_PROTOCOL)
+        """:meth:`state_value` pickled."""
+        return pickle.dumps(self.state_value(), protocol=pickle.HIGHEST_PROTOCOL)
 
     @classmethod
     def from_state(cls, job: Job, blob: bytes, policy: IncompletePolicy | None = None,
                    **init: Any) -> Engine:
         """An engine of ``job`` with the state of :meth:`state_bytes` (``init``: the rest of
         the constructor's arguments, e.g. a shard's number)."""
-        version, state = pickle.loads(blob)
+        return cls.from_state_value(job, pickle.loads(blob), policy, **init)
+
+    @classmethod
+    def from_state_value(cls, job: Job, value: Any, policy: IncompletePolicy | None = None,
+                         **init: Any) -> Engine:
+        """An engine of ``job`` with the state of :meth:`state_value`."""
+        version, state = value
         check_version(version, f"job {job.name!r}")
         engine = cls(job, policy=policy, **init)
         engine.restore(state)

@@ -93,12 +93,14 @@ from txjoin.sequence.spill import drain, in_table_order, latest_commit_ts
 SNAPSHOT, TRANSACTION, CORRECTION, SKIP = "snapshot", "transaction", "correction", "skip"
 """The kinds of :class:`Release`."""
 
-STAGED_LAYOUT = 11
+STAGED_LAYOUT = 12
 """The state layout of the staged engine's logs (the sequencer's and each shard's):
-``state_log.ShardLog`` entries holding a :class:`Sequencer` or a :class:`ShardApplier`.
-A checkpoint of today's sharded engine (layouts 6-10) is not one of it, nor the reverse."""
+``state_log.ShardLog`` entries holding a :class:`Sequencer` or a :class:`ShardApplier`
+(12: a snapshot holds the state as a value, as the sharded engine's layout 11; 11 is
+continued). A checkpoint of the sharded engine (layouts 6-11) is not one of it, nor the
+reverse: the checkpoint records its engine."""
 
-STAGED_LAYOUTS = (STAGED_LAYOUT, (STAGED_LAYOUT,))
+STAGED_LAYOUTS = (STAGED_LAYOUT, (11, STAGED_LAYOUT))
 """``ShardLog``'s ``layouts`` for both parts: the layout written, and those continued."""
 
 SEQUENCER = -1
@@ -405,15 +407,24 @@ class ShardApplier:
         unpack_row = self.join.unpack
         return {key: unpack_row(packed) for key, packed in self.join.outputs.items()}
 
+    def state_value(self) -> dict[str, Any]:
+        """The whole state (the job itself is not included), as a value to pickle (as
+        ``Engine.state_value``)."""
+        return {**{name: getattr(self, name) for name in self.FIELDS},
+                "snapshot": self.snapshot.state(), "join": self.join.state()}
+
     def state_bytes(self) -> bytes:
-        """The whole state (the job itself is not included)."""
-        return pack({**{name: getattr(self, name) for name in self.FIELDS},
-                     "snapshot": self.snapshot.state(), "join": self.join.state()})
+        """:meth:`state_value` packed."""
+        return pack(self.state_value())
 
     @classmethod
     def from_state(cls, job: Job, blob: bytes, policy: IncompletePolicy | None = None,
                    shard: int = 0, n_shards: int = 1) -> ShardApplier:
-        state = unpack(blob)
+        return cls.from_state_value(job, unpack(blob), policy, shard, n_shards)
+
+    @classmethod
+    def from_state_value(cls, job: Job, state: Any, policy: IncompletePolicy | None = None,
+                         shard: int = 0, n_shards: int = 1) -> ShardApplier:
         applier = cls(job, shard, n_shards, policy)
         for name in cls.FIELDS:
             setattr(applier, name, state[name])

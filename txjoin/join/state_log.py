@@ -53,7 +53,7 @@ from txjoin.join.state import CODEC, SIZE, unpack
 from txjoin.join.temporal import OutputChange
 from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
 
-LAYOUT_VERSION = 10
+LAYOUT_VERSION = 11
 """1: the whole engine as one pickled value (txjoin 0.1); 2: per-shard log + snapshots;
 3: the same, with the engine's state in named fields (``join/state.py``); 4: a segment
 carries only the open transactions its batch changed; 5: routed in the JVM (a fact event's
@@ -65,14 +65,16 @@ segment adds), and an open transaction keeps only the events whose rows its shar
 9: the assembly state carries an incremental snapshot's rows not yet released
 (``sequence/incremental.py``); 10: an open transaction of more than ``SPILL_EVENTS``
 events keeps them in an ``EventLog`` (``sequence/spill.py``), which a snapshot of the
-engine carries as its compressed chunks."""
+engine carries as its compressed chunks; 11: a snapshot holds the engine's state as a
+value pickled into the store as it goes (``state_value``), not as bytes pickled first."""
 
-CONTINUED_LAYOUTS = (6, 7, 8, 9, LAYOUT_VERSION)
-"""Layouts this txjoin continues: a layout-6 to -9 log reads as it is (a layout-6
+CONTINUED_LAYOUTS = (6, 7, 8, 9, 10, LAYOUT_VERSION)
+"""Layouts this txjoin continues: a layout-6 to -10 log reads as it is (a layout-6
 segment carries whole transactions, a layout-7 one every foreign fact as an event; none
 before 9 holds incremental snapshot rows, which txjoin before 9 refused; none before 10 an
-``EventLog``: its transactions' events are lists, which spill once they grow) and is layout
-10 from its next segment on (a txjoin before 10 then refuses it in one line)."""
+``EventLog``: its transactions' events are lists, which spill once they grow; a snapshot
+before 11 holds the state as bytes) and is layout 11 from its next segment on (a txjoin
+before 11 then refuses it in one line)."""
 
 CHUNK_BYTES = 8 << 20
 SNAPSHOT_MIN_ROWS = 200_000  # below this, segments are cheap to re-apply: no compaction
@@ -217,7 +219,8 @@ def _unpack(blob: bytes) -> Any:
     if size != _STREAMED:
         return unpack(blob)
     body = memoryview(blob)[SIZE.size:]
-    return pickle.loads(pa.CompressedInputStream(pa.BufferReader(body), CODEC).read())
+    # unpickled as it is decompressed: never the whole uncompressed entry in memory
+    return pickle.load(pa.CompressedInputStream(pa.BufferReader(body), CODEC))
 
 
 class ShardLog:
@@ -317,8 +320,13 @@ class ShardLog:
 
     def _restore_snapshot(self, version: int) -> ShardEngine:
         state = self._read(SNAPSHOT, version)
-        engine = self.engine_class.from_state(self.job, state["engine"], self.policy,
-                                              shard=self.shard, n_shards=self.n_shards)
+        if "value" in state:  # layout 11 (the staged engine's 12)
+            engine = self.engine_class.from_state_value(
+                self.job, state["value"], self.policy, shard=self.shard,
+                n_shards=self.n_shards)
+        else:  # the engine's state pickled into bytes first
+            engine = self.engine_class.from_state(self.job, state["engine"], self.policy,
+                                                  shard=self.shard, n_shards=self.n_shards)
         assert isinstance(engine, self.engine_class)
         engine.log_version = version
         engine.log_token = state["token"]
@@ -391,9 +399,11 @@ class ShardLog:
         (0.3-0.5 s every ``MAX_SEGMENTS`` batches, the slowest batch of a demo). The
         batch's state changes commit together or not at all, so the log is never seen
         cleared without its snapshot."""
-        state = engine.state_bytes()
         self.store.clear()
-        written = self._write(SNAPSHOT, version, {"engine": state, "token": token})
+        # the engine's state pickled straight into the store, not into bytes first (which
+        # held a second, uncompressed copy of the shard beside it: at a large release)
+        written = self._write(SNAPSHOT, version, {"value": engine.state_value(),
+                                                  "token": token})
         meta.update(snapshot=version, snapshot_rows=engine_rows(engine), since_snapshot=0,
                     segments=0)
         return written
