@@ -11,10 +11,10 @@ it serves, so every fork inherits them.
 
 Fork safety is why PySpark's daemon does not do this by default: a module that starts a
 thread at import leaves a child forked later with a lock nobody releases. Of what this
-imports only two start a native thread: OpenBLAS (numpy's), whose thread pool is off
-here (``OPENBLAS_NUM_THREADS=1`` unless set: the tasks run no linear algebra, one task per
-core), and jemalloc's background thread (pyarrow's allocator), which jemalloc's own fork
-handlers stop and restart around a fork. A module that fails to import here is left to
+imports only OpenBLAS (numpy's) starts native threads, and its pool is off here
+(``OPENBLAS_NUM_THREADS=1`` unless set: the tasks run no linear algebra, one task per
+core); pyarrow's allocator (mimalloc in pyarrow 26; jemalloc before, whose background
+thread its own fork handlers stop and restart around a fork) starts none. A module that fails to import here is left to
 the worker, which imports it as before and reports its error where it is needed.
 """
 
