@@ -14,8 +14,9 @@ thread at import leaves a child forked later with a lock nobody releases. Of wha
 imports only OpenBLAS (numpy's) starts native threads, and its pool is off here
 (``OPENBLAS_NUM_THREADS=1`` unless set: the tasks run no linear algebra, one task per
 core); pyarrow's allocator (mimalloc in pyarrow 26; jemalloc before, whose background
-thread its own fork handlers stop and restart around a fork) starts none. A module that fails to import here is left to
-the worker, which imports it as before and reports its error where it is needed.
+thread its own fork handlers stop and restart around a fork) starts none. A module that
+fails to import here is left to the worker, which imports it as before and reports its
+error where it is needed.
 """
 
 from __future__ import annotations
