@@ -159,3 +159,23 @@ def test_a_layout_10_snapshot_of_the_state_as_bytes_is_restored_and_continued(
                (state_log, "MAX_SEGMENTS", 1)])
     assert written, "no layout-10 snapshot was taken"
     assert continued.commit_seq == 1
+
+    # The staged engine's layout 11 the same: its sequencer's, owners' and shards' snapshots
+    # in the old form, then each part restored from its log every batch.
+    from txjoin.join.placement import splittable
+    from txjoin.join.staged import StagedEngine
+
+    written.clear()
+    every = [*job.table_names, "transaction"]
+    chunks = [records[start:start + 2_000] for start in range(0, len(records), 2_000)]
+    steady, old = (StagedEngine(job, 2, split=splittable(job)) for _ in range(2))
+    with monkeypatch.context() as patch:
+        patch.setattr(ShardLog, "_compact", layout_10_compact)
+        patch.setattr(state_log, "MAX_SEGMENTS", 1)
+        for part in chunks[:3]:
+            assert steady.process(part, every) == old.process(part, every)
+    assert written, "no old-form snapshot was taken"
+    for part in chunks[3:]:
+        assert steady.process(part, every) == old.process(part, every, drop_cache=range(2),
+                                                          drop_sequencer=True)
+    assert steady.commit_seq == old.commit_seq == 1 and steady.outputs() == old.outputs()
