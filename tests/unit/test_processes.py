@@ -38,6 +38,33 @@ def test_a_port_a_socket_holds_is_not_picked(monkeypatch: pytest.MonkeyPatch,
         assert free_port() != port
 
 
+def test_a_port_already_picked_is_not_picked_again(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    # A range of two free ports: excluding one leaves the other, every time.
+    low = next(port for port in (_kernel_port() for _ in range(100))
+               if _bindable(port) and _bindable(port + 1))
+    monkeypatch.setattr(processes, "LISTEN_PORTS", 2)
+    monkeypatch.setattr(processes, "EPHEMERAL_RANGE", tmp_path / "range")
+    (tmp_path / "range").write_text(f"{low + 2}\t60999\n")
+    first = free_port()
+    assert {free_port(exclude=[first]) for _ in range(20)} == {low + (first == low)}
+
+
+def _kernel_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def test_without_a_known_range_the_kernel_picks(monkeypatch: pytest.MonkeyPatch,
                                                tmp_path: Path) -> None:
     monkeypatch.setattr(processes, "EPHEMERAL_RANGE", tmp_path / "missing")

@@ -145,8 +145,8 @@ def start_broker(data_dir: Path, port: int | None, log_path: Path, *,
     """
     java = java_binary()
     classpath = jvm.classpath("kafka")  # ConfigError naming setup.sh if the jars are missing
-    port = port or free_port()
-    controller_port = controller_port or free_port()
+    port = port or free_port(exclude=[p for p in (controller_port,) if p])
+    controller_port = controller_port or free_port(exclude=[port])
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)

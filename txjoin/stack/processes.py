@@ -14,7 +14,7 @@ import random
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,9 +55,11 @@ LISTEN_PORTS = 16384
 """How many ports below the kernel's ephemeral range :func:`free_port` picks from."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now, picked *below* the kernel's ephemeral
-    range (32768-60999 by default) where the kernel has one.
+def free_port(exclude: Collection[int] = ()) -> int:
+    """A TCP port on 127.0.0.1 that is free right now and not in ``exclude`` (the ports already
+    picked for servers that do not listen yet: picks are independent, so without it two servers
+    of one stack could be given the same port), picked *below* the kernel's ephemeral range
+    (32768-60999 by default) where the kernel has one.
 
     A port is picked a while before its server listens on it (the local stack picks every
     port, then starts PostgreSQL, then the broker), and a port of the ephemeral range can be
@@ -74,15 +76,20 @@ def free_port() -> int:
         first = max(1024, low - LISTEN_PORTS)
         for _ in range(100):
             port = picks.randrange(first, low)
+            if port in exclude:
+                continue
             with socket.socket() as sock:
                 try:  # without SO_REUSEADDR: a port any socket holds, or held, is not taken
                     sock.bind(("127.0.0.1", port))
                 except OSError:
                     continue
                 return port
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in exclude:
+            return port
 
 
 def ensure_port_free(port: int, what: str, wait: float = 0.0) -> None:

@@ -426,8 +426,16 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
             external_mod.check_capture(spec.external_dsn, spec.tables,
                                        debezium_mod.slot_name(spec.prefix),
                                        debezium_mod.publication_name(spec.prefix))
-    pg_port = pg_port or free_port()
-    broker_port = broker_port or free_port()
+    given_broker_port = broker_port is not None
+    # Every port of this stack, so no two of its servers are given the same one.
+    picked = [port for port in (pg_port, broker_port) if port is not None]
+
+    def pick() -> int:
+        picked.append(free_port(exclude=picked))
+        return picked[-1]
+
+    pg_port = pg_port or pick()
+    broker_port = broker_port or pick()
 
     started = time.monotonic()
     logs = directory / "logs"
@@ -448,7 +456,7 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
                      "tables": [t.name for t in s.tables]} for s in sources],
         "postgres": {"port": pg_port, "data_root": str(postgres_mod.data_root(directory)),
                      "log": str(logs / "postgres.log")},
-        "broker": {"port": broker_port, "controller_port": free_port(),
+        "broker": {"port": broker_port, "controller_port": pick(),
                    "data_dir": str(directory / KAFKA_DATA), "log": str(logs / "broker.log")},
     }
     if len(sources) == 1:  # the job's one database is the stack's source
@@ -460,7 +468,7 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
         [(s.component, directory / f"connect-{s.prefix}", logs / f"debezium-{s.prefix}.log",
           entry["dsn"]) for s, entry in zip(sources, state["sources"], strict=True)]
     for name, work_dir, log, dsn in workers:
-        state[name] = {"work_dir": str(work_dir), "rest_port": free_port(), "log": str(log),
+        state[name] = {"work_dir": str(work_dir), "rest_port": pick(), "log": str(log),
                        **({"dsn": dsn} if dsn else {})}
     _write_state(directory, state)
     unfit = False  # the user's schema does not fit the job
@@ -484,6 +492,7 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
                     from txjoin.verify.history import start_record
 
                     start_record(url, directory, [t.name for t in spec.tables])
+            _repick_taken_ports(directory, state, keep_broker_port=given_broker_port)
             _start_broker(directory, state, timeout, progress)
             for name in _debezium_components(state):
                 _start_debezium(directory, state, name, progress)
@@ -495,6 +504,35 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
             for name in (STATE_FILE, STATE_FILE + ".tmp"):
                 (directory / name).unlink(missing_ok=True)
     return _started(directory, state, started, progress, resumed=False)
+
+
+def _repick_taken_ports(directory: Path, state: dict[str, Any], keep_broker_port: bool) -> None:
+    """For a new stack, before its broker starts: replace each port txjoin picked for the broker
+    and the Connect workers that something else has begun to listen on since (PostgreSQL and
+    the source databases start in between; another server on the machine, a parallel test's
+    stack say, can pick the same free port meanwhile). A port the user gave is kept: a busy one
+    fails with the usual one line. A resumed stack keeps its recorded ports (the controller's
+    is in the broker's formatted data)."""
+    broker = state["broker"]
+    picked = [(broker, "controller_port")] + [
+        (state[name], "rest_port") for name in _debezium_components(state)]
+    if not keep_broker_port:
+        picked.append((broker, "port"))
+    ports = [state["postgres"]["port"], broker["port"]] + [entry[key] for entry, key in picked]
+    for entry, key in picked:
+        if not _port_free(entry[key]):
+            entry[key] = free_port(exclude=ports)
+            ports.append(entry[key])
+    state["bootstrap_servers"] = f"127.0.0.1:{broker['port']}"
+    _write_state(directory, state)
+
+
+def _port_free(port: int) -> bool:
+    try:
+        ensure_port_free(port, "")
+    except ServiceError:
+        return False
+    return True
 
 
 @contextlib.contextmanager
