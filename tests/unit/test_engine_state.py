@@ -38,9 +38,10 @@ NOT_SAVED = {
     Frontier: set(),
     # _where, _lookup_where, _computed: the job's expressions, compiled (txjoin/expr.py)
     # _aggregates: the job's Aggregate columns, compiled; _nested, _having: the aggregates
-    # its expressions read and its HAVING, compiled; _columns, _collected: the job's
+    # its expressions read and its HAVING, compiled; _columns, _collected: the job's;
+    # _below, _plan: the job's lookup tree and output columns as evaluate walks them
     TemporalJoin: {"job", "journal", "_columns", "_collected", "_where", "_lookup_where",
-                   "_computed", "_aggregates", "_nested", "_having"},
+                   "_computed", "_aggregates", "_nested", "_having", "_below", "_plan"},
 }
 
 

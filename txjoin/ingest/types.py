@@ -167,6 +167,9 @@ def convert(value: Any, sql_type: str, where: str, modes: Modes) -> Any:
         if not isinstance(value, list):
             raise ColumnValueError(f"{where}: expected a JSON array for {sql_type}, got "
                                    f"{value!r}", _TYPE_HINT)
+        fast = FAST_TYPES.get(sql_type[:-2])
+        if fast is not None and all(type(v) is fast for v in value):
+            return list(value)  # every element already the right Python type (int[], text[])
         return [convert(v, sql_type[:-2], where, modes) for v in value]
     try:
         kind, param = column_kind(sql_type)
@@ -235,8 +238,9 @@ def _read_timestamp(value: Any, precision: int | None, modes: Modes) -> dt.datet
     aware UTC datetime.
     """
     if _is_int(value):
-        millis = modes.time_precision == "connect" or (precision is not None and precision <= 3)
-        return _EPOCH + dt.timedelta(**{"milliseconds" if millis else "microseconds": value})
+        if modes.time_precision == "connect" or (precision is not None and precision <= 3):
+            return _EPOCH + dt.timedelta(milliseconds=value)
+        return _EPOCH + dt.timedelta(microseconds=value)
     if isinstance(value, dt.datetime):
         parsed = value
     elif isinstance(value, str):

@@ -131,6 +131,27 @@ class TemporalJoin:
         self._collected: list[tuple[str, ...] | None] = [
             tuple(proj.fields) if isinstance(proj, Collect) else None
             for proj in [*output.key.values(), *output.columns.values()]]
+        # What evaluate does for each fact, decided once (it runs for every changed fact):
+        # per alias, the lookups below it (the lookup, the parent's columns it matches on,
+        # whether it binds a list, whether it is inner) ...
+        self._below: dict[str, tuple[tuple[Lookup, tuple[str, ...], bool, bool], ...]] = {
+            alias: tuple((lk, tuple(lk.on.values()), lk.listed, lk.how == "inner")
+                         for lk in job.children(alias))
+            for alias in (job.fact_alias, *(lk.alias for lk in job.lookups))}
+        # ... and per output column, in order, how its value is made (_COLLECT, _COMPUTED,
+        # _AGGREGATE or _COLUMN, with a reference "alias.column" split once).
+        self._plan: list[tuple[str, int, Any]] = []
+        for name, proj in [*output.key.items(), *output.columns.items()]:
+            if isinstance(proj, Collect):
+                self._plan.append((name, _COLLECT, (proj.alias, [
+                    (field, *_split(ref)) for field, ref in proj.fields.items()])))
+            elif name in self._computed:
+                self._plan.append((name, _COMPUTED, self._computed[name]))
+            elif name in self._aggregates:
+                self._plan.append((name, _AGGREGATE, self._aggregates[name]))
+            else:
+                assert isinstance(proj, str)
+                self._plan.append((name, _COLUMN, _split(proj)))
         # Lookup side: rows of a lookup's table by its match columns (unless it is the PK).
         self.match_index: dict[str, ColumnIndex] = {}
         # Parent side: parent rows by the columns a lookup reads (for `current` fan-out).
@@ -402,7 +423,7 @@ class TemporalJoin:
     # -- evaluation ------------------------------------------------------------
 
     def _match(self, lk: Lookup, values: Key) -> Row | None:
-        if any(v is None for v in values):
+        if None in values:
             return None
         rows = self.rows[lk.table]
         ix = self.match_index.get(lk.alias)
@@ -423,16 +444,15 @@ class TemporalJoin:
     def _bind(self, alias: str, row: Row | None, bound: dict[str, Any]) -> bool:
         """Bind the non-array lookups below ``alias``; False if an inner one fails."""
         bound[alias] = row
-        for lk in self.job.children(alias):
-            if lk.listed:
+        for lk, on, listed, inner in self._below[alias]:
+            if listed:
                 bound[lk.alias] = (self._child_rows(lk, row) if isinstance(lk, Children)
                                    else self._expand(lk, row))
-                if lk.how == "inner" and not bound[lk.alias]:
+                if inner and not bound[lk.alias]:
                     return False
                 continue
-            child = None if row is None else self._match(
-                lk, tuple(row.get(c) for c in lk.on.values()))
-            if child is None and lk.how == "inner":
+            child = None if row is None else self._match(lk, tuple([row.get(c) for c in on]))
+            if child is None and inner:
                 return False
             if not self._bind(lk.alias, child, bound):
                 return False
@@ -488,23 +508,22 @@ class TemporalJoin:
         if self._having is not None and self._having(bound) is not True:
             return None  # the fact's group fails `having`: no output row, as `where`
         out: Row = {}
-        computed = self._computed
-        for name, proj in [*self.job.output.key.items(), *self.job.output.columns.items()]:
-            if isinstance(proj, Collect):
-                out[name] = [
-                    {f: _ref(element, ref) for f, ref in proj.fields.items()}
-                    for element in bound[proj.alias]
-                ]
-            elif name in computed:
-                out[name] = computed[name](bound)
-            elif name in self._aggregates:
-                listed, arg, agg = self._aggregates[name]
+        for name, kind, how in self._plan:
+            if kind == _COLUMN:
+                row = bound.get(how[0])
+                out[name] = None if row is None else row.get(how[1])
+            elif kind == _COLLECT:
+                listed, fields = how
+                out[name] = [{field: _value(element, alias, column)
+                              for field, alias, column in fields}
+                             for element in bound[listed]]
+            elif kind == _COMPUTED:
+                out[name] = how(bound)
+            else:
+                listed, arg, agg = how
                 elements = bound[listed]
                 out[name] = agg([True] * len(elements) if arg is None
                                 else [arg(element) for element in elements])
-            else:
-                assert isinstance(proj, str)
-                out[name] = _ref(bound, proj)
         return out
 
 
@@ -524,7 +543,16 @@ def pick(candidates: Sequence[Row], rule: Pick, key: Sequence[str]) -> Row:
     return max(valued, key=rank) if rule.order == "max" else min(valued, key=rank)
 
 
-def _ref(bound: dict[str, Any], ref: str) -> Any:
-    alias, col = ref.split(".", 1)
+_COLUMN, _COLLECT, _COMPUTED, _AGGREGATE = range(4)
+"""How an output column's value is made (``TemporalJoin._plan``)."""
+
+
+def _split(ref: str) -> tuple[str, str]:
+    """``"alias.column"`` as (alias, column)."""
+    alias, column = ref.split(".", 1)
+    return alias, column
+
+
+def _value(bound: dict[str, Any], alias: str, column: str) -> Any:
     row = bound.get(alias)
-    return None if row is None else row.get(col)
+    return None if row is None else row.get(column)
