@@ -106,21 +106,27 @@ class Table:
         """
         if len(raw) != len(self.columns) or not self.columns.keys() <= raw.keys():
             self._check_columns(raw, where, complete)
-        modes = self._modes(raw, modes)
         row: dict[str, Any] = {}
-        for col, sql_type in self.columns.items():
+        for col, sql_type, fast in self._readers:
             if col not in raw:
                 if col in self.defaults and complete:
                     row[col] = self.defaults[col]
                 # A key-only `before` (no REPLICA IDENTITY FULL) lacks the other columns.
                 continue
             value = raw[col]
-            fast = FAST_TYPES.get(sql_type)
             if fast is not None and type(value) is fast:
                 row[col] = value  # already the right Python type: the common case
             else:
-                row[col] = convert(value, sql_type, f"{where} {self.name}.{col}", modes)
+                row[col] = convert(value, sql_type, f"{where} {self.name}.{col}",
+                                   self._modes(raw, modes))
         return row
+
+    @functools.cached_property
+    def _readers(self) -> tuple[tuple[str, str, type | None], ...]:
+        """Per column: its name, its type, and the Python type its JSON value already has
+        when it needs no conversion (``FAST_TYPES``), gathered once, not per row."""
+        return tuple((col, sql_type, FAST_TYPES.get(sql_type))
+                     for col, sql_type in self.columns.items())
 
     def _modes(self, raw: Mapping[str, Any], override: Modes | None) -> Modes:
         """How ``raw``'s values read: ``override`` or the job's connector settings; a row
