@@ -92,6 +92,40 @@ def free_port(exclude: Collection[int] = ()) -> int:
             return port
 
 
+class PortReservations:
+    """Ports picked for servers that do not listen yet, each held by a socket bound to it
+    with ``SO_REUSEADDR`` and never listening, until :meth:`release`.
+
+    While one is held, :func:`free_port` anywhere on the machine (a parallel test's stack,
+    say) finds the port taken (it binds without ``SO_REUSEADDR``), so it cannot give it to
+    another server in the seconds before ours binds it; our server still binds it, as
+    PostgreSQL, the JVM's server sockets and Jetty all set ``SO_REUSEADDR`` and Linux lets
+    such a socket bind beside others that do and do not listen."""
+
+    def __init__(self, given: Collection[int] = ()) -> None:
+        self.given = set(given)  # the user's ports: never picked, not held
+        self.held: dict[int, socket.socket] = {}
+
+    def pick(self) -> int:
+        """A :func:`free_port` other than the given and held ones, held from now on."""
+        while True:
+            port = free_port(exclude=self.given | self.held.keys())
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # taken since free_port looked: pick another
+                sock.close()
+                continue
+            self.held[port] = sock
+            return port
+
+    def release(self) -> None:
+        for sock in self.held.values():
+            sock.close()
+        self.held.clear()
+
+
 def ensure_port_free(port: int, what: str, wait: float = 0.0) -> None:
     """Raise ServiceError naming ``what`` if 127.0.0.1:``port`` is taken (still, after up to
     ``wait`` seconds: a recorded port a killed process just left can be held a moment)."""

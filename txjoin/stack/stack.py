@@ -51,7 +51,13 @@ from txjoin.stack import broker as broker_mod
 from txjoin.stack import debezium as debezium_mod
 from txjoin.stack import external as external_mod
 from txjoin.stack import postgres as postgres_mod
-from txjoin.stack.processes import ProcessId, ensure_port_free, free_port, listening, wait_until
+from txjoin.stack.processes import (
+    PortReservations,
+    ProcessId,
+    ensure_port_free,
+    listening,
+    wait_until,
+)
 
 DEFAULT_DIR = Path(".txjoin")
 STATE_FILE = "stack.json"
@@ -427,16 +433,23 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
                                        debezium_mod.slot_name(spec.prefix),
                                        debezium_mod.publication_name(spec.prefix))
     given_broker_port = broker_port is not None
-    # Every port of this stack, so no two of its servers are given the same one.
-    picked = [port for port in (pg_port, broker_port) if port is not None]
+    # Every port of this stack, held until the stack has started (each server binds beside
+    # the socket holding its port): no two of its servers are given the same one, and no
+    # other stack's pick takes one meanwhile.
+    ports = PortReservations([port for port in (pg_port, broker_port) if port is not None])
+    try:
+        return _start_new_on(directory, pg_port or ports.pick(), broker_port or ports.pick(),
+                             given_broker_port, ports, timeout, progress, sources, partitions,
+                             connector, job_file)
+    finally:
+        ports.release()
 
-    def pick() -> int:
-        picked.append(free_port(exclude=picked))
-        return picked[-1]
 
-    pg_port = pg_port or pick()
-    broker_port = broker_port or pick()
-
+def _start_new_on(directory: Path, pg_port: int, broker_port: int, given_broker_port: bool,
+                  ports: PortReservations, timeout: float, progress: Progress,
+                  sources: Sequence[SourceSpec], partitions: int, connector: dict[str, str],
+                  job_file: str | None) -> UpResult:
+    """:func:`_start_new` once its ports are picked (``ports`` holds the ones it picked)."""
     started = time.monotonic()
     logs = directory / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -456,7 +469,7 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
                      "tables": [t.name for t in s.tables]} for s in sources],
         "postgres": {"port": pg_port, "data_root": str(postgres_mod.data_root(directory)),
                      "log": str(logs / "postgres.log")},
-        "broker": {"port": broker_port, "controller_port": pick(),
+        "broker": {"port": broker_port, "controller_port": ports.pick(),
                    "data_dir": str(directory / KAFKA_DATA), "log": str(logs / "broker.log")},
     }
     if len(sources) == 1:  # the job's one database is the stack's source
@@ -468,7 +481,7 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
         [(s.component, directory / f"connect-{s.prefix}", logs / f"debezium-{s.prefix}.log",
           entry["dsn"]) for s, entry in zip(sources, state["sources"], strict=True)]
     for name, work_dir, log, dsn in workers:
-        state[name] = {"work_dir": str(work_dir), "rest_port": pick(), "log": str(log),
+        state[name] = {"work_dir": str(work_dir), "rest_port": ports.pick(), "log": str(log),
                        **({"dsn": dsn} if dsn else {})}
     _write_state(directory, state)
     unfit = False  # the user's schema does not fit the job
@@ -492,7 +505,7 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
                     from txjoin.verify.history import start_record
 
                     start_record(url, directory, [t.name for t in spec.tables])
-            _repick_taken_ports(directory, state, keep_broker_port=given_broker_port)
+            _repick_taken_ports(directory, state, given_broker_port, ports)
             _start_broker(directory, state, timeout, progress)
             for name in _debezium_components(state):
                 _start_debezium(directory, state, name, progress)
@@ -506,11 +519,12 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
     return _started(directory, state, started, progress, resumed=False)
 
 
-def _repick_taken_ports(directory: Path, state: dict[str, Any], keep_broker_port: bool) -> None:
+def _repick_taken_ports(directory: Path, state: dict[str, Any], keep_broker_port: bool,
+                        ports: PortReservations) -> None:
     """For a new stack, before its broker starts: replace each port txjoin picked for the broker
     and the Connect workers that something else has begun to listen on since (PostgreSQL and
-    the source databases start in between; another server on the machine, a parallel test's
-    stack say, can pick the same free port meanwhile). A port the user gave is kept: a busy one
+    the source databases start in between; ``ports`` keeps txjoin's own picks elsewhere off
+    them, not a server that chose its port another way). A port the user gave is kept: a busy one
     fails with the usual one line. A resumed stack keeps its recorded ports (the controller's
     is in the broker's formatted data)."""
     broker = state["broker"]
@@ -518,11 +532,9 @@ def _repick_taken_ports(directory: Path, state: dict[str, Any], keep_broker_port
         (state[name], "rest_port") for name in _debezium_components(state)]
     if not keep_broker_port:
         picked.append((broker, "port"))
-    ports = [state["postgres"]["port"], broker["port"]] + [entry[key] for entry, key in picked]
     for entry, key in picked:
         if not _port_free(entry[key]):
-            entry[key] = free_port(exclude=ports)
-            ports.append(entry[key])
+            entry[key] = ports.pick()
     state["bootstrap_servers"] = f"127.0.0.1:{broker['port']}"
     _write_state(directory, state)
 
