@@ -32,9 +32,9 @@ from tests.e2e.test_end_to_end import (
     tail,
 )
 from tests.fixtures import restartable_postgres
-from tests.fixtures.postgres import free_port
 from txjoin.job import load_job
 from txjoin.stack.demo import wait_until_captured
+from txjoin.stack.processes import free_port
 from txjoin.verify.verify import verify_job
 
 pytestmark = pytest.mark.e2e

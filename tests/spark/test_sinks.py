@@ -26,7 +26,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from tests.fixtures import restartable_postgres
-from tests.fixtures.postgres import free_port, new_database
+from tests.fixtures.postgres import new_database
 from txjoin.errors import ConfigError, LineageError, ServiceError, SinkSchemaError
 from txjoin.sinks import Sink, current_schema, delta_commit, delta_current
 from txjoin.sinks import delta as delta_sink
@@ -34,6 +34,7 @@ from txjoin.sinks.delta import DeltaSink, stored_schema
 from txjoin.sinks.delta_commit import CHECKPOINT_INTERVAL, SPARK_CHECKPOINTS_OFF
 from txjoin.sinks.lineage import Checkpoint, Lineage, check_lineage
 from txjoin.sinks.postgres import PostgresSink, mask_dsn
+from txjoin.stack.processes import free_port
 
 PIZZAS = pa.list_(pa.struct([("pizza", pa.string()), ("price", pa.decimal128(10, 2))]))
 SCHEMA = pa.schema([

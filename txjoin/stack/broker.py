@@ -25,8 +25,8 @@ from txjoin import jvm
 from txjoin.errors import ServiceError
 from txjoin.stack.processes import (
     LOG4J2_PROPERTIES,
+    PortReservations,
     ProcessId,
-    free_port,
     listening,
     log4j2_config,
     stop,
@@ -145,8 +145,17 @@ def start_broker(data_dir: Path, port: int | None, log_path: Path, *,
     """
     java = java_binary()
     classpath = jvm.classpath("kafka")  # ConfigError naming setup.sh if the jars are missing
-    port = port or free_port(exclude=[p for p in (controller_port,) if p])
-    controller_port = controller_port or free_port(exclude=[port])
+    # The ports it picks are held until it listens (processes.PortReservations).
+    ports = PortReservations([p for p in (port, controller_port) if p])
+    try:
+        return _start(java, classpath, data_dir, port or ports.pick(),
+                      controller_port or ports.pick(), log_path, timeout, heap)
+    finally:
+        ports.release()
+
+
+def _start(java: str, classpath: str, data_dir: Path, port: int, controller_port: int,
+           log_path: Path, timeout: float, heap: str) -> Broker:
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
