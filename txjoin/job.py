@@ -106,6 +106,7 @@ class Table:
         """
         if len(raw) != len(self.columns) or not self.columns.keys() <= raw.keys():
             self._check_columns(raw, where, complete)
+        modes = self._modes(raw, modes)
         row: dict[str, Any] = {}
         for col, sql_type, fast in self._readers:
             if col not in raw:
@@ -117,8 +118,7 @@ class Table:
             if fast is not None and type(value) is fast:
                 row[col] = value  # already the right Python type: the common case
             else:
-                row[col] = convert(value, sql_type, f"{where} {self.name}.{col}",
-                                   self._modes(raw, modes))
+                row[col] = convert(value, sql_type, f"{where} {self.name}.{col}", modes)
         return row
 
     @functools.cached_property
