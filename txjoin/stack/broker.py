@@ -146,36 +146,29 @@ def start_broker(data_dir: Path, port: int | None, log_path: Path, *,
     java = java_binary()
     classpath = jvm.classpath("kafka")  # ConfigError naming setup.sh if the jars are missing
     # The ports it picks are held until it listens (processes.PortReservations).
-    ports = PortReservations([p for p in (port, controller_port) if p])
-    try:
-        return _start(java, classpath, data_dir, port or ports.pick(),
-                      controller_port or ports.pick(), log_path, timeout, heap)
-    finally:
-        ports.release()
-
-
-def _start(java: str, classpath: str, data_dir: Path, port: int, controller_port: int,
-           log_path: Path, timeout: float, heap: str) -> Broker:
-    data_dir = data_dir.resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    props = server_properties(data_dir, port, controller_port)
-    (data_dir / SERVER_PROPERTIES).write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-    (data_dir / LOG4J2_PROPERTIES).write_text(LOG4J2)
-    _format(java, data_dir, log_path)
-    with open(log_path, "ab") as log:
-        popen = subprocess.Popen(
-            [java, f"-Xmx{heap}", f"-Xms{heap}", "-XX:+UseG1GC", *jvm.stack_java_options(),
-             f"-Dlog4j2.configurationFile={data_dir / LOG4J2_PROPERTIES}",
-             "-cp", classpath, "kafka.Kafka", str(data_dir / SERVER_PROPERTIES)],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=data_dir,
-            # Own session: a Ctrl-C in the shell that ran `txjoin up` must not kill it.
-            start_new_session=True,
-        )
-    broker = Broker(ProcessId.of(popen.pid), port, controller_port, data_dir)
-    # The client listener opens once the broker registered with its controller.
-    wait_until(lambda: listening(port), timeout, f"Kafka broker on 127.0.0.1:{port}",
-               broker.process, str(log_path))
+    with PortReservations([p for p in (port, controller_port) if p]) as ports:
+        port = port or ports.pick()
+        controller_port = controller_port or ports.pick()
+        data_dir = data_dir.resolve()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        props = server_properties(data_dir, port, controller_port)
+        (data_dir / SERVER_PROPERTIES).write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        (data_dir / LOG4J2_PROPERTIES).write_text(LOG4J2)
+        _format(java, data_dir, log_path)
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(
+                [java, f"-Xmx{heap}", f"-Xms{heap}", "-XX:+UseG1GC", *jvm.stack_java_options(),
+                 f"-Dlog4j2.configurationFile={data_dir / LOG4J2_PROPERTIES}",
+                 "-cp", classpath, "kafka.Kafka", str(data_dir / SERVER_PROPERTIES)],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=data_dir,
+                # Own session: a Ctrl-C in the shell that ran `txjoin up` must not kill it.
+                start_new_session=True,
+            )
+        broker = Broker(ProcessId.of(popen.pid), port, controller_port, data_dir)
+        # The client listener opens once the broker registered with its controller.
+        wait_until(lambda: listening(port), timeout, f"Kafka broker on 127.0.0.1:{port}",
+                   broker.process, str(log_path))
     return broker
 
 

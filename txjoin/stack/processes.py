@@ -94,7 +94,8 @@ def free_port(exclude: Collection[int] = ()) -> int:
 
 class PortReservations:
     """Ports picked for servers that do not listen yet, each held by a socket bound to it
-    with ``SO_REUSEADDR`` and never listening, until :meth:`release`.
+    with ``SO_REUSEADDR`` and never listening, until :meth:`release` (or the ``with`` block
+    ends).
 
     While one is held, :func:`free_port` anywhere on the machine (a parallel test's stack,
     say) finds the port taken (it binds without ``SO_REUSEADDR``), so it cannot give it to
@@ -124,6 +125,12 @@ class PortReservations:
         for sock in self.held.values():
             sock.close()
         self.held.clear()
+
+    def __enter__(self) -> PortReservations:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def ensure_port_free(port: int, what: str, wait: float = 0.0) -> None:

@@ -436,13 +436,11 @@ def _start_new(directory: Path, pg_port: int | None, broker_port: int | None, ti
     # Every port of this stack, held until the stack has started (each server binds beside
     # the socket holding its port): no two of its servers are given the same one, and no
     # other stack's pick takes one meanwhile.
-    ports = PortReservations([port for port in (pg_port, broker_port) if port is not None])
-    try:
+    with PortReservations([port for port in (pg_port, broker_port) if port is not None]) \
+            as ports:
         return _start_new_on(directory, pg_port or ports.pick(), broker_port or ports.pick(),
                              given_broker_port, ports, timeout, progress, sources, partitions,
                              connector, job_file)
-    finally:
-        ports.release()
 
 
 def _start_new_on(directory: Path, pg_port: int, broker_port: int, given_broker_port: bool,
