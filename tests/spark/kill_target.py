@@ -31,16 +31,16 @@ def report(r: BatchReport) -> None:
 def run(spark: SparkSession, schedule: str, workdir: str, dsn: str, job_path: str,
         shards: int | None, until_idle: bool, on_batch: Callable[[BatchReport], None],
         delta_commit_interval_s: float = 0, engine: str = SHARDED,
-        split: tuple[str, ...] = ()) -> None:
+        split: tuple[str, ...] = (), delta_handoff_max_batches: int = 2) -> None:
     """Replay ``schedule`` into both sinks in ``spark`` (the kill test's last runs to the
     end use the test session's own Spark: a run to the end needs no process of its own);
     ``delta_commit_interval_s`` > 0 slows the Delta committer down (a group commit at most
-    that often)."""
+    that often), ``delta_handoff_max_batches`` is how far the stream runs ahead of it."""
     job = load_job(job_path)
     config = RunConfig(checkpoint_dir=f"{workdir}/ckpt", output_dir=f"{workdir}/out",
                        postgres_dsn=dsn, trigger_interval="100 milliseconds", shards=shards,
                        delta_commit_interval_s=delta_commit_interval_s, engine=engine,
-                       split=split, delta_handoff_max_batches=2)
+                       split=split, delta_handoff_max_batches=delta_handoff_max_batches)
     # By default Delta commits back to back and the stream runs at most 2 batches ahead of
     # it (the hand-off's backpressure): a kill lands inside a group commit as often as
     # between two

@@ -6,8 +6,8 @@ Shape of the query::
       -> routing: from_json + Spark expressions        # the JVM, before the shuffle
       -> groupBy(shard).transformWithStateInPandas(ShardProcessor)   # n shards in parallel:
                                                        # decode (once) + sequence + join
-      -> foreachBatch: the tasks holding the output COPY it into PostgreSQL's staging table
-         and write Delta's data files (txjoin.pipeline.sink_tasks); the driver applies
+      -> foreachBatch: each shard COPYs its output into PostgreSQL's staging table and
+         writes Delta's data files itself (txjoin.sinks.tasks); the driver applies
          PostgreSQL's stage with the progress in one transaction, and hands what the tasks
          wrote for Delta off durably; Delta commits many batches' files at once on a
          thread of its own (txjoin.sinks.handoff)
@@ -74,7 +74,6 @@ from txjoin.join.spark.staged import (
 )
 from txjoin.join.staged import STAGED_LAYOUTS
 from txjoin.join.state_log import CONTINUED_LAYOUTS, LAYOUT_VERSION
-from txjoin.pipeline.sink_tasks import SUMMARY_SCHEMA, PartWriter, in_commit_order, summarise
 from txjoin.sequence.assembly import IncompletePolicy
 from txjoin.sinks import DEFAULT_RETRY_TIMEOUT_S, Sink, StagedSink
 from txjoin.sinks.delta import DeltaSink
@@ -88,6 +87,13 @@ from txjoin.sinks.handoff import (
     Parcel,
 )
 from txjoin.sinks.lineage import Lineage, checkpoint_id
+from txjoin.sinks.tasks import (
+    TASK_SINKS_PROPERTY,
+    TaskSinks,
+    encode,
+    in_commit_order,
+    summarise,
+)
 
 
 @dataclass
@@ -168,7 +174,7 @@ def decode_batch(job: Job, frame: pd.DataFrame) -> tuple[pa.Table, dict[str, Any
 
     Each shard sends its changes as Arrow tables (built on the executor; one or more
     rows, in order, the first with its progress: ``shards.changes_columns``). The pipeline
-    leaves them in its tasks (``txjoin.pipeline.sink_tasks``), which order them alike.
+    has the shards write them into the sinks' stages instead (``txjoin.sinks.tasks``).
     """
     info = merge_infos([json.loads(v) for v in frame["info"] if isinstance(v, str)])
     return in_commit_order(list(frame["changes"]), output_schema(job)), info
@@ -185,9 +191,9 @@ def stage_seconds(compute_s: float, info: dict[str, Any]) -> dict[str, float]:
       ``sequence`` (assembly, commit order, frontier: what every shard repeats),
       ``join``, ``state_save`` (its segment to the state store), ``total``.
 
-    ``compute`` includes the tasks writing their parts of the batch into the sinks' stages
-    (``txjoin.pipeline.sink_tasks``). The pipeline adds ``output_decode`` (the tasks'
-    summaries read), one ``sink_<name>_tasks`` per staged sink (the slowest task's seconds
+    ``compute`` includes the shards writing their parts of the batch into the sinks' stages
+    (``txjoin.sinks.tasks``). The pipeline adds ``output_decode`` (the shards'
+    summaries read), one ``sink_<name>_tasks`` per staged sink (the slowest shard's seconds
     writing its part), one ``sink_<name>`` per sink committed in the batch (PostgreSQL: the
     driver's seconds, preparing the stage and applying it), ``sink_maintain``,
     ``delta_handoff`` (the batch handed off to Delta) and ``delta_backpressure`` (the
@@ -543,17 +549,20 @@ class Pipeline:
         facts = self.kafka_facts
         limited = facts is not None and facts.max_events is not None
         context = self.spark.sparkContext
+        # The job below runs on this thread, so its tasks get these properties: the stages
+        # the shards write their output into (txjoin.sinks.tasks), and, under a read limit,
+        # what the batch was planned to read, for the shards' caught-up rule.
+        properties = {TASK_SINKS_PROPERTY: encode(TaskSinks(stages, keep_rows))}
         if limited:
-            # what the batch was planned to read, for the shards' caught-up rule (the job
-            # below runs on this thread, so its tasks get the property)
-            context.setLocalProperty(OFFSET_SPANS_PROPERTY, json.dumps(
-                batch_offset_spans(Path(self.checkpoint), batch_id), sort_keys=True))
+            properties[OFFSET_SPANS_PROPERTY] = json.dumps(
+                batch_offset_spans(Path(self.checkpoint), batch_id), sort_keys=True)
+        for name, value in properties.items():
+            context.setLocalProperty(name, value)
         try:
-            summary = summarise(df.mapInArrow(PartWriter(self.schema, stages, keep_rows),
-                                              SUMMARY_SCHEMA).toArrow(), self.schema, keep_rows)
+            summary = summarise(df.toArrow(), self.schema, keep_rows)
         finally:
-            if limited:
-                context.setLocalProperty(OFFSET_SPANS_PROPERTY, None)  # type: ignore[arg-type]
+            for name in properties:
+                context.setLocalProperty(name, None)  # type: ignore[arg-type]
         computed = time.monotonic()
         if DeltaSink.name in stages:  # tests only: Delta's files written, neither committed
             crashpoints.reached(crashpoints.DELTA_STAGED, batch_id)  # nor handed off

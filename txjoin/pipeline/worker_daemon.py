@@ -37,7 +37,7 @@ PRELOAD = (
     "txjoin.ingest.spark.files",
     "txjoin.join.spark.routing",
     "txjoin.join.spark.shards",
-    "txjoin.pipeline.sink_tasks",
+    "txjoin.sinks.tasks",
 )
 """What every worker of a txjoin run imports (PySpark's worker and serializers, pandas and
 pyarrow, the data sources, routing, shards and sink tasks)."""

@@ -48,6 +48,7 @@ from txjoin.join.spark import host, input_frames
 from txjoin.join.state_log import BatchResult, ShardLog, engine_rows
 from txjoin.join.temporal import OutputChange
 from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
+from txjoin.sinks import tasks
 
 if TYPE_CHECKING:
     # pandas where the shards run, not where the processor is unpickled only: Spark's
@@ -254,6 +255,7 @@ class ShardProcessor(StatefulProcessor):
         self.store = _SparkBlobStore(meta, log)
         self._spec: bytes | None = None
         self.offset_spans: dict[str, int] | None = None  # this batch's (run_batch)
+        self.task_sinks: tasks.TaskSinks | None = None  # this batch's (run_batch)
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
                         timerValues: Any) -> Iterator[pd.DataFrame]:
@@ -276,9 +278,10 @@ class ShardProcessor(StatefulProcessor):
         spans = task_offset_spans() if self.kafka_facts is not None and \
             self.kafka_facts.max_events is not None else None
         # Arrow, not pandas, to the engine: a shard's host then never imports pandas
-        # (1.4 s of CPU at each host's start here), and the rows travel as buffers
+        # (1.4 s of CPU at each host's start here), and the rows travel as buffers; and
+        # the sinks' stages of the batch, which the shard writes its output into
         request = (self.spec(), shard, pa.Table.from_pandas(frame, preserve_index=False),
-                   started, batch, spans)
+                   started, batch, spans, tasks.task_value())
         if not host.available():
             for columns in run_batch(request, self.store):
                 yield pd.DataFrame(columns)
@@ -295,7 +298,8 @@ class ShardProcessor(StatefulProcessor):
         if spec is None:
             spec = self._spec = cloudpickle.dumps(
                 (type(self), {k: v for k, v in vars(self).items()
-                              if k not in ("store", "_spec", "offset_spans")}))
+                              if k not in ("store", "_spec", "offset_spans",
+                                           "task_sinks")}))
         return spec
 
     def host(self, key: Any) -> int:
@@ -337,7 +341,23 @@ class ShardProcessor(StatefulProcessor):
                 "released": result.released, "duplicates": engine.duplicates,
                 "skipped": engine.skipped, "snapshot_rows": engine.batch_snapshot_rows,
                 **self.task_figures(result, started, cpu_started)}
-        return changes_columns(self.job, shard, result.changes, info)
+        return self.output(shard, result.changes, info)
+
+    def output(self, shard: int, changes: list[OutputChange], info: dict[str, Any]
+               ) -> dict[str, list[Any]]:
+        """The shard's output rows of the batch (:func:`changes_columns`). In a batch whose
+        sinks are written from the tasks (``txjoin.sinks.tasks``), its changes are written
+        into their stages here, as part ``shard``, and only what it wrote goes on to the
+        driver in its progress (the changes too if a sink needs them there)."""
+        sinks = self.task_sinks
+        # typed a chunk at a time: a release's ~1M changes are never all dicts at once
+        table = pa.concat_tables(
+            [changes_to_table(self.job, changes[start:start + OUTPUT_CHUNK_ROWS])
+             for start in range(0, max(len(changes), 1), OUTPUT_CHUNK_ROWS)])
+        if sinks is None:
+            return changes_columns(shard, table, info)
+        info[tasks.PART_KEY] = tasks.write_part(sinks, shard, table)
+        return changes_columns(shard, table if sinks.keep_rows else None, info)
 
     def task_figures(self, result: BatchResult, started: float, cpu_started: float
                      ) -> dict[str, Any]:
@@ -403,15 +423,16 @@ class ShardProcessor(StatefulProcessor):
 
 
 def run_batch(request: tuple[bytes, int, pa.Table, float, int | None,
-                             dict[str, int] | None],
+                             dict[str, int] | None, str | None],
               store: Any, settle: bool = True) -> list[dict[str, list[Any]]]:
     """Run a shard's batch in this process (a Python worker, or the shard's host):
     ``request`` is what :meth:`ShardProcessor.handleInputRows` sends (then the
-    micro-batch, known only when a crash point needs it, and the offsets it was planned
-    over, under a read limit), ``store`` the shard's state store (Spark's, or the task's
+    micro-batch, known only when a crash point needs it, the offsets it was planned
+    over, under a read limit, and the sinks' stages it writes its output into:
+    ``txjoin.sinks.tasks``), ``store`` the shard's state store (Spark's, or the task's
     over the host's connection). ``settle=False``: the caller calls
     ``shard.settle_state()`` once it has sent the output (a host)."""
-    spec, shard, frame, started, batch, spans = request
+    spec, shard, frame, started, batch, spans, sinks = request
     crashpoints.shard_batch(batch)
     processor = _PROCESSORS.get(spec)
     if processor is None:
@@ -422,6 +443,7 @@ def run_batch(request: tuple[bytes, int, pa.Table, float, int | None,
         _PROCESSORS[spec] = processor
     processor.store = store
     processor.offset_spans = spans
+    processor.task_sinks = None if sinks is None else tasks.decode(sinks)
     with long_lived_state(settle):
         return [processor.handle(shard, frame, started)]
 
@@ -437,17 +459,19 @@ a row's buffer by doubling, then copies it into Arrow): Java heap space in
 ``collectAsArrowToPython``, and a row cannot pass 2 GB at all. 50k changes are a few MB."""
 
 
-def changes_columns(job: Job, shard: int, changes: list[OutputChange],
-                    info: dict[str, Any]) -> dict[str, list[Any]]:
+def changes_columns(shard: int, table: pa.Table | None, info: dict[str, Any]
+                    ) -> dict[str, list[Any]]:
     """The shard's output rows, by column (``OUTPUT_SCHEMA``; no pandas: a shard's host
-    builds them): its changes as Arrow tables (typed here, on the executor) of at most
-    ``OUTPUT_CHUNK_ROWS`` each, in order; the first row carries its progress."""
+    builds them): its changes (``join.output.changes_to_table``, typed on the executor; None:
+    they stay here) as Arrow IPC streams of at most ``OUTPUT_CHUNK_ROWS`` each, in order;
+    the first row carries its progress."""
     blobs: list[bytes | None] = []
-    for start in range(0, len(changes), OUTPUT_CHUNK_ROWS):
-        table = changes_to_table(job, changes[start:start + OUTPUT_CHUNK_ROWS])
+    rows = 0 if table is None else table.num_rows
+    for start in range(0, rows, OUTPUT_CHUNK_ROWS):
+        assert table is not None
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
+            writer.write_table(table.slice(start, OUTPUT_CHUNK_ROWS))
         blobs.append(sink.getvalue().to_pybytes())
     blobs = blobs or [None]
     infos = [json.dumps(info)] + [None] * (len(blobs) - 1)

@@ -52,7 +52,7 @@ from txjoin.job import Job
 from txjoin.join.placement import Placement
 from txjoin.join.routing import METADATA_SIZE, Routed, is_metadata_only, metadata_only
 from txjoin.join.spark.routing import _METADATA, _READ, envelopes
-from txjoin.join.spark.shards import ShardProcessor, changes_columns, routed_items
+from txjoin.join.spark.shards import ShardProcessor, routed_items
 from txjoin.join.staged import SEQUENCER, STAGED_LAYOUTS, Release, Sequencer, ShardApplier
 from txjoin.join.state_log import ShardLog
 from txjoin.sequence.assembly import IncompletePolicy
@@ -256,7 +256,7 @@ class ApplierProcessor(ShardProcessor):
         if owners:
             info["state_bytes_written"] += sum(o.get("state_bytes_written", 0) for o in owners)
             info["owners"] = owners
-        return changes_columns(self.job, shard, result.changes, info)
+        return self.output(shard, result.changes, info)
 
 
 def staged_stages(routed: DataFrame, sequencer: SequencerProcessor,
