@@ -32,8 +32,9 @@ from txjoin.sequence.assembly import IncompletePolicy
 ORDERS = Path(__file__).resolve().parents[2] / "jobs" / "orders.py"
 
 
-def _request() -> tuple[bytes, int, pa.Table, float, None, None]:
-    """What a task sends for a batch that read nothing (shard 0 of 2)."""
+def _request() -> tuple[bytes, int, pa.Table, float, None, None, None]:
+    """What a task sends for a batch that read nothing (shard 0 of 2), no sink's stage
+    given (its output comes back whole)."""
     processor = ShardProcessor(load_job(ORDERS), [0, 1], IncompletePolicy("fail", 300.0),
                                "shop", "test-token")
     frame = pd.DataFrame({c: pd.Series([], dtype=object) for c in ROUTED_COLUMNS
@@ -41,7 +42,7 @@ def _request() -> tuple[bytes, int, pa.Table, float, None, None]:
     frame["offset"] = frame["offset"].astype("int64")
     frame["counted"] = frame["counted"].astype(bool)
     return processor.spec(), 0, pa.Table.from_pandas(frame, preserve_index=False), \
-        time.perf_counter(), None, None
+        time.perf_counter(), None, None, None
 
 
 @pytest.fixture
@@ -81,11 +82,12 @@ def test_the_host_replies_before_it_collects(
 def test_a_failed_batch_is_reported_and_the_collector_is_back_on(
         connection: tuple[socket.socket, socket.socket]) -> None:
     task, served = connection
-    _spec, shard, frame, started, batch, spans = _request()
+    _spec, shard, frame, started, batch, spans, sinks = _request()
     thread = threading.Thread(target=host._serve, args=(served,), daemon=True)
     thread.start()
     with pytest.raises(pickle.UnpicklingError, match="invalid load key"):  # raised in the task
-        list(host.serve_batch(task, (b"not a pickle", shard, frame, started, batch, spans),
+        list(host.serve_batch(task, (b"not a pickle", shard, frame, started, batch, spans,
+                                                    sinks),
                               MemoryStore()))
     thread.join(10)
     assert not thread.is_alive()
