@@ -24,7 +24,7 @@ from txjoin.sequence.assembly import IncompletePolicy
 from txjoin.sinks import COMMIT_SEQ
 from txjoin.sinks.delta import stored_schema
 from txjoin.sinks.delta_stage import CHANGELOG, DeltaStage
-from txjoin.sinks.tasks import PART_KEY, TaskSinks, decode, encode, summarise
+from txjoin.sinks.tasks import PART_KEY, TaskSinks, encode, summarise
 
 
 def _frame(job: Any, shard: int, changes: list[Any], info: dict[str, Any]) -> pd.DataFrame:
@@ -88,7 +88,7 @@ def test_shards_write_their_parts_and_the_driver_gets_the_batch_or_only_its_figu
     for keep_rows in (True, False):
         stage = DeltaStage(str(tmp_path / f"keep-{keep_rows}"), "ckpt", 3, "orders", schema,
                            stored_schema(schema), tuple(job.output.key))
-        processor.task_sinks = decode(encode(TaskSinks({"delta": stage}, keep_rows)))
+        processor.task_sinks = encode(TaskSinks({"delta": stage}, keep_rows))
         output = pa.concat_tables(
             pa.Table.from_pandas(pd.DataFrame(processor.output(
                 i, r.changes, {"shard": i, "commit_seq": 4, "records": 5 + i})),

@@ -255,7 +255,8 @@ class ShardProcessor(StatefulProcessor):
         self.store = _SparkBlobStore(meta, log)
         self._spec: bytes | None = None
         self.offset_spans: dict[str, int] | None = None  # this batch's (run_batch)
-        self.task_sinks: tasks.TaskSinks | None = None  # this batch's (run_batch)
+        # this batch's TASK_SINKS_PROPERTY (run_batch), decoded where the output is written
+        self.task_sinks: str | None = None
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
                         timerValues: Any) -> Iterator[pd.DataFrame]:
@@ -349,7 +350,7 @@ class ShardProcessor(StatefulProcessor):
         sinks are written from the tasks (``txjoin.sinks.tasks``), its changes are written
         into their stages here, as part ``shard``, and only what it wrote goes on to the
         driver in its progress (the changes too if a sink needs them there)."""
-        sinks = self.task_sinks
+        sinks = None if self.task_sinks is None else tasks.decode(self.task_sinks)
         # typed a chunk at a time: a release's ~1M changes are never all dicts at once
         table = pa.concat_tables(
             [changes_to_table(self.job, changes[start:start + OUTPUT_CHUNK_ROWS])
@@ -443,7 +444,7 @@ def run_batch(request: tuple[bytes, int, pa.Table, float, int | None,
         _PROCESSORS[spec] = processor
     processor.store = store
     processor.offset_spans = spans
-    processor.task_sinks = None if sinks is None else tasks.decode(sinks)
+    processor.task_sinks = sinks
     with long_lived_state(settle):
         return [processor.handle(shard, frame, started)]
 
