@@ -23,8 +23,10 @@ under ``batches``: Spark's planning, offset log and state-store commit, the
 computation of the batch with each shard stage's share, each
 sink; see :func:`batch_stages`), the initial snapshot's load rate, state bytes
 written per batch, peak RSS of the driver (this Python process and Spark's JVM,
-not the broker's) and of the Python workers with the shards' hosts while the
-pipeline runs, and the ratio to the ceiling. The workload is built, written to the
+not the broker's), of the executors' JVMs where they are apart from it (``--master
+'local-cluster[2,1,1024]'``: as on a cluster; on ``local[N]`` the driver's JVM runs the
+tasks) and of the Python workers with the shards' hosts while the pipeline runs, and the
+ratio to the ceiling. The workload is built, written to the
 broker (or the replay schedule) and its reference output computed in a child
 process forked before Spark starts (``harness_rss_mb``: what this process holds
 then). Not a test: numbers, not verdicts.
@@ -67,16 +69,21 @@ JOB = Path(__file__).resolve().parents[1] / "jobs" / "orders.py"
 
 
 SPARK_SUBMIT = "org.apache.spark.deploy.SparkSubmit"  # the main class of PySpark's JVM
+EXECUTOR = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+"""The main class of an executor's own JVM (``--master local-cluster[...]``, as on a cluster);
+on ``local[N]`` the driver's JVM runs the tasks and there is none."""
 
 
 class RssSampler:
-    """Peak RSS of this process + its Spark JVM (the driver), and of Spark's Python workers
-    with the shards' hosts they start."""
+    """Peak RSS of this process + its Spark JVM (the driver), of the executors' JVMs where
+    they have their own (``local-cluster``), and of Spark's Python workers with the shards'
+    hosts they start."""
 
     def __init__(self) -> None:
         self.driver = 0
         self.driver_python = 0  # of which this process, and Spark's JVM (peaks apart)
         self.driver_jvm = 0
+        self.executors = 0  # every executor JVM together (none on local[N])
         self.workers = 0
         self.hosts = 0  # of which the shards' hosts (peaks need not coincide)
         self._stop = threading.Event()
@@ -88,8 +95,9 @@ class RssSampler:
             try:
                 kids = me.children(recursive=True)
                 # Spark's JVM, not the broker's (also a child of this process)
-                jvm = sum(p.memory_info().rss for p in kids if "java" in p.name()
-                          and SPARK_SUBMIT in p.cmdline())
+                jvms = [(p, p.cmdline()) for p in kids if "java" in p.name()]
+                jvm = sum(p.memory_info().rss for p, line in jvms if SPARK_SUBMIT in line)
+                executors = sum(p.memory_info().rss for p, line in jvms if EXECUTOR in line)
                 pids = {p.pid for p in kids}
                 # The shards' hosts (join/spark/host.py), also when their worker has gone
                 hosts = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in pids
@@ -102,6 +110,7 @@ class RssSampler:
                 self.driver = max(self.driver, mine + jvm)
                 self.driver_python = max(self.driver_python, mine)
                 self.driver_jvm = max(self.driver_jvm, jvm)
+                self.executors = max(self.executors, executors)
                 self.workers = max(self.workers, workers)
                 self.hosts = max(self.hosts, in_hosts)
             except psutil.Error:
@@ -445,6 +454,7 @@ def run_bench(transactions: int, max_events: int, seed: int, out: Path, master: 
             "peak_rss_driver_mb": round(rss.driver / 2**20),
             "peak_rss_driver_python_mb": round(rss.driver_python / 2**20),
             "peak_rss_driver_jvm_mb": round(rss.driver_jvm / 2**20),
+            "peak_rss_executor_jvms_mb": round(rss.executors / 2**20),
             "peak_rss_python_workers_mb": round(rss.workers / 2**20),
             "peak_rss_shard_hosts_mb": round(rss.hosts / 2**20),
             "steady_batches": len(steady),
