@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+# Run in a process of its own: the sampler counts every child of its process, and a pytest
+# worker may have its own Spark driver JVM running beside this test.
+SAMPLE = """
+import json, subprocess, sys, time
 from txjoin.bench import EXECUTOR, SPARK_SUBMIT, RssSampler
+java, = sys.argv[1:]
+hold = "import sys, time; x = bytearray(int(sys.argv[1]) * 2**20); time.sleep(30)"
+driver = subprocess.Popen([java, "-c", hold, "40", SPARK_SUBMIT])
+executor = subprocess.Popen([java, "-c", hold, "160", EXECUTOR])
+try:
+    with RssSampler() as rss:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (rss.executors < 150 * 2**20
+                                               or rss.driver_jvm < 30 * 2**20):
+            time.sleep(0.2)
+finally:
+    for proc in (driver, executor):
+        proc.kill()
+        proc.wait()
+print(json.dumps({"driver_jvm": rss.driver_jvm, "executors": rss.executors}))
+"""
 
 
 def test_the_driver_jvm_and_executor_jvms_are_told_apart_by_their_main_class(
@@ -18,18 +38,8 @@ def test_the_driver_jvm_and_executor_jvms_are_told_apart_by_their_main_class(
     # the driver's figure.
     java = tmp_path / "java"
     java.symlink_to(sys.executable)
-    hold = "import sys, time; x = bytearray(int(sys.argv[1]) * 2**20); time.sleep(30)"
-    driver = subprocess.Popen([str(java), "-c", hold, "40", SPARK_SUBMIT])
-    executor = subprocess.Popen([str(java), "-c", hold, "160", EXECUTOR])
-    try:
-        with RssSampler() as rss:
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and (rss.executors < 150 * 2**20
-                                                   or rss.driver_jvm < 30 * 2**20):
-                time.sleep(0.2)
-    finally:
-        for proc in (driver, executor):
-            proc.kill()
-            proc.wait()
-    assert 30 * 2**20 < rss.driver_jvm < 150 * 2**20, rss.driver_jvm
-    assert rss.executors > 150 * 2**20, rss.executors
+    done = subprocess.run([sys.executable, "-c", SAMPLE, str(java)], capture_output=True,
+                          text=True, timeout=60, check=True)
+    rss = json.loads(done.stdout.splitlines()[-1])
+    assert 30 * 2**20 < rss["driver_jvm"] < 150 * 2**20, rss
+    assert rss["executors"] > 150 * 2**20, rss
