@@ -44,9 +44,9 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from txjoin.jvm import stage_probe_jar
+from txjoin.pipeline.pipeline import ROCKSDB_PROVIDER
 from txjoin.pipeline.session import get_session
 
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 WARM_UP = 5  # batches left out of the figures
 
 
@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("staged-stage-cost.json"))
     args = parser.parse_args()
     jar = stage_probe_jar()
-    conf = {"spark.sql.streaming.stateStore.providerClass": ROCKSDB}
+    conf = {"spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER}
     if jar is not None:
         conf["spark.driver.extraClassPath"] = str(jar)
     spark = get_session("local[2]", app_name="staged-stage-cost", extra_conf=conf)

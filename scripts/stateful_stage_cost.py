@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 SHAPES = ("plain", "shuffle", "python", "apply-hdfs", "apply", "tws")
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
 def run_shape(shape: str, seconds: float, rate: int) -> dict[str, Any]:
@@ -52,6 +51,7 @@ def run_shape(shape: str, seconds: float, rate: int) -> dict[str, Any]:
     from pyspark.sql.streaming.state import GroupStateTimeout
 
     from txjoin.join.spark.shards import LOG_KEY_SCHEMA, LOG_VALUE_SCHEMA, META_SCHEMA
+    from txjoin.pipeline.pipeline import STATE_STORE_CONF
     from txjoin.pipeline.session import get_session, stop_session
 
     class Trivial(StatefulProcessor):  # type: ignore[misc]
@@ -79,8 +79,7 @@ def run_shape(shape: str, seconds: float, rate: int) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="stateful-stage-cost-"))
     conf = {"spark.sql.shuffle.partitions": "2"}
     if shape in ("apply", "tws"):
-        conf["spark.sql.streaming.stateStore.providerClass"] = ROCKSDB
-        conf["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] = "true"
+        conf.update(STATE_STORE_CONF)  # txjoin's store
     spark = get_session("local[2]", app_name=f"stateful-stage-cost-{shape}", extra_conf=conf)
     try:
         source = (spark.readStream.format("rate").option("rowsPerSecond", rate)

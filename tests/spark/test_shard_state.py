@@ -25,7 +25,7 @@ from txjoin.join.spark.shards import (
     META_SCHEMA,
     _SparkBlobStore,
 )
-from txjoin.pipeline.pipeline import ROCKSDB_PROVIDER
+from txjoin.pipeline.pipeline import STATE_STORE_CONF
 
 pytestmark = pytest.mark.spark
 
@@ -64,9 +64,8 @@ def _batch(spark: SparkSession, tmp_path: Path, lines: list[str]) -> dict[str, A
     inbox = tmp_path / "in"
     inbox.mkdir(exist_ok=True)
     (inbox / f"{len(list(inbox.iterdir())):03d}.txt").write_text("\n".join(lines) + "\n")
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
-    spark.conf.set(
-        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+    for key, value in STATE_STORE_CONF.items():
+        spark.conf.set(key, value)
     seen: list[str] = []
 
     def collect(df: DataFrame, _batch_id: int) -> None:

@@ -257,6 +257,12 @@ PER_SHARD = ("shard", "stage", "seconds", "cpu_seconds", "state_rows", "peak_rss
 
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+STATE_STORE_CONF = {
+    "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+}
+"""The stateful operators' store: RocksDB (transformWithState needs it) with changelog
+checkpointing (a batch uploads its puts, not the store)."""
 LAYOUT_FILE = "txjoin-layout.json"
 
 
@@ -487,12 +493,10 @@ class Pipeline:
         placement = split_placement(self.job, self.config)
         partitions = check_layout(Path(self.checkpoint), n, engine=engine,
                                   split=placement.split)
-        # Stateful operators: RocksDB (transformWithState needs it) with changelog
-        # checkpointing (a batch uploads its puts, not the store). The shuffle gets one
-        # partition per shard; a restarted checkpoint keeps its own partition count.
-        self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
-        self.spark.conf.set(
-            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        # The stateful operators' store (STATE_STORE_CONF). The shuffle gets one partition
+        # per shard; a restarted checkpoint keeps its own partition count.
+        for key, value in STATE_STORE_CONF.items():
+            self.spark.conf.set(key, value)
         self.spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
         labels = shard_labels(n, partitions)
         token = uuid.uuid4().hex
