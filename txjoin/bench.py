@@ -644,7 +644,9 @@ def shard_figures(steady: Sequence[Any]) -> dict[str, Any]:
     process's CPU seconds over its batch), the p50 over batches of the slowest shard's
     seconds (``slowest``; with the staged engine the sequencer's task added, as its stage
     runs before the shards') and of the sum over tasks (``sum``); and per task, the rows
-    its state held after the last batch and its process's peak RSS."""
+    its state held after the last batch and its process's peak RSS; per engine part
+    (``by_part``: the sequencer, the owners of each depth, the shards) its slowest task's
+    and its tasks' summed CPU seconds, what the critical path is made of."""
     per_batch = [r.per_shard for r in steady if r.per_shard]
     if not per_batch:
         return {}
@@ -670,6 +672,16 @@ def shard_figures(steady: Sequence[Any]) -> dict[str, Any]:
             [slowest(shards, stage) for shards in per_batch], 0.5), 4)
         figures["sum"][stage] = round(quantile(
             [sum(seconds(s, stage) for s in shards) for shards in per_batch], 0.5), 4)
+    # the critical path's parts: per engine part (sequencer, owners of each depth, shards),
+    # the p50 over batches of its slowest task's CPU and of its tasks' sum
+    parts = sorted({task_stage(s) for shards in per_batch for s in shards})
+    figures["by_part"] = {part: {
+        "slowest_cpu": round(quantile([max((seconds(s, "cpu") for s in shards
+                                            if task_stage(s) == part), default=0.0)
+                                       for shards in per_batch], 0.5), 4),
+        "sum_cpu": round(quantile([sum(seconds(s, "cpu") for s in shards
+                                       if task_stage(s) == part)
+                                   for shards in per_batch], 0.5), 4)} for part in parts}
     last = {(task_stage(s), s["shard"]): s for shards in per_batch for s in shards}
     figures["tasks"] = [f"{part} {shard}" for part, shard in sorted(last)]
     figures["state_rows"] = [last[k].get("state_rows", 0) for k in sorted(last)]

@@ -130,6 +130,12 @@ def test_owner_stages_are_stages_of_their_own_between_the_sequencer_and_the_shar
     assert figures["tasks"] == ["owners1 0", "owners1 1", "owners2 0", "owners2 1",
                                 "sequencer -1", "shards 0", "shards 1"]
     assert figures["state_rows"] == [100, 101, 100, 101, 0, 10, 12]
+    # the critical path's parts: each part's slowest task and its tasks' sum
+    assert figures["by_part"] == {
+        "sequencer": {"slowest_cpu": 0.3, "sum_cpu": 0.3},
+        "owners1": {"slowest_cpu": 0.5, "sum_cpu": pytest.approx(0.7)},
+        "owners2": {"slowest_cpu": 0.1, "sum_cpu": pytest.approx(0.15)},
+        "shards": {"slowest_cpu": 2.0, "sum_cpu": 3.0}}
 
 
 def test_sweep_ratios_are_to_the_fewest_shards_run() -> None:
