@@ -242,7 +242,7 @@ def test_a_redelivered_or_renumbered_run_goes_event_by_event(
     by_run, by_event = ShardEngine(job, 0, 2), ShardEngine(job, 0, 2)
     for n, batch in enumerate([first, second]):
         caught = job.table_names if n == 0 else []  # the empty snapshot settles
-        by_run.process_routed(gather_foreign(job.fact, batch), caught)
+        by_run.process_routed(gather_foreign([job.fact], batch), caught)
         by_event.process_routed(batch, caught)
         assert _decided(by_run) == _decided(by_event)
     assert fits == [True, False]

@@ -145,9 +145,11 @@ def test_a_shard_receives_no_marker_and_no_other_shards_fact() -> None:
     records = [(r.topic, 0, r.offset, r.value) for r in pipe.all_records()]
     n_shards = 4
     meta, per_shard, _ = StagedEngine(ORDERS, n_shards).route(records)
-    # each record once: the fact table's streaming events as one batch of columns
+    # each record once: each table's streaming events as one batch of columns
     assert sum(len(m.item) if isinstance(m.item, ForeignFacts) else 1
                for m in meta) == sum(1 for r in records if r[3] is not None)
+    assert sorted(m.item.table for m in meta if isinstance(m.item, ForeignFacts)) == \
+        ["public.clients", ORDERS.fact]
     fact = ORDERS.table(ORDERS.fact)
     held = 0
     for shard, events in enumerate(per_shard):
@@ -159,9 +161,9 @@ def test_a_shard_receives_no_marker_and_no_other_shards_fact() -> None:
             owners = {shard_of(fact.convert_key(row), n_shards)
                       for row in (event.before, event.after) if row is not None}
             assert shard in owners, f"shard {shard} got {event.position}, held by {owners}"
-    assert held == sum(len(m.item) if isinstance(m.item, ForeignFacts) else
-                       int(isinstance(m.item, ChangeEvent) and m.item.table == ORDERS.fact)
-                       for m in meta)
+    assert held == sum(len(m.item) if isinstance(m.item, ForeignFacts) else 1 for m in meta
+                       if isinstance(m.item, ForeignFacts | ChangeEvent)
+                       and m.item.table == ORDERS.fact)
 
 
 def test_a_shard_spends_no_pass_on_a_transaction_without_rows_in_it(

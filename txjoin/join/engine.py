@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import pickle
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,10 +174,12 @@ class Engine:
 
     def process_decoded(self, items: Iterable[ChangeEvent | TxMarker],
                         caught_up: Iterable[str] = (), partitions: TopicPartitions | None = None,
-                        foreign: ForeignFacts | None = None) -> list[OutputChange]:
-        """Like :meth:`process`, for records already decoded. ``foreign``: a shard's other
-        shards' streaming facts of the batch (``join/routing.py``), of an unpartitioned
-        topic: counted per transaction (:meth:`_add_foreign`)."""
+                        foreign: Sequence[ForeignFacts] = ()) -> list[OutputChange]:
+        """Like :meth:`process`, for records already decoded. ``foreign``: streaming events
+        of the batch whose rows this engine does not hold (``join/routing.py``), one
+        :class:`ForeignFacts` per table of an unpartitioned topic (a shard: its other
+        shards' facts; the staged engine's sequencer: every table's): counted per
+        transaction (:meth:`_add_foreign`)."""
         self.batch_join_s = 0.0
         for assembler in self.assemblers.values():
             assembler.begin_batch()
@@ -190,17 +192,19 @@ class Engine:
         single = self._marker_sources is None
         first = self.job.source_names[0]
         table_sources = self._table_sources
-        runs = foreign.by_xid() if foreign is not None else {}
-        fact = foreign.table if foreign is not None else None
-        # this shard's events of the transactions ``foreign`` has events of, in topic order:
-        # added with them (their order decides what the numbering says)
-        held: dict[int, list[ChangeEvent]] = {}
-        # with ``foreign``: the fact table's incremental rows, placed once the batch's facts
-        # are in (their anchor may be among them), and the streamed facts' (offset, xid)
-        deferred: list[ChangeEvent] = []
-        fact_positions: list[tuple[int, int]] = []
-        fact_tail = None if fact is None else self.assemblers[
-            table_sources.get(fact, first)].incremental.tail.get(fact)
+        assert len({f.table for f in foreign}) == len(foreign), "one ForeignFacts a table"
+        # per table of ``foreign``: its rows per transaction ...
+        runs = {f.table: f.by_xid() for f in foreign}
+        # ... this engine's own events of those transactions, in topic order: added with
+        # them (their order decides what the numbering says)
+        held: dict[str, dict[int, list[ChangeEvent]]] = {t: {} for t in runs}
+        # ... its incremental rows, placed once the batch's streamed events are in (their
+        # anchor may be among them), and those events' (offset, xid) ...
+        deferred: dict[str, list[ChangeEvent]] = {t: [] for t in runs}
+        streamed: dict[str, list[tuple[int, int]]] = {t: [] for t in runs}
+        # ... and its tail before the batch
+        tails = {t: self.assemblers[table_sources.get(t, first)].incremental.tail.get(t)
+                 for t in runs}
         for item in items:
             if item.position.partition and (isinstance(item, TxMarker) or
                                             item.position.partition >= counts.get(item.table, 1)):
@@ -223,20 +227,22 @@ class Engine:
                     frontier.on_end(item)
             else:
                 self.stats.events += 1
-                if item.table == fact:
+                table_runs = runs.get(item.table)
+                if table_runs is not None:
                     if item.snapshot == INCREMENTAL:
-                        deferred.append(item)
+                        deferred[item.table].append(item)
                         continue
                     if not item.is_snapshot and item.xid is not None:
-                        fact_positions.append((item.position.offset, item.xid))
-                    if item.xid in runs and not item.is_snapshot:
-                        held.setdefault(item.xid, []).append(item)
+                        streamed[item.table].append((item.position.offset, item.xid))
+                    if item.xid in table_runs and not item.is_snapshot:
+                        held[item.table].setdefault(item.xid, []).append(item)
                         continue
                 self.assemblers[source].add_event(item, self.frontiers[source].released,
                                                   counts.get(item.table, 1))
-        if foreign is not None:
-            self._add_foreign(foreign, runs, held)
-            self._place_incremental(foreign, deferred, fact_positions, fact_tail)
+        for group in foreign:
+            table = group.table
+            self._add_foreign(group, runs[table], held[table])
+            self._place_incremental(group, deferred[table], streamed[table], tails[table])
         caught = set(caught_up)
         parts = partitions.caught_up if partitions is not None else {}
         for assembler in self.assemblers.values():
@@ -297,8 +303,9 @@ class Engine:
     def _place_incremental(self, foreign: ForeignFacts, rows: list[ChangeEvent],
                            positions: list[tuple[int, int]],
                            before: tuple[int, int] | None) -> None:
-        """Place the batch's incremental rows of the fact table (``rows``), whose anchors
-        are among this shard's streamed facts of the batch (``positions``) or ``foreign``'s,
+        """Place the batch's incremental rows of ``foreign``'s table (``rows``), whose anchors
+        are among this engine's streamed events of it in the batch (``positions``) or
+        ``foreign``'s,
         added after them, or else the table's tail before the batch (``before``); and
         record the last of those as the table's tail."""
         table = foreign.table

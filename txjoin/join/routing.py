@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from txjoin.errors import DecodeError, JobError
@@ -68,9 +68,11 @@ def row_digest(event: ChangeEvent) -> bytes:
 
 
 class ForeignFacts:
-    """The streaming fact events of one micro-batch that other shards hold, as columns: what
-    this shard counts of them for completeness (a :func:`metadata_only` event each, without
-    building one). Rows in any order; :meth:`by_xid` puts them in topic order."""
+    """The streaming events of one table in one micro-batch whose rows are held elsewhere,
+    as columns: what an engine counts of them for completeness (a :func:`metadata_only`
+    event each, without building one). A shard's are the fact events other shards hold; the
+    staged engine's sequencer (``join/staged.py``) gets every table's this way. Rows in any
+    order; :meth:`by_xid` puts them in topic order."""
 
     __slots__ = ("digests", "lsns", "numbers", "offsets", "ops", "partitions", "snapshots",
                  "table", "topics", "ts_ms", "xids")
@@ -79,7 +81,7 @@ class ForeignFacts:
                  ops: list[str], xids: list[int], lsns: list[int | None],
                  ts_ms: list[int | None], snapshots: list[str | None],
                  numbers: list[int | None], digests: list[bytes]) -> None:
-        self.table = table  # the fact table: routing reads no other table's records
+        self.table = table
         self.topics, self.partitions, self.offsets = topics, partitions, offsets
         self.ops, self.xids, self.lsns, self.ts_ms = ops, xids, lsns, ts_ms
         self.snapshots, self.numbers, self.digests = snapshots, numbers, digests
@@ -139,19 +141,30 @@ def metadata_only(event: ChangeEvent) -> ChangeEvent:
     return event.routed(event.digest, False, rows=False)
 
 
-def gather_foreign(table: str, routed: list[Routed]) -> list[Routed]:
-    """``routed`` with its streaming metadata-only events (other shards' facts) as one
-    :class:`ForeignFacts`, as the Spark shards read them (``spark/shards.py``)."""
+def gather_foreign(tables: Iterable[str], routed: list[Routed]) -> list[Routed]:
+    """``routed`` with its streaming metadata-only events of each of ``tables`` as one
+    :class:`ForeignFacts` a table (in ``tables``' order), as Spark's stages read them
+    (``spark/shards.py``): a shard's other shards' facts (``tables``: the fact table), the
+    staged engine's sequencer every table's."""
+    wanted = list(dict.fromkeys(tables))
+
     def counted(item: object) -> bool:
         return (isinstance(item, ChangeEvent) and is_metadata_only(item)
-                and not item.is_snapshot and item.xid is not None and item.table == table)
+                and not item.is_snapshot and item.xid is not None and item.table in wanted)
 
-    foreign = [r.item for r in routed if counted(r.item)]
+    foreign: dict[str, list[ChangeEvent]] = {}
+    rest = []
+    for r in routed:
+        item = r.item
+        if isinstance(item, ChangeEvent) and counted(item):
+            foreign.setdefault(item.table, []).append(item)
+        else:
+            rest.append(r)
     if not foreign:
         return routed
-    rest = [r for r in routed if not counted(r.item)]
-    return [*rest, Routed(ForeignFacts.of(table, foreign),  # type: ignore[arg-type]
-                          METADATA_SIZE * len(foreign))]
+    return [*rest, *(Routed(ForeignFacts.of(table, foreign[table]),
+                            METADATA_SIZE * len(foreign[table]))
+                     for table in wanted if table in foreign)]
 
 
 def is_metadata_only(event: ChangeEvent) -> bool:

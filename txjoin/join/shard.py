@@ -111,10 +111,10 @@ class ShardEngine(Engine):
                 foreign.append(r.item)
             else:
                 items.append(r.item)
-        counted = foreign[0] if len(foreign) == 1 and self._counts_per_transaction(
-            foreign[0], partitions) else None
-        if counted is None:  # event by event, as routing's metadata-only events
-            items.extend(f.event(i) for f in foreign for i in range(len(f)))
+        # per table: counted per transaction, or (a partitioned topic's) event by event, as
+        # routing's metadata-only events
+        counted = [f for f in foreign if self._counts_per_transaction(f, partitions)]
+        items.extend(f.event(i) for f in foreign if f not in counted for i in range(len(f)))
         items.sort(key=_position_key)
         self.batch_wire_s = time.perf_counter() - started
         # (an incremental snapshot's rows are not the snapshot's: the sequencer state holds them)
@@ -145,8 +145,9 @@ class ShardEngine(Engine):
 
     def _counts_per_transaction(self, foreign: ForeignFacts,
                                 partitions: TopicPartitions | None) -> bool:
-        """Whether the batch's foreign facts can be counted per transaction: their topic has
-        one partition (with several, numbering is collected per partition: event by event)."""
+        """Whether the batch's foreign events of a table can be counted per transaction:
+        their topic has one partition (with several, numbering is collected per partition:
+        event by event)."""
         table = foreign.table
         declared = partitions.counts.get(table, 1) if partitions is not None else 1
         return (max(declared, self.partition_counts.get(table, 1)) == 1

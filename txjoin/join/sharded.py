@@ -48,7 +48,7 @@ class ShardedEngine:
                 if routed is not None:
                     per_shard[shard].append(routed)
         # other shards' streaming facts as the Spark shards take them: as columns
-        return [gather_foreign(self.job.fact, routed) for routed in per_shard]
+        return [gather_foreign([self.job.fact], routed) for routed in per_shard]
 
     def process(self, records: Iterable[tuple[str, int, int, str | None]],
                 caught_up: Iterable[str] = (), drop_cache: Iterable[int] = (),

@@ -482,8 +482,8 @@ class StagedEngine:
     def route(self, records: Iterable[tuple[str, int, int, str | None]]
               ) -> tuple[list[Routed], list[list[ChangeEvent]],
                          dict[tuple[int, int], list[ChangeEvent | FactReads]]]:
-        """The sequencer's input (every record's metadata, the fact table's streaming
-        events as columns, as Spark's sequencer takes them), each shard's (the events
+        """The sequencer's input (every record's metadata, each table's streaming events
+        as columns, as Spark's sequencer takes them), each shard's (the events
         whose rows it holds) and each owner's by (depth, owner): the events of its split
         tables' rows and, at depth 1, the fact events whose references it owns."""
         meta: list[Routed] = []
@@ -529,7 +529,7 @@ class StagedEngine:
                     whole.is_snapshot or whole.snapshot == INCREMENTAL)
                 for owner in {owner_of(key, self.n_shards) for _alias, key in reads.reads}:
                     owned[(1, owner)].append(reads if streaming else whole)
-        return gather_foreign(self.job.fact, meta), per_shard, owned
+        return gather_foreign(sorted(self.job.table_names), meta), per_shard, owned
 
     def _owners_of_row(self, event: ChangeEvent) -> set[int]:
         """The owners of a split table's event: of its ``before`` and ``after`` keys (a

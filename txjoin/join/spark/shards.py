@@ -134,34 +134,39 @@ def routed_items(job: Job, n_shards: int, frame: pa.Table | pd.DataFrame) -> lis
     """A shard's routed rows (``routing.ROUTED_COLUMNS``, without marker rows) -> the
     items its engine takes, each with the bytes it counts.
 
-    A row with bytes is decoded here; a row routing read and left without bytes is a
-    fact event of another shard: the streaming ones are taken as columns, all of them in
-    one :class:`~txjoin.join.routing.ForeignFacts` (no object per event), a snapshot row
-    is built from its columns. A fact event routing could not read but which decodes
-    after all is refused: every shard got it whole, and applying it in each would apply
-    it ``n`` times.
+    A row with bytes is decoded here; a row routing read and left without bytes is an
+    event whose rows are held elsewhere (a fact event of another shard; in the staged
+    engine's sequencer, every table's): the streaming ones are taken as columns, one
+    :class:`~txjoin.join.routing.ForeignFacts` per table (no object per event), a
+    snapshot row is built from its columns. A fact event routing could not read but which
+    decodes after all is refused: every shard got it whole, and applying it in each would
+    apply it ``n`` times.
     """
     fact = job.fact
     out: list[Routed] = []
     table = frame if isinstance(frame, pa.Table) else pa.Table.from_pandas(
         frame, preserve_index=False)
     # routed, no bytes, and not a snapshot row (a row without an op is not one)
-    # (of the fact table: the staged engine's sequencer gets every table's metadata)
+    tables = table["tbl"].cast(pa.string())
     foreign = pc.and_(pc.and_(pc.fill_null(table["routed"].cast(pa.bool_()), False),
                               pc.is_null(table["value"])),
                       pc.and_(pc.fill_null(pc.not_equal(table["op"].cast(pa.string()), "r"), True),
-                              pc.fill_null(pc.equal(table["tbl"].cast(pa.string()), fact),
+                              pc.fill_null(pc.is_in(tables, pa.array(sorted(job.table_names))),
                                            False)))
     if pc.any(foreign).as_py():
-        theirs = table.filter(foreign)
+        all_theirs = table.filter(foreign)
         table = table.filter(pc.invert(foreign))
-        ints = {c: list(map(_int, theirs[c].to_pylist())) for c in ("xid", "lsn", "ts_ms", "dco")}
-        facts = ForeignFacts(
-            fact, theirs["topic"].to_pylist(), theirs["partition"].to_pylist(),
-            theirs["offset"].to_pylist(), theirs["op"].to_pylist(),
-            ints["xid"], ints["lsn"], ints["ts_ms"],  # type: ignore[arg-type]  # (routed: set)
-            theirs["snapshot"].to_pylist(), ints["dco"], theirs["digest"].to_pylist())
-        out.append(Routed(facts, METADATA_SIZE * len(facts)))
+        names = all_theirs["tbl"].cast(pa.string())
+        for name in sorted(set(names.to_pylist())):  # one ForeignFacts a table, in name order
+            theirs = all_theirs.filter(pc.equal(names, name))
+            ints = {c: list(map(_int, theirs[c].to_pylist()))
+                    for c in ("xid", "lsn", "ts_ms", "dco")}
+            facts = ForeignFacts(
+                name, theirs["topic"].to_pylist(), theirs["partition"].to_pylist(),
+                theirs["offset"].to_pylist(), theirs["op"].to_pylist(),
+                ints["xid"], ints["lsn"], ints["ts_ms"],  # type: ignore[arg-type]  # (routed)
+                theirs["snapshot"].to_pylist(), ints["dco"], theirs["digest"].to_pylist())
+            out.append(Routed(facts, METADATA_SIZE * len(facts)))
     cols = [table[c].to_pylist() for c in ("topic", "partition", "offset", "value", "routed",
                                            "op", "tbl", "xid", "lsn", "ts_ms", "snapshot",
                                            "dco", "digest", "after_elsewhere")]
