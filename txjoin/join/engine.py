@@ -264,8 +264,8 @@ class Engine:
 
     def _add_foreign(self, foreign: ForeignFacts, runs: dict[int, list[int]],
                      held: dict[int, list[ChangeEvent]]) -> None:
-        """Buffer other shards' facts (``runs``: their rows per transaction, in topic order)
-        with this shard's own events of the same transactions (``held``): one
+        """Buffer ``foreign``'s events of one table (``runs``: its rows per transaction, in
+        topic order) with this engine's own events of the same transactions (``held``): one
         :class:`FactRun` per transaction where it fits, else event by event in topic order
         (a redelivery, a restart inside the transaction, a duplicate: the rules of
         ``sequence/assembly.py`` decide as for any event)."""

@@ -147,16 +147,12 @@ def gather_foreign(tables: Iterable[str], routed: list[Routed]) -> list[Routed]:
     (``spark/shards.py``): a shard's other shards' facts (``tables``: the fact table), the
     staged engine's sequencer every table's."""
     wanted = list(dict.fromkeys(tables))
-
-    def counted(item: object) -> bool:
-        return (isinstance(item, ChangeEvent) and is_metadata_only(item)
-                and not item.is_snapshot and item.xid is not None and item.table in wanted)
-
     foreign: dict[str, list[ChangeEvent]] = {}
     rest = []
     for r in routed:
         item = r.item
-        if isinstance(item, ChangeEvent) and counted(item):
+        if (isinstance(item, ChangeEvent) and item.table in wanted and is_metadata_only(item)
+                and not item.is_snapshot and item.xid is not None):
             foreign.setdefault(item.table, []).append(item)
         else:
             rest.append(r)

@@ -156,7 +156,7 @@ def routed_items(job: Job, n_shards: int, frame: pa.Table | pd.DataFrame) -> lis
     if pc.any(foreign).as_py():
         all_theirs = table.filter(foreign)
         table = table.filter(pc.invert(foreign))
-        names = all_theirs["tbl"].cast(pa.string())
+        names = tables.filter(foreign)
         for name in sorted(set(names.to_pylist())):  # one ForeignFacts a table, in name order
             theirs = all_theirs.filter(pc.equal(names, name))
             ints = {c: list(map(_int, theirs[c].to_pylist()))
