@@ -106,7 +106,15 @@ class LookupOwner(ShardApplier):
                 self._add_reads(fact)
             for event in events:
                 self._add(event)
+            pending, reads, remember = self.pending, self.reads, self._remember
             for index, release in enumerate(releases):
+                if release.kind == TRANSACTION and index not in incoming:
+                    tx = (release.source, release.xid)
+                    if tx not in pending and tx not in reads:
+                        # nothing of it here (most of a batch's releases at several owners):
+                        # remembered as _own would, without its pass
+                        remember(release.source, release.xid)  # type: ignore[arg-type]
+                        continue
                 self._own(index, release, incoming.get(index, ()))
             journal = self.join.journal
         finally:

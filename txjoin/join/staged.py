@@ -282,7 +282,15 @@ class ShardApplier:
             for event in events:
                 self._add(event)
             changes: list[OutputChange] = []
+            pending, remember = self.pending, self._remember
             for index, release in enumerate(releases):
+                if (release.kind == TRANSACTION and index not in forwarded
+                        and (release.source, release.xid) not in pending):
+                    # nothing of it here (most of a batch's releases at several shards):
+                    # numbered and remembered as _release would, without its pass
+                    remember(release.source, release.xid)  # type: ignore[arg-type]
+                    self.applied_seq += 1
+                    continue
                 changes.extend(self._release(release, forwarded.get(index, ()),
                                              index in changed))
             journal = self.join.journal
