@@ -46,7 +46,7 @@ from txjoin.join.placement import splittable
 from txjoin.join.routing import Routed
 from txjoin.join.shard import ShardEngine, long_lived_state
 from txjoin.join.sharded import ShardedEngine
-from txjoin.join.staged import Sequencer, ShardApplier, StagedEngine
+from txjoin.join.staged import ReleaseColumns, Sequencer, ShardApplier, StagedEngine
 from txjoin.scenarios.synthesize import Synthesizer
 from txjoin.scenarios.workload import pizzeria_workload
 
@@ -134,7 +134,7 @@ def run_split(job: Any, n: int, work: list[tuple[list, list[str]]], split: list[
     for records, caught in work:
         meta, per_shard, owned = engine.route(records)
         path = spent = cpu(the_sequencer.process_routed, meta, caught)
-        releases = the_sequencer.releases
+        releases = ReleaseColumns(the_sequencer.releases)  # as Spark's stages send them
         stages.setdefault("sequencer", []).append(path)
         to_shards: list[list[Any]] = [[] for _ in range(n)]
         flags: set[Any] = set()
@@ -143,7 +143,7 @@ def run_split(job: Any, n: int, work: list[tuple[list, list[str]]], split: list[
             below: dict[int, list[Any]] = {}
             times = []
             for o, owner in enumerate(stage):
-                items = [Routed(x, 0) for x in [*owned[(depth, o)], *releases,
+                items = [Routed(x, 0) for x in [*owned[(depth, o)], releases,
                                                 *messages.get(o, ())]]
                 times.append(cpu(owner.process_routed, items, caught))
                 owner.hand_on(to_shards, flags, below)
@@ -153,7 +153,7 @@ def run_split(job: Any, n: int, work: list[tuple[list, list[str]]], split: list[
             spent += sum(times)
         times = []
         for applier, events, forwards in zip(appliers, per_shard, to_shards, strict=True):
-            items = [Routed(x, 0) for x in [*events, *releases, *forwards, *sorted(flags)]]
+            items = [Routed(x, 0) for x in [*events, releases, *forwards, *sorted(flags)]]
             times.append(cpu(applier.process_routed, items, caught))
         stages.setdefault("shards", []).append(max(times))
         slowest.append(path + max(times))

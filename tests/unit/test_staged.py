@@ -13,6 +13,7 @@ shard's fact, and spends no pass on a transaction without rows in it.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,15 @@ from txjoin.join.engine import Engine
 from txjoin.join.placement import splittable
 from txjoin.join.routing import ForeignFacts, shard_of
 from txjoin.join.sharded import ShardedEngine
-from txjoin.join.staged import SKIP, StagedEngine
+from txjoin.join.staged import (
+    SKIP,
+    STAGED_LAYOUTS,
+    TRANSACTION,
+    ReleaseColumns,
+    ShardApplier,
+    StagedEngine,
+)
+from txjoin.join.state_log import SEGMENT, ShardLog
 from txjoin.join.temporal import TemporalJoin
 from txjoin.scenarios.core_runner import observe_core
 from txjoin.scenarios.schedule import compile_schedule
@@ -253,3 +262,33 @@ def test_split_lookups_give_the_cores_change_stream(data: Any) -> None:
     if staged.commit_seq == len(workload.transactions):  # all released: nothing waits
         assert all(not o.pending and not o.reads  # type: ignore[attr-defined]
                    for o in staged.owner_cache.values())
+
+
+def test_a_segment_keeps_the_releases_by_column_and_one_of_layout_12_still_reads() -> None:
+    """Layout 13: a shard's segment holds the batch's releases as ``ReleaseColumns`` (how
+    the sequencer sends them); a segment written before, with a ``Release`` each, brings a
+    copy one batch behind forward to the same state."""
+    pipe = shop()
+    engine = StagedEngine(ORDERS, 2)
+    engine.process([(r.topic, 0, r.offset, r.value) for r in pipe.all_records()],
+                   caught_up=EVERY_STREAM)
+    before = [store.copy() for store in engine.stores]
+    records = [*pipe.commit("T1", insert("orders", **order(101))),
+               *pipe.commit("T2", insert("orders", **order(102)))]
+    engine.process([(r.topic, 0, r.offset, r.value) for r in records], caught_up=EVERY_STREAM)
+    for shard, store in enumerate(before):
+        version = engine.stores[shard].get_meta()["version"]  # type: ignore[index]
+        segment = engine.shard_log(shard)._read(SEGMENT, version)
+        columns = segment.effects.releases
+        assert isinstance(columns, ReleaseColumns)
+        assert [(r.kind, r.xid) for r in columns] == [
+            (TRANSACTION, pipe.xids["T1"]), (TRANSACTION, pipe.xids["T2"])]
+        one_by_one = dataclasses.replace(segment.effects, releases=list(columns))
+        for effects in (segment.effects, one_by_one):
+            behind, _ = ShardLog(store.copy(), ORDERS, shard, 2, engine_class=ShardApplier,  # type: ignore[arg-type]
+                                 layouts=STAGED_LAYOUTS).load(None)
+            assert isinstance(behind, ShardApplier)
+            behind.apply_effects(effects, segment.changes)
+            now = engine.cache[shard]
+            assert (behind.applied_seq, behind.released, behind.outputs()) == (
+                now.applied_seq, now.released, now.outputs())

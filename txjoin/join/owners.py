@@ -49,8 +49,10 @@ from txjoin.join.staged import (
     TRANSACTION,
     AppliedEffects,
     Release,
+    ReleaseColumns,
     ShardApplier,
     _position_key,
+    release_rows,
 )
 from txjoin.join.temporal import OutputChange
 from txjoin.sequence.assembly import IncompletePolicy, TopicPartitions
@@ -83,12 +85,12 @@ class LookupOwner(ShardApplier):
     def process_routed(self, records: Iterable[Routed], caught_up: Iterable[str] = (),
                        partitions: TopicPartitions | None = None) -> list[OutputChange]:
         events: list[ChangeEvent] = []
-        releases: list[Release] = []
+        given: list[Release | ReleaseColumns] = []
         facts: list[FactReads] = []
         incoming: dict[int, list[Subscribe]] = defaultdict(list)
         for item, _size in records:
-            if isinstance(item, Release):
-                releases.append(item)
+            if isinstance(item, (Release, ReleaseColumns)):
+                given.append(item)
             elif isinstance(item, Subscribe):
                 incoming[item.release].append(item)
             elif isinstance(item, FactReads):
@@ -97,6 +99,7 @@ class LookupOwner(ShardApplier):
                 assert isinstance(item, ChangeEvent), item
                 events.append(item)
         events.sort(key=_position_key)
+        releases = release_rows(given)
         self.forwards, self.messages, self.corrections_changed = [], [], []
         self._subscribed = []
         self.batch_join_s = 0.0
@@ -108,20 +111,21 @@ class LookupOwner(ShardApplier):
                 self._add(event)
             pending, reads, remember = self.pending, self.reads, self._remember
             for index, release in enumerate(releases):
-                if release.kind == TRANSACTION and index not in incoming:
-                    tx = (release.source, release.xid)
+                if release[0] == TRANSACTION and index not in incoming:
+                    tx = release[1], release[2]
                     if tx not in pending and tx not in reads:
                         # nothing of it here (most of a batch's releases at several owners):
                         # remembered as _own would, without its pass
-                        remember(release.source, release.xid)  # type: ignore[arg-type]
+                        remember(*tx)
                         continue
-                self._own(index, release, incoming.get(index, ()))
+                self._own(index, Release._make(release), incoming.get(index, ()))
             journal = self.join.journal
         finally:
             self.join.journal = None
         self.stats.batches += 1
-        self.last_effects = AppliedEffects(events, releases, journal, self.applied_seq,
-                                           self.snapshot_released, self._subscribed, facts)
+        self.last_effects = AppliedEffects(events, ReleaseColumns(releases), journal,
+                                           self.applied_seq, self.snapshot_released,
+                                           self._subscribed, facts)
         return []
 
     def _add_reads(self, fact: FactReads) -> None:

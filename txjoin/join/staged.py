@@ -93,14 +93,15 @@ from txjoin.sequence.spill import drain, in_table_order, latest_commit_ts
 SNAPSHOT, TRANSACTION, CORRECTION, SKIP = "snapshot", "transaction", "correction", "skip"
 """The kinds of :class:`Release`."""
 
-STAGED_LAYOUT = 12
+STAGED_LAYOUT = 13
 """The state layout of the staged engine's logs (the sequencer's and each shard's):
 ``state_log.ShardLog`` entries holding a :class:`Sequencer` or a :class:`ShardApplier`
-(12: a snapshot holds the state as a value, as the sharded engine's layout 11; 11 is
-continued). A checkpoint of the sharded engine (layouts 6-11) is not one of it, nor the
-reverse: the checkpoint records its engine."""
+(12: a snapshot holds the state as a value, as the sharded engine's layout 11; 13: a
+shard's or an owner's segment holds the batch's releases as :class:`ReleaseColumns`; 11
+and 12 are continued). A checkpoint of the sharded engine (layouts 6-11) is not one of it,
+nor the reverse: the checkpoint records its engine."""
 
-STAGED_LAYOUTS = (STAGED_LAYOUT, (11, STAGED_LAYOUT))
+STAGED_LAYOUTS = (STAGED_LAYOUT, (11, 12, STAGED_LAYOUT))
 """``ShardLog``'s ``layouts`` for both parts: the layout written, and those continued."""
 
 SEQUENCER = -1
@@ -127,6 +128,41 @@ class Release(NamedTuple):
     rows: tuple[Position, ...] = ()
     with_rows: bool = False
     with_fact: bool = False
+
+
+class ReleaseColumns:
+    """A batch's releases by field, each field a tuple: how the sequencer's releases go to
+    every shard and owner (``join/spark/staged.py``) and how a segment of theirs keeps them
+    (:class:`AppliedEffects`). Pickled as seven tuples instead of a tuple a release (~4x
+    faster: once in the sequencer, then in every shard's and owner's segment each batch,
+    where at 8 shards most releases concern another shard), and read as plain tuples: a
+    release that holds nothing in a shard never becomes an object there."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self, releases: Iterable[tuple[Any, ...]] = ()) -> None:
+        self.columns: tuple[tuple[Any, ...], ...] = tuple(zip(*releases, strict=True))
+
+    def __len__(self) -> int:
+        return len(self.columns[0]) if self.columns else 0
+
+    def rows(self) -> Iterator[tuple[Any, ...]]:
+        """Each release as a plain tuple of a :class:`Release`'s fields, in order."""
+        return zip(*self.columns, strict=True)
+
+    def __iter__(self) -> Iterator[Release]:
+        return map(Release._make, self.rows())
+
+
+def release_rows(items: Iterable[Release | ReleaseColumns]) -> list[tuple[Any, ...]]:
+    """Releases given one by one or as :class:`ReleaseColumns`, as tuples in their order."""
+    rows: list[tuple[Any, ...]] = []
+    for item in items:
+        if isinstance(item, ReleaseColumns):
+            rows.extend(item.rows())
+        else:
+            rows.append(item)
+    return rows
 
 
 def _position_key(item: ChangeEvent | TxMarker) -> tuple[str, int, int]:
@@ -203,7 +239,7 @@ class AppliedEffects:
     and its numbering after the batch."""
 
     events: list[ChangeEvent]
-    releases: list[Release]
+    releases: Iterable[Release]  # a ReleaseColumns since layout 13
     journal: list[tuple[str, Any, Any]]
     applied_seq: int
     snapshot_released: bool
@@ -222,7 +258,8 @@ class ShardApplier:
     """One shard of the staged engine: its rows per open transaction, applied as released.
 
     Its input per batch (:meth:`process_routed`): its events (the rows it holds) and the
-    batch's :class:`Release` entries, as ``Routed`` items."""
+    batch's :class:`Release` entries (or one :class:`ReleaseColumns`), as ``Routed``
+    items."""
 
     FIELDS: tuple[str, ...] = ("pending", "incremental", "incremental_read_to", "released",
                                "applied_seq", "snapshot_released")
@@ -262,12 +299,12 @@ class ShardApplier:
         the output changes, in commit order. ``caught_up`` and ``partitions`` are the
         sequencer's business."""
         events: list[ChangeEvent] = []
-        releases: list[Release] = []
+        given: list[Release | ReleaseColumns] = []
         forwarded: dict[int, list[tuple[str, Any, Any]]] = {}
         changed: set[int] = set()
         for item, _size in records:
-            if isinstance(item, Release):
-                releases.append(item)
+            if isinstance(item, (Release, ReleaseColumns)):
+                given.append(item)
             elif isinstance(item, Forward):
                 forwarded.setdefault(item.release, []).append((item.table, item.key, item.row))
             elif isinstance(item, CorrectionChanged):
@@ -276,6 +313,7 @@ class ShardApplier:
                 assert isinstance(item, ChangeEvent), item
                 events.append(item)
         events.sort(key=_position_key)
+        releases = release_rows(given)
         self.batch_join_s = 0.0
         self.join.journal = []
         try:
@@ -284,22 +322,23 @@ class ShardApplier:
             changes: list[OutputChange] = []
             pending, remember = self.pending, self._remember
             for index, release in enumerate(releases):
-                if (release.kind == TRANSACTION and index not in forwarded
-                        and (release.source, release.xid) not in pending):
-                    # nothing of it here (most of a batch's releases at several shards):
-                    # numbered and remembered as _release would, without its pass
-                    remember(release.source, release.xid)  # type: ignore[arg-type]
-                    self.applied_seq += 1
-                    continue
-                changes.extend(self._release(release, forwarded.get(index, ()),
+                if release[0] == TRANSACTION and index not in forwarded:
+                    tx = release[1], release[2]
+                    if tx not in pending:
+                        # nothing of it here (most of a batch's releases at several shards):
+                        # numbered and remembered as _release would, without its pass
+                        remember(*tx)
+                        self.applied_seq += 1
+                        continue
+                changes.extend(self._release(Release._make(release), forwarded.get(index, ()),
                                              index in changed))
             journal = self.join.journal
         finally:
             self.join.journal = None
         self.stats.batches += 1
         self.stats.changes_emitted += len(changes)
-        self.last_effects = AppliedEffects(events, releases, journal, self.applied_seq,
-                                           self.snapshot_released)
+        self.last_effects = AppliedEffects(events, ReleaseColumns(releases), journal,
+                                           self.applied_seq, self.snapshot_released)
         return changes
 
     def process(self, events: Iterable[ChangeEvent], releases: Iterable[Release]
@@ -572,14 +611,15 @@ class StagedEngine:
         sequencer = result.engine
         assert isinstance(sequencer, Sequencer)
         self.sequencer = sequencer
-        releases = self.last_releases = sequencer.releases
+        self.last_releases = sequencer.releases
+        releases = ReleaseColumns(sequencer.releases)  # as Spark's stages send them
         to_shards: list[list[Any]] = [[] for _ in self.stores]
         flags: set[CorrectionChanged] = set()
         messages: dict[int, list[Subscribe]] = {}
         for depth in self.owner_classes:
             below: dict[int, list[Subscribe]] = {}
             for o in range(self.n_shards):
-                owner_items: list[Any] = [*owned[(depth, o)], *releases, *messages.get(o, ())]
+                owner_items: list[Any] = [*owned[(depth, o)], releases, *messages.get(o, ())]
                 with long_lived_state():
                     done = self.owner_log(depth, o).process(
                         self.owner_cache.get((depth, o)),  # type: ignore[arg-type]
@@ -590,7 +630,7 @@ class StagedEngine:
             messages = below
         changes: list[OutputChange] = []
         for shard, events in enumerate(per_shard):
-            shard_items: list[Any] = [*events, *releases, *to_shards[shard], *sorted(flags)]
+            shard_items: list[Any] = [*events, releases, *to_shards[shard], *sorted(flags)]
             with long_lived_state():
                 done = self.shard_log(shard).process(
                     self.cache.get(shard),  # type: ignore[arg-type]

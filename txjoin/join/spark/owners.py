@@ -46,7 +46,7 @@ from txjoin.join.spark.staged import (
     payload_columns,
     special_rows,
 )
-from txjoin.join.staged import STAGED_LAYOUTS, Release
+from txjoin.join.staged import STAGED_LAYOUTS, ReleaseColumns
 from txjoin.join.state_log import ShardLog
 from txjoin.sequence.assembly import IncompletePolicy
 
@@ -111,7 +111,7 @@ class OwnerProcessor(ShardProcessor):
         n = len(self.labels)
         released, frame = special_rows(frame, RELEASES_OFFSET)
         assert len(released) <= 1, f"owner {number}: {len(released)} release rows in a batch"
-        releases: list[Release] = released[0][0] if released else []
+        releases: ReleaseColumns = released[0][0] if released else ReleaseColumns()
         subscribed, frame = special_rows(frame, SUBSCRIBE_OFFSET)
         messages: list[Subscribe] = [m for batch in subscribed for m in batch]
         read_started = time.perf_counter()
@@ -123,7 +123,7 @@ class OwnerProcessor(ShardProcessor):
                        where=f"owner {number} of depth {self.depth}",
                        engine_class=self.owner_cls,  # type: ignore[arg-type]
                        layouts=STAGED_LAYOUTS)
-        result = log.process(self.cached(shard), [*items, *(Routed(r, 0) for r in releases),  # type: ignore[arg-type]
+        result = log.process(self.cached(shard), [*items, Routed(releases, 0),  # type: ignore[arg-type]
                                                   *(Routed(m, 0) for m in messages)], ())  # type: ignore[arg-type]
         owner = result.engine
         assert isinstance(owner, LookupOwner)

@@ -53,7 +53,13 @@ from txjoin.join.placement import Placement
 from txjoin.join.routing import METADATA_SIZE, Routed, is_metadata_only, metadata_only
 from txjoin.join.spark.routing import _METADATA, _READ, envelopes
 from txjoin.join.spark.shards import ShardProcessor, routed_items
-from txjoin.join.staged import SEQUENCER, STAGED_LAYOUTS, Release, Sequencer, ShardApplier
+from txjoin.join.staged import (
+    SEQUENCER,
+    STAGED_LAYOUTS,
+    ReleaseColumns,
+    Sequencer,
+    ShardApplier,
+)
 from txjoin.join.state_log import ShardLog
 from txjoin.sequence.assembly import IncompletePolicy
 
@@ -204,7 +210,8 @@ class SequencerProcessor(ShardProcessor):
                 "released": result.released, "duplicates": engine.duplicates,
                 "skipped": engine.skipped, "snapshot_rows": engine.batch_snapshot_rows,
                 **self.task_figures(result, started, cpu_started)}
-        payload = pickle.dumps((engine.releases, info), pickle.HIGHEST_PROTOCOL)
+        payload = pickle.dumps((ReleaseColumns(engine.releases), info),
+                               pickle.HIGHEST_PROTOCOL)
         return payload_columns([(label, 0, RELEASES_OFFSET, payload)
                                 for label in self.receivers])
 
@@ -216,8 +223,8 @@ class ApplierProcessor(ShardProcessor):
         cpu_started = time.process_time()
         payloads, frame = special_rows(frame, RELEASES_OFFSET)
         assert len(payloads) <= 1, f"shard {shard}: {len(payloads)} release rows in a batch"
-        releases: list[Release]
-        releases, sequencer = payloads[0] if payloads else ([], {})
+        releases: ReleaseColumns
+        releases, sequencer = payloads[0] if payloads else (ReleaseColumns(), {})
         # the owners' rows (join/spark/owners.py): the split tables' rows the shard's facts
         # read, the corrections they changed, and the figures of the owners of its number
         forwarded, frame = special_rows(frame, FORWARD_OFFSET)
@@ -232,7 +239,7 @@ class ApplierProcessor(ShardProcessor):
                        where=f"shard {shard} of {len(self.labels)}",
                        engine_class=ShardApplier,  # type: ignore[arg-type]
                        layouts=STAGED_LAYOUTS)
-        releasing = [Routed(r, 0) for r in [*releases, *forwards, *flags]]
+        releasing = [Routed(r, 0) for r in [releases, *forwards, *flags]]
         result = log.process(self.cached(shard), [*items, *releasing], ())
         applier = result.engine
         assert isinstance(applier, ShardApplier)
