@@ -305,9 +305,8 @@ class Engine:
                            before: tuple[int, int] | None) -> None:
         """Place the batch's incremental rows of ``foreign``'s table (``rows``), whose anchors
         are among this engine's streamed events of it in the batch (``positions``) or
-        ``foreign``'s,
-        added after them, or else the table's tail before the batch (``before``); and
-        record the last of those as the table's tail."""
+        ``foreign``'s, added after them, or else the table's tail before the batch
+        (``before``); and record the last of those as the table's tail."""
         table = foreign.table
         source = self._table_sources.get(table, self.job.source_names[0])
         assembler = self.assemblers[source]

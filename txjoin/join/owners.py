@@ -99,7 +99,7 @@ class LookupOwner(ShardApplier):
                 assert isinstance(item, ChangeEvent), item
                 events.append(item)
         events.sort(key=_position_key)
-        releases = release_rows(given)
+        releases, columns = release_rows(given)
         self.forwards, self.messages, self.corrections_changed = [], [], []
         self._subscribed = []
         self.batch_join_s = 0.0
@@ -123,9 +123,8 @@ class LookupOwner(ShardApplier):
         finally:
             self.join.journal = None
         self.stats.batches += 1
-        self.last_effects = AppliedEffects(events, ReleaseColumns(releases), journal,
-                                           self.applied_seq, self.snapshot_released,
-                                           self._subscribed, facts)
+        self.last_effects = AppliedEffects(events, columns, journal, self.applied_seq,
+                                           self.snapshot_released, self._subscribed, facts)
         return []
 
     def _add_reads(self, fact: FactReads) -> None:

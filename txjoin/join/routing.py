@@ -146,21 +146,19 @@ def gather_foreign(tables: Iterable[str], routed: list[Routed]) -> list[Routed]:
     :class:`ForeignFacts` a table (in ``tables``' order), as Spark's stages read them
     (``spark/shards.py``): a shard's other shards' facts (``tables``: the fact table), the
     staged engine's sequencer every table's."""
-    wanted = list(dict.fromkeys(tables))
-    foreign: dict[str, list[ChangeEvent]] = {}
+    foreign: dict[str, list[ChangeEvent]] = {table: [] for table in tables}
     rest = []
     for r in routed:
         item = r.item
-        if (isinstance(item, ChangeEvent) and item.table in wanted and is_metadata_only(item)
-                and not item.is_snapshot and item.xid is not None):
-            foreign.setdefault(item.table, []).append(item)
+        if (isinstance(item, ChangeEvent) and item.table in foreign
+                and is_metadata_only(item) and not item.is_snapshot and item.xid is not None):
+            foreign[item.table].append(item)
         else:
             rest.append(r)
-    if not foreign:
+    if len(rest) == len(routed):
         return routed
-    return [*rest, *(Routed(ForeignFacts.of(table, foreign[table]),
-                            METADATA_SIZE * len(foreign[table]))
-                     for table in wanted if table in foreign)]
+    return [*rest, *(Routed(ForeignFacts.of(table, events), METADATA_SIZE * len(events))
+                     for table, events in foreign.items() if events)]
 
 
 def is_metadata_only(event: ChangeEvent) -> bool:

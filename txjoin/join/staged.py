@@ -154,15 +154,19 @@ class ReleaseColumns:
         return map(Release._make, self.rows())
 
 
-def release_rows(items: Iterable[Release | ReleaseColumns]) -> list[tuple[Any, ...]]:
-    """Releases given one by one or as :class:`ReleaseColumns`, as tuples in their order."""
+def release_rows(items: Sequence[Release | ReleaseColumns]
+                 ) -> tuple[list[tuple[Any, ...]], ReleaseColumns]:
+    """Releases given one by one or as :class:`ReleaseColumns`: as tuples in their order,
+    and as the columns a segment keeps (those given when they came as one, not rebuilt)."""
     rows: list[tuple[Any, ...]] = []
     for item in items:
         if isinstance(item, ReleaseColumns):
             rows.extend(item.rows())
         else:
             rows.append(item)
-    return rows
+    if len(items) == 1 and isinstance(items[0], ReleaseColumns):
+        return rows, items[0]
+    return rows, ReleaseColumns(rows)
 
 
 def _position_key(item: ChangeEvent | TxMarker) -> tuple[str, int, int]:
@@ -313,7 +317,7 @@ class ShardApplier:
                 assert isinstance(item, ChangeEvent), item
                 events.append(item)
         events.sort(key=_position_key)
-        releases = release_rows(given)
+        releases, columns = release_rows(given)
         self.batch_join_s = 0.0
         self.join.journal = []
         try:
@@ -337,8 +341,8 @@ class ShardApplier:
             self.join.journal = None
         self.stats.batches += 1
         self.stats.changes_emitted += len(changes)
-        self.last_effects = AppliedEffects(events, ReleaseColumns(releases), journal,
-                                           self.applied_seq, self.snapshot_released)
+        self.last_effects = AppliedEffects(events, columns, journal, self.applied_seq,
+                                           self.snapshot_released)
         return changes
 
     def process(self, events: Iterable[ChangeEvent], releases: Iterable[Release]
