@@ -26,7 +26,8 @@ from txjoin.sequence.incremental import IncrementalRows
 NOT_SAVED = {
     Engine: {"job", "policy", "assemblers", "frontiers", "join",  # from the constructor;
              # the three saved on their own
-             "_marker_sources", "_table_sources", "batch_join_s"},  # derived; last batch
+             "_marker_sources", "_table_sources", "batch_join_s",  # derived; last batch
+             "_whole"},  # within a batch only (empty between batches: sequence/whole.py)
     ShardEngine: {"shard", "n_shards", "max_transaction_bytes",  # constructor, run config
                   "last_effects", "batch_snapshot_rows", "batch_wire_s",  # the last batch
                   "log_version", "log_token"},  # set by the state log

@@ -221,12 +221,16 @@ def raise_partitioned(pos: Position, transaction_topic: bool = False) -> None:
                       f"(offset {pos.offset}); {why}")
 
 
+_ID_TYPES = (str, int)
+
+
 def split_transaction_id(tx_id: Any, pos: Position) -> tuple[int, int | None]:
     """Split Debezium's ``"<xid>:<lsn>"`` transaction id into (xid, lsn)."""
-    if not isinstance(tx_id, str | int) or tx_id == "":
+    if not isinstance(tx_id, _ID_TYPES) or tx_id == "":  # (a tuple: `str | int` is built
+        # anew at every call, and this runs for every BEGIN and END in every shard)
         raise DecodeError(f"transaction id {tx_id!r} is not a string",
                           topic=pos.topic, partition=pos.partition, offset=pos.offset)
-    head, _, tail = str(tx_id).partition(":")
+    head, _, tail = (tx_id if type(tx_id) is str else str(tx_id)).partition(":")
     try:
         return int(head), (int(tail) if tail else None)
     except ValueError:

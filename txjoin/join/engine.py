@@ -61,6 +61,7 @@ from txjoin.sequence.assembly import (
 )
 from txjoin.sequence.frontier import RELEASED_MEMORY, Frontier
 from txjoin.sequence.spill import EventLog, drain
+from txjoin.sequence.whole import Whole, whole_in_batch
 
 __all__ = ["TRANSACTION_STREAM", "Engine", "EngineStats"]
 
@@ -103,6 +104,8 @@ class Engine:
         # the sources declared them (kept: see sequence/assembly.py for what changes for them).
         self.partition_counts: dict[str, int] = {}
         self.batch_join_s = 0.0  # seconds the last batch spent in the join (the rest: sequencing)
+        # the batch's whole transactions not yet released, per source (sequence/whole.py)
+        self._whole: dict[str, dict[int, Whole]] = {}
         self._derive()
 
     def _derive(self) -> None:
@@ -205,6 +208,13 @@ class Engine:
         # ... and its tail before the batch
         tails = {t: self.assemblers[table_sources.get(t, first)].incremental.tail.get(t)
                  for t in runs}
+        # the transactions the batch holds whole: released from the queue without a buffer
+        items = items if isinstance(items, list) else list(items)
+        whole = whole_in_batch(
+            items, foreign, runs, self.assemblers, self.frontiers,
+            (lambda m: first) if single else self.marker_source,
+            lambda t: table_sources.get(t, first)) if runs and self.snapshot_done else {}
+        self._whole = whole
         for item in items:
             if item.position.partition and (isinstance(item, TxMarker) or
                                             item.position.partition >= counts.get(item.table, 1)):
@@ -223,6 +233,11 @@ class Engine:
             if isinstance(item, TxMarker):
                 self.stats.markers += 1
                 frontier = self.frontiers[source]
+                if whole and item.xid in whole.get(source, ()):
+                    self.assemblers[source].snapshot.finished_evidence = True
+                    if item.status == "END":
+                        frontier.on_end(item)
+                    continue
                 if self.assemblers[source].add_marker(item, frontier.released):
                     frontier.on_end(item)
             else:
@@ -241,7 +256,14 @@ class Engine:
                                                   counts.get(item.table, 1))
         for group in foreign:
             table = group.table
-            self._add_foreign(group, runs[table], held[table])
+            table_runs = runs[table]
+            theirs = whole.get(table_sources.get(table, first)) if whole else None
+            if theirs:
+                table_runs = {x: rows for x, rows in table_runs.items() if x not in theirs}
+                if len(table_runs) < len(runs[table]):  # as add_run says of each run
+                    self.assemblers[table_sources.get(table, first)].snapshot.streaming_seen(
+                        table)
+            self._add_foreign(group, table_runs, held[table])
             self._place_incremental(group, deferred[table], streamed[table], tails[table])
         caught = set(caught_up)
         parts = partitions.caught_up if partitions is not None else {}
@@ -250,6 +272,10 @@ class Engine:
         changes = []
         for tx in self.release():
             changes.extend(self._apply(tx))
+        for source, left in whole.items():  # those an incomplete one still holds back
+            for whole_tx in left.values():
+                whole_tx.open(self.assemblers[source], self.frontiers[source].released)
+        self._whole = {}
         skipped = False
         for source, frontier in self.frontiers.items():
             before = len(frontier.skipped)
@@ -366,7 +392,8 @@ class Engine:
                 ts = max((s.commit_ts_ms or 0 for s in snapshots), default=None)
                 yield Transaction(SNAPSHOT_XID, 0, ts, events)
         for source, frontier in self.frontiers.items():
-            for tx in frontier.release_streaming(self.assemblers[source]):
+            for tx in frontier.release_streaming(self.assemblers[source],
+                                                 self._whole.get(source)):
                 if tx.correction:
                     correction = self._correction(tx)
                     if correction is None:

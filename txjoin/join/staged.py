@@ -218,7 +218,8 @@ class Sequencer(ShardEngine):
             self.releases.append(Release(SNAPSHOT, with_rows=with_rows))
             self.snapshot_released = with_rows
         for source, frontier in self.frontiers.items():
-            for tx in frontier.release_streaming(self.assemblers[source]):
+            for tx in frontier.release_streaming(self.assemblers[source],
+                                                 self._whole.get(source)):
                 tx.source = source
                 yield tx
 

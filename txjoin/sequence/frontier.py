@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from txjoin.ingest.debezium import ChangeEvent, TxMarker
 from txjoin.join.state import restore_fields, save_fields
 from txjoin.sequence.assembly import SNAPSHOT_XID, Assembler, IncompletePolicy, Transaction
+
+if TYPE_CHECKING:
+    from txjoin.sequence.whole import Whole
 
 RELEASED_MEMORY = 100_000
 """Released xids a frontier remembers (and a staged engine's shard, ``join/staged.py``)."""
@@ -75,19 +78,30 @@ class Frontier:
             snap.done = True
         return out + self.release_streaming(assembler)
 
-    def release_streaming(self, assembler: Assembler) -> list[Transaction]:
+    def release_streaming(self, assembler: Assembler,
+                          whole: dict[int, Whole] | None = None) -> list[Transaction]:
         """The streaming transactions that can be released now, in commit order.
 
         ``commit_seq`` counts this frontier's releases; an engine over several
-        sources renumbers them into one sequence of applied transactions.
+        sources renumbers them into one sequence of applied transactions. ``whole``: the
+        batch's transactions that are complete without a buffer (``whole.py``), by xid;
+        each released is taken out of it.
         """
         out: list[Transaction] = []
         incremental = assembler.incremental
         self._correct(out, incremental.take_ready())
-        while self.queue and assembler.is_complete(self.queue[0]):
-            xid = self.queue.popleft()
-            self.commit_seq += 1
-            out.append(assembler.take(xid, self.commit_seq))
+        while self.queue:
+            xid = self.queue[0]
+            done = whole.pop(xid, None) if whole else None
+            if done is not None:
+                self.commit_seq += 1
+                out.append(Transaction(xid, self.commit_seq, done.commit_ts_ms(), []))
+            elif assembler.is_complete(xid):
+                self.commit_seq += 1
+                out.append(assembler.take(xid, self.commit_seq))
+            else:
+                break
+            self.queue.popleft()
             self.last_xid = xid
             self._remember(xid)
             self._correct(out, incremental.after(xid))

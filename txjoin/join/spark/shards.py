@@ -159,8 +159,7 @@ def routed_items(job: Job, n_shards: int, frame: pa.Table | pd.DataFrame) -> lis
         names = tables.filter(foreign)
         for name in sorted(set(names.to_pylist())):  # one ForeignFacts a table, in name order
             theirs = all_theirs.filter(pc.equal(names, name))
-            ints = {c: list(map(_int, theirs[c].to_pylist()))
-                    for c in ("xid", "lsn", "ts_ms", "dco")}
+            ints = {c: _ints(theirs[c]) for c in ("xid", "lsn", "ts_ms", "dco")}
             facts = ForeignFacts(
                 name, theirs["topic"].to_pylist(), theirs["partition"].to_pylist(),
                 theirs["offset"].to_pylist(), theirs["op"].to_pylist(),
@@ -198,6 +197,15 @@ def routed_items(job: Job, n_shards: int, frame: pa.Table | pd.DataFrame) -> lis
                 item = item.routed(row_digest(item), item.after_elsewhere)
         out.append(Routed(item, len(value)))
     return out
+
+
+def _ints(column: pa.ChunkedArray | pa.Array) -> list[int | None]:
+    """A column of decimal text (routing's integers, :func:`_int`) as Python integers, cast
+    by Arrow (a Python ``int`` per value was a fifth of the staged sequencer's decoding)."""
+    try:
+        return column.cast(pa.int64()).to_pylist()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # beyond 64 bits: Python's ints
+        return list(map(_int, column.to_pylist()))
 
 
 def _int(value: str | None) -> int | None:
