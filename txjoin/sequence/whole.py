@@ -103,8 +103,9 @@ def whole_in_batch(items: Sequence[ChangeEvent | TxMarker], foreign: Iterable[Fo
     by_source: dict[str, list[ForeignFacts]] = {}
     for facts in foreign:
         by_source.setdefault(source_of_table(facts.table), []).append(facts)
-        identities = list(zip(facts.xids, facts.ops, facts.lsns, facts.digests, strict=True))
-        if len(set(identities)) != len(identities):  # rare: find whose
+        # two events alike (ChangeEvent.identity): never with distinct LSNs, the usual
+        if len(set(facts.lsns)) != len(facts.lsns):
+            identities = list(zip(facts.xids, facts.ops, facts.lsns, facts.digests, strict=True))
             eventful.update(xid for (xid, *_), n in Counter(identities).items() if n > 1)
         if None in facts.numbers:
             eventful.update(x for x, n in zip(facts.xids, facts.numbers, strict=True) if n is None)
@@ -125,8 +126,8 @@ def whole_in_batch(items: Sequence[ChangeEvent | TxMarker], foreign: Iterable[Fo
             if rows is None:
                 continue
             n = need.get(facts.table)
-            numbers = facts.numbers
-            if n is None or len(rows) != n or any(numbers[r] != i for i, r in enumerate(rows, 1)):
+            if n is None or len(rows) != n or list(map(facts.numbers.__getitem__, rows)) != \
+                    list(range(1, n + 1)):
                 break
             found.append((facts, rows))
         else:
